@@ -1,0 +1,57 @@
+"""txnstream: a durable, embeddable, transactional message log with a Rust core.
+
+Lower layers are public: :mod:`txnstream.frame` (batched-entry framing),
+:class:`AckSet` (batch-index ack sets), :mod:`txnstream.proto` (generated
+protobuf classes) and the :mod:`txnstream.errors` hierarchy.
+"""
+
+from __future__ import annotations
+
+from txnstream import frame
+from txnstream._native import Position, TxnPosition
+from txnstream.ackset import AckSet
+from txnstream.errors import (
+    ConfigError,
+    CoordinatorNotFound,
+    CorruptEntryError,
+    CorruptLedgerError,
+    InvalidArgumentError,
+    InvalidTxnStatusError,
+    LedgerClosedError,
+    PositionNotFoundError,
+    ReadOnlyError,
+    StorageError,
+    TransactionAlreadyAborted,
+    TransactionAlreadyCommitted,
+    TransactionConflictError,
+    TransactionError,
+    TransactionNotFound,
+    TransactionTimedOut,
+    TxnStreamError,
+    WriterClosedError,
+)
+
+__all__ = [
+    "AckSet",
+    "ConfigError",
+    "CoordinatorNotFound",
+    "CorruptEntryError",
+    "CorruptLedgerError",
+    "InvalidArgumentError",
+    "InvalidTxnStatusError",
+    "LedgerClosedError",
+    "Position",
+    "PositionNotFoundError",
+    "ReadOnlyError",
+    "StorageError",
+    "TransactionAlreadyAborted",
+    "TransactionAlreadyCommitted",
+    "TransactionConflictError",
+    "TransactionError",
+    "TransactionNotFound",
+    "TransactionTimedOut",
+    "TxnPosition",
+    "TxnStreamError",
+    "WriterClosedError",
+    "frame",
+]

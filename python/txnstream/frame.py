@@ -1,0 +1,131 @@
+"""Batched-entry framing (PIP-160), implemented in Rust.
+
+A batched entry is ``MAGIC`` (u16 big-endian ``0x0E01``) + ``VERSION``
+(u16 ``0x0001``) + a ``Batched*`` protobuf whose records sit in field 1.
+An unbatched entry is the bare record. The codec is schema-agnostic.
+
+Single-entry functions (:func:`encode_batch`, :func:`decode_entry`,
+:func:`is_batched`) serve writers; the bulk decoders serve replay and Spark:
+they decode many entries in one call into numpy columns.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from txnstream import _native
+
+MAGIC: int = _native.MAGIC
+VERSION: int = _native.VERSION
+
+
+def encode_batch(records: Sequence[bytes]) -> bytes:
+    """Build one batched entry holding ``records`` in order."""
+    return _native.encode_batch(records)
+
+
+def decode_entry(entry: bytes) -> list[bytes]:
+    """Split ``entry`` into its records; an unbatched entry is one record.
+
+    Raises :class:`~txnstream.errors.CorruptEntryError` (with ``offset``) for
+    an unknown version, a truncated prefix or malformed protobuf.
+    """
+    return _native.decode_entry(entry)
+
+
+def is_batched(entry: bytes) -> bool:
+    """Tell whether ``entry`` starts with the batch magic ``0x0E01``."""
+    return _native.is_batched(entry)
+
+
+@dataclass(frozen=True)
+class DecodedRecords:
+    """Records of many entries, flattened (Arrow ``large_binary`` layout).
+
+    Record ``i`` is ``data[offsets[i]:offsets[i + 1]]`` and came from
+    ``entries[entry_index[i]]`` at ``batch_index[i]`` of ``batch_size[i]``.
+    """
+
+    data: bytes
+    offsets: npt.NDArray[np.int64]
+    entry_index: npt.NDArray[np.uint32]
+    batch_index: npt.NDArray[np.uint32]
+    batch_size: npt.NDArray[np.uint32]
+
+    def __len__(self) -> int:
+        """Return the number of records."""
+        return len(self.entry_index)
+
+    def record(self, i: int) -> bytes:
+        """Return record ``i`` (a copy)."""
+        return self.data[int(self.offsets[i]) : int(self.offsets[i + 1])]
+
+    def to_list(self) -> list[bytes]:
+        """Return every record as its own ``bytes`` object."""
+        view = memoryview(self.data)
+        off = self.offsets.tolist()
+        return [bytes(view[off[i] : off[i + 1]]) for i in range(len(self))]
+
+
+def decode_entries(entries: Sequence[bytes]) -> DecodedRecords:
+    """Decode many entries (batched or not) in one call, GIL released."""
+    d = _native.decode_entries(entries)
+    return DecodedRecords(
+        data=d["data"],
+        offsets=d["offsets"],
+        entry_index=d["entry_index"],
+        batch_index=d["batch_index"],
+        batch_size=d["batch_size"],
+    )
+
+
+def decode_txn_log_columns(entries: Sequence[bytes]) -> dict[str, npt.NDArray[np.generic] | bytes]:
+    """Decode transaction-log entries into columns, one row per record.
+
+    Scalar fields are numpy arrays (absent enums are -1, absent integers 0);
+    strings and lists are Arrow-shaped ``<name>_data`` bytes plus
+    ``<name>_offsets`` int32 arrays; ``partition_offsets`` and
+    ``subscription_offsets`` map rows to list items. No Python object is
+    created per record.
+    """
+    return _native.decode_txn_log_columns(entries)
+
+
+def decode_pending_ack_columns(
+    entries: Sequence[bytes],
+) -> dict[str, npt.NDArray[np.generic] | bytes]:
+    """Decode pending-ack log entries into columns, one row per record.
+
+    Acked positions are flattened: row ``i`` owns positions
+    ``position_offsets[i]:position_offsets[i + 1]`` of ``ledger_id`` /
+    ``entry_id`` / ``position_batch_size``; position ``j`` owns ack-set words
+    ``ack_set_offsets[j]:ack_set_offsets[j + 1]`` of ``ack_set_words``.
+    """
+    return _native.decode_pending_ack_columns(entries)
+
+
+def utf8_column(columns: dict[str, npt.NDArray[np.generic] | bytes], name: str) -> list[str]:
+    """Materialise string column ``name`` of a columnar decode as a list."""
+    data = columns[f"{name}_data"]
+    offsets = columns[f"{name}_offsets"]
+    assert isinstance(data, bytes) and not isinstance(offsets, bytes)
+    off = offsets.tolist()
+    return [data[off[i] : off[i + 1]].decode() for i in range(len(off) - 1)]
+
+
+__all__ = [
+    "MAGIC",
+    "VERSION",
+    "DecodedRecords",
+    "decode_entries",
+    "decode_entry",
+    "decode_pending_ack_columns",
+    "decode_txn_log_columns",
+    "encode_batch",
+    "is_batched",
+    "utf8_column",
+]

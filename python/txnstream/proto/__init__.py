@@ -1,0 +1,69 @@
+"""Generated protobuf classes for every txnstream storage format.
+
+Generated from ``proto/*.proto`` by ``scripts/gen_proto.py`` (do not edit the
+``*_pb2`` modules by hand; ``tests/test_proto.py`` fails when they are stale).
+Field numbers are the compatibility contract (SPEC §3.2).
+"""
+
+from txnstream.proto.ledger_pb2 import (
+    BatchDeletion,
+    CompactedRecord,
+    CursorState,
+    DeletedRange,
+    LedgerInfo,
+    ManagedLedgerMeta,
+)
+from txnstream.proto.pending_ack_pb2 import (
+    ABORT,
+    ACK,
+    COMMIT,
+    AckType,
+    BatchedPendingAckMetadataEntry,
+    Cumulative,
+    Individual,
+    PendingAckMetadata,
+    PendingAckMetadataEntry,
+    PendingAckOp,
+)
+from txnstream.proto.tb_snapshot_pb2 import AbortTxnMetadata, TransactionBufferSnapshot
+from txnstream.proto.txn_log_pb2 import (
+    ABORTED,
+    ABORTING,
+    COMMITTED,
+    COMMITTING,
+    OPEN,
+    BatchedTransactionMetadataEntry,
+    Subscription,
+    TransactionMetadataEntry,
+    TxnStatus,
+)
+
+__all__ = [
+    "ABORT",
+    "ABORTED",
+    "ABORTING",
+    "ACK",
+    "COMMIT",
+    "COMMITTED",
+    "COMMITTING",
+    "OPEN",
+    "AbortTxnMetadata",
+    "AckType",
+    "BatchDeletion",
+    "BatchedPendingAckMetadataEntry",
+    "BatchedTransactionMetadataEntry",
+    "CompactedRecord",
+    "Cumulative",
+    "CursorState",
+    "DeletedRange",
+    "Individual",
+    "LedgerInfo",
+    "ManagedLedgerMeta",
+    "PendingAckMetadata",
+    "PendingAckMetadataEntry",
+    "PendingAckOp",
+    "Subscription",
+    "TransactionBufferSnapshot",
+    "TransactionMetadataEntry",
+    "TxnStatus",
+]

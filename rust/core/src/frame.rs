@@ -1,0 +1,371 @@
+//! Batched-entry framing (PIP-160).
+//!
+//! A batched entry is `MAGIC (u16 BE) | VERSION (u16 BE) | protobuf`, where
+//! the protobuf is a `Batched*` message whose records all sit in field 1 as
+//! length-delimited bytes. Because both `Batched*` messages share that shape,
+//! this codec never needs the record schema. An unbatched entry is the bare
+//! record: it starts with the tag byte of field 1 (0x08), never with 0x0E.
+
+use crate::error::{Error, Result};
+
+/// First two bytes of every batched entry.
+pub const MAGIC: u16 = 0x0E01;
+/// The only batch format version this build reads and writes.
+pub const VERSION: u16 = 0x0001;
+/// Bytes taken by magic + version.
+pub const HEADER_LEN: usize = 4;
+/// Key of field 1, wire type 2 (length-delimited).
+const RECORD_KEY: u8 = 0x0A;
+/// A varint never takes more than this many bytes.
+const MAX_VARINT_LEN: usize = 10;
+
+/// True when `entry` starts with the batch magic.
+#[inline]
+pub fn is_batched(entry: &[u8]) -> bool {
+    entry.len() >= 2 && u16::from_be_bytes([entry[0], entry[1]]) == MAGIC
+}
+
+#[inline]
+fn varint_len(mut v: u64) -> usize {
+    let mut n = 1;
+    while v >= 0x80 {
+        v >>= 7;
+        n += 1;
+    }
+    n
+}
+
+#[inline]
+fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// Exact size of the batched entry holding records of these lengths.
+pub fn encoded_len<I: IntoIterator<Item = usize>>(lens: I) -> usize {
+    HEADER_LEN
+        + lens
+            .into_iter()
+            .map(|l| 1 + varint_len(l as u64) + l)
+            .sum::<usize>()
+}
+
+/// Appends the batched entry for `records` to `out`.
+pub fn encode_batch_into<R: AsRef<[u8]>>(records: &[R], out: &mut Vec<u8>) {
+    out.reserve(encoded_len(records.iter().map(|r| r.as_ref().len())));
+    out.extend_from_slice(&MAGIC.to_be_bytes());
+    out.extend_from_slice(&VERSION.to_be_bytes());
+    for r in records {
+        let r = r.as_ref();
+        out.push(RECORD_KEY);
+        put_varint(out, r.len() as u64);
+        out.extend_from_slice(r);
+    }
+}
+
+/// Writes the batched entry for `records` into `buf`, which must be exactly
+/// [`encoded_len`] bytes (e.g. a freshly allocated Python `bytes`).
+pub fn encode_batch_to<R: AsRef<[u8]>>(records: &[R], buf: &mut [u8]) -> Result<()> {
+    let need = encoded_len(records.iter().map(|r| r.as_ref().len()));
+    if buf.len() != need {
+        return Err(Error::invalid(format!(
+            "encode buffer is {} bytes, batch needs {need}",
+            buf.len()
+        )));
+    }
+    buf[..2].copy_from_slice(&MAGIC.to_be_bytes());
+    buf[2..4].copy_from_slice(&VERSION.to_be_bytes());
+    let mut at = HEADER_LEN;
+    for r in records {
+        let r = r.as_ref();
+        buf[at] = RECORD_KEY;
+        at += 1;
+        let mut v = r.len() as u64;
+        while v >= 0x80 {
+            buf[at] = (v as u8) | 0x80;
+            v >>= 7;
+            at += 1;
+        }
+        buf[at] = v as u8;
+        at += 1;
+        buf[at..at + r.len()].copy_from_slice(r);
+        at += r.len();
+    }
+    Ok(())
+}
+
+/// Builds the batched entry for `records`.
+pub fn encode_batch<R: AsRef<[u8]>>(records: &[R]) -> Vec<u8> {
+    let mut out = Vec::new();
+    encode_batch_into(records, &mut out);
+    out
+}
+
+/// A bounds-checked reader of protobuf wire data.
+struct Wire<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Wire<'a> {
+    fn varint(&mut self) -> Result<u64> {
+        let start = self.pos;
+        let mut v: u64 = 0;
+        for i in 0..MAX_VARINT_LEN {
+            let Some(&b) = self.buf.get(self.pos) else {
+                return Err(Error::corrupt_entry(start, "truncated varint"));
+            };
+            self.pos += 1;
+            if i == MAX_VARINT_LEN - 1 && b > 1 {
+                return Err(Error::corrupt_entry(start, "varint overflows 64 bits"));
+            }
+            v |= u64::from(b & 0x7F) << (7 * i);
+            if b < 0x80 {
+                return Ok(v);
+            }
+        }
+        Err(Error::corrupt_entry(start, "varint longer than 10 bytes"))
+    }
+
+    fn bytes(&mut self, len: u64, field_at: usize) -> Result<&'a [u8]> {
+        let remaining = self.buf.len() - self.pos;
+        if len > remaining as u64 {
+            return Err(Error::corrupt_entry(
+                field_at,
+                format!("length {len} runs past the end ({remaining} bytes left)"),
+            ));
+        }
+        let s = &self.buf[self.pos..self.pos + len as usize];
+        self.pos += len as usize;
+        Ok(s)
+    }
+
+    fn skip(&mut self, n: u64, field_at: usize) -> Result<()> {
+        self.bytes(n, field_at).map(|_| ())
+    }
+}
+
+/// Calls `f` with every record of `entry` (one call for an unbatched entry)
+/// and returns how many there were. Records borrow from `entry`.
+pub fn for_each_record<'a, F: FnMut(&'a [u8])>(entry: &'a [u8], mut f: F) -> Result<usize> {
+    if !is_batched(entry) {
+        f(entry);
+        return Ok(1);
+    }
+    if entry.len() < HEADER_LEN {
+        return Err(Error::corrupt_entry(
+            entry.len(),
+            "truncated batch header (magic without version)",
+        ));
+    }
+    let version = u16::from_be_bytes([entry[2], entry[3]]);
+    if version != VERSION {
+        return Err(Error::corrupt_entry(
+            2,
+            format!("unknown batch version {version:#06x}"),
+        ));
+    }
+    let mut w = Wire {
+        buf: entry,
+        pos: HEADER_LEN,
+    };
+    let mut n = 0;
+    while w.pos < entry.len() {
+        let field_at = w.pos;
+        // Fast path: the key of a record is the single byte 0x0A.
+        let key = if entry[w.pos] == RECORD_KEY {
+            w.pos += 1;
+            u64::from(RECORD_KEY)
+        } else {
+            w.varint()?
+        };
+        let (field, wire_type) = (key >> 3, key & 7);
+        if field == 0 {
+            return Err(Error::corrupt_entry(field_at, "field number 0"));
+        }
+        match wire_type {
+            0 => {
+                w.varint()?;
+            }
+            1 => w.skip(8, field_at)?,
+            2 => {
+                let len = w.varint()?;
+                let data = w.bytes(len, field_at)?;
+                if field == 1 {
+                    f(data);
+                    n += 1;
+                }
+            }
+            5 => w.skip(4, field_at)?,
+            other => {
+                return Err(Error::corrupt_entry(
+                    field_at,
+                    format!("unsupported wire type {other} for field {field}"),
+                ))
+            }
+        }
+    }
+    Ok(n)
+}
+
+/// Splits an entry into its records (borrowed). An unbatched entry is one record.
+pub fn decode_entry(entry: &[u8]) -> Result<Vec<&[u8]>> {
+    let mut out = Vec::new();
+    for_each_record(entry, |r| out.push(r))?;
+    Ok(out)
+}
+
+/// Records of many entries, flattened Arrow-style: record `i` is
+/// `data[offsets[i]..offsets[i + 1]]`, found in `entries[entry_index[i]]`
+/// at `batch_index[i]` of `batch_size[i]`.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct FlatRecords {
+    /// All record bytes back to back.
+    pub data: Vec<u8>,
+    /// `n + 1` offsets into `data`.
+    pub offsets: Vec<i64>,
+    /// Which input entry each record came from.
+    pub entry_index: Vec<u32>,
+    /// Index of the record within its entry.
+    pub batch_index: Vec<u32>,
+    /// Records in that entry (1 for unbatched entries).
+    pub batch_size: Vec<u32>,
+}
+
+impl FlatRecords {
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.entry_index.len()
+    }
+
+    /// True when there are no records.
+    pub fn is_empty(&self) -> bool {
+        self.entry_index.is_empty()
+    }
+
+    /// Record `i`.
+    pub fn record(&self, i: usize) -> &[u8] {
+        &self.data[self.offsets[i] as usize..self.offsets[i + 1] as usize]
+    }
+}
+
+/// Decodes many entries in one pass into [`FlatRecords`]. A corrupt entry
+/// fails the whole call with an error naming its index in `entries`.
+pub fn decode_entries<E: AsRef<[u8]>>(entries: &[E]) -> Result<FlatRecords> {
+    let total: usize = entries.iter().map(|e| e.as_ref().len()).sum();
+    let mut out = FlatRecords {
+        data: Vec::with_capacity(total),
+        offsets: Vec::with_capacity(entries.len() + 1),
+        ..Default::default()
+    };
+    out.offsets.push(0);
+    for (idx, e) in entries.iter().enumerate() {
+        let first = out.entry_index.len();
+        let n = for_each_record(e.as_ref(), |r| {
+            out.data.extend_from_slice(r);
+            out.offsets.push(out.data.len() as i64);
+        })
+        .map_err(|err| with_entry_index(err, idx))?;
+        let idx32 = u32::try_from(idx).map_err(|_| Error::invalid("too many entries"))?;
+        let n32 = n as u32;
+        out.entry_index.extend(std::iter::repeat_n(idx32, n));
+        out.batch_index.extend(0..n32);
+        out.batch_size.extend(std::iter::repeat_n(n32, n));
+        debug_assert_eq!(out.entry_index.len(), first + n);
+    }
+    Ok(out)
+}
+
+/// Prefixes a `CorruptEntry` reason with the entry's index in a bulk call.
+pub(crate) fn with_entry_index(err: Error, idx: usize) -> Error {
+    match err {
+        Error::CorruptEntry {
+            position,
+            offset,
+            reason,
+        } => Error::CorruptEntry {
+            position,
+            offset,
+            reason: format!("entry #{idx}: {reason}"),
+        },
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_layout() {
+        let recs: Vec<&[u8]> = vec![b"\x08\x01", b"", b"abc"];
+        let e = encode_batch(&recs);
+        assert_eq!(&e[..4], &[0x0E, 0x01, 0x00, 0x01]);
+        assert_eq!(e.len(), encoded_len(recs.iter().map(|r| r.len())));
+        assert_eq!(decode_entry(&e).unwrap(), recs);
+        let mut buf = vec![0; e.len()];
+        encode_batch_to(&recs, &mut buf).unwrap();
+        assert_eq!(buf, e);
+        assert!(encode_batch_to(&recs, &mut [0; 3]).is_err());
+    }
+
+    #[test]
+    fn unbatched_is_one_record() {
+        assert_eq!(
+            decode_entry(b"\x08\x05").unwrap(),
+            vec![b"\x08\x05".as_slice()]
+        );
+        assert_eq!(decode_entry(b"").unwrap(), vec![b"".as_slice()]);
+        assert_eq!(decode_entry(b"\x0e").unwrap(), vec![b"\x0e".as_slice()]);
+    }
+
+    #[test]
+    fn malformed() {
+        let cases: &[(&[u8], usize)] = &[
+            (b"\x0e\x01", 2),
+            (b"\x0e\x01\x00", 3),
+            (b"\x0e\x01\x00\x02", 2),
+            (b"\x0e\x01\x00\x01\x0a\x05ab", 4),
+            (b"\x0e\x01\x00\x01\x0a", 5),
+            (
+                b"\x0e\x01\x00\x01\x0a\xff\xff\xff\xff\xff\xff\xff\xff\xff\x7f",
+                5,
+            ),
+            (b"\x0e\x01\x00\x01\x0b", 4),
+            (b"\x0e\x01\x00\x01\x00", 4),
+        ];
+        for (bytes, off) in cases {
+            match decode_entry(bytes) {
+                Err(Error::CorruptEntry { offset, .. }) => assert_eq!(offset, *off, "{bytes:?}"),
+                other => panic!("{bytes:?} gave {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_fields_are_skipped() {
+        // field 2 varint, field 3 fixed64, field 4 fixed32, then a record.
+        let mut e = vec![0x0E, 0x01, 0x00, 0x01, 0x10, 0x96, 0x01, 0x19];
+        e.extend_from_slice(&[0; 8]);
+        e.push(0x25);
+        e.extend_from_slice(&[0; 4]);
+        e.extend_from_slice(&[0x0A, 0x01, 0x08]);
+        assert_eq!(decode_entry(&e).unwrap(), vec![b"\x08".as_slice()]);
+    }
+
+    #[test]
+    fn bulk_matches_single() {
+        let a = encode_batch(&[b"x".as_slice(), b"yy"]);
+        let b = b"\x08\x02".to_vec();
+        let flat = decode_entries(&[a, b]).unwrap();
+        assert_eq!(flat.len(), 3);
+        assert_eq!(flat.record(1), b"yy");
+        assert_eq!(flat.record(2), b"\x08\x02");
+        assert_eq!(flat.entry_index, vec![0, 0, 1]);
+        assert_eq!(flat.batch_index, vec![0, 1, 0]);
+        assert_eq!(flat.batch_size, vec![2, 2, 1]);
+    }
+}

@@ -1,0 +1,18 @@
+//! txnstream core: the pure-Rust half of txnstream (no Python here).
+//!
+//! - [`frame`]: PIP-160 batched-entry framing.
+//! - [`ackset`]: batch-index ack sets, Java `BitSet` compatible.
+//! - [`columns`]: bulk columnar decode of transaction and pending-ack logs.
+//! - [`proto`]: prost types for every storage format.
+
+pub mod ackset;
+pub mod columns;
+pub mod error;
+pub mod frame;
+pub mod position;
+pub mod proto;
+pub mod sink;
+
+pub use ackset::AckSet;
+pub use error::{Error, Result};
+pub use position::{Position, TxnPosition};

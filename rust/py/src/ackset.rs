@@ -1,0 +1,179 @@
+//! `txnstream.AckSet` and the numpy bulk ack-set operations.
+
+use crate::errors::BindResult;
+use numpy::{
+    IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2,
+    PyUntypedArrayMethods,
+};
+use pyo3::prelude::*;
+use txnstream_core::ackset::{self, rows};
+
+/// Present/deleted state of the records of one batched entry (bit = 1:
+/// present). Words are Java ``BitSet.toLongArray()`` compatible.
+#[pyclass(name = "AckSet", module = "txnstream._native", eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PyAckSet(pub ackset::AckSet);
+
+#[pymethods]
+impl PyAckSet {
+    #[new]
+    fn new(batch_size: i64) -> BindResult<Self> {
+        Ok(Self(ackset::AckSet::new(batch_size)?))
+    }
+
+    /// Rebuilds a set from signed 64-bit words and its batch size.
+    #[staticmethod]
+    fn from_words(words: Vec<i64>, batch_size: i64) -> BindResult<Self> {
+        Ok(Self(ackset::AckSet::from_words(&words, batch_size)?))
+    }
+
+    /// The set of a batch of ``batch_size`` with only ``index`` deleted.
+    #[staticmethod]
+    fn single_deleted(batch_size: i64, index: i64) -> BindResult<Self> {
+        Ok(Self(ackset::AckSet::single_deleted(batch_size, index)?))
+    }
+
+    #[getter]
+    fn batch_size(&self) -> u32 {
+        self.0.batch_size()
+    }
+
+    fn clear(&mut self, index: i64) -> BindResult<()> {
+        Ok(self.0.clear(index)?)
+    }
+
+    fn get(&self, index: i64) -> BindResult<bool> {
+        Ok(self.0.get(index)?)
+    }
+
+    fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn cardinality(&self) -> u32 {
+        self.0.cardinality()
+    }
+
+    fn overlaps(&self, other: &Self) -> BindResult<bool> {
+        Ok(self.0.overlaps(&other.0)?)
+    }
+
+    fn and_(&mut self, other: &Self) -> BindResult<()> {
+        Ok(self.0.and_assign(&other.0)?)
+    }
+
+    fn __and__(&self, other: &Self) -> BindResult<Self> {
+        let mut out = self.0.clone();
+        out.and_assign(&other.0)?;
+        Ok(Self(out))
+    }
+
+    fn to_words(&self) -> Vec<i64> {
+        self.0.to_words()
+    }
+
+    fn present(&self) -> Vec<u32> {
+        self.0.present()
+    }
+
+    fn copy(&self) -> Self {
+        self.clone()
+    }
+
+    fn __hash__(&self) -> u64 {
+        use std::hash::{DefaultHasher, Hash, Hasher};
+        let mut h = DefaultHasher::new();
+        self.0.hash(&mut h);
+        h.finish()
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "AckSet(batch_size={}, present={:?})",
+            self.0.batch_size(),
+            self.0.present()
+        )
+    }
+}
+
+fn flat2(a: &PyReadonlyArray2<'_, i64>) -> (Vec<i64>, usize) {
+    let width = a.shape()[1];
+    // as_slice fails for non-contiguous views; copy those row by row.
+    match a.as_slice() {
+        Ok(s) => (s.to_vec(), width),
+        Err(_) => (a.as_array().iter().copied().collect(), width),
+    }
+}
+
+/// Row-wise AND of two ``(n, words)`` int64 arrays.
+#[pyfunction]
+pub fn ackset_and_many<'py>(
+    py: Python<'py>,
+    a: PyReadonlyArray2<'py, i64>,
+    b: PyReadonlyArray2<'py, i64>,
+) -> BindResult<Bound<'py, PyArray2<i64>>> {
+    let shape = [a.shape()[0], a.shape()[1]];
+    if a.shape() != b.shape() {
+        return Err(txnstream_core::Error::invalid(format!(
+            "ackset_and_many: shapes differ ({:?} vs {:?})",
+            a.shape(),
+            b.shape()
+        ))
+        .into());
+    }
+    let ((wa, _), (wb, _)) = (flat2(&a), flat2(&b));
+    let out = py.detach(|| rows::and(&wa, &wb))?;
+    Ok(out.into_pyarray(py).reshape(shape)?)
+}
+
+/// Records still present in each row of an ``(n, words)`` int64 array.
+#[pyfunction]
+pub fn ackset_cardinality_many<'py>(
+    py: Python<'py>,
+    words: PyReadonlyArray2<'py, i64>,
+) -> BindResult<Bound<'py, PyArray1<u32>>> {
+    let (w, width) = flat2(&words);
+    if w.is_empty() {
+        return Ok(Vec::<u32>::new().into_pyarray(py));
+    }
+    Ok(py.detach(|| rows::cardinality(&w, width))?.into_pyarray(py))
+}
+
+/// Whether each row of an ``(n, words)`` int64 array has every record deleted.
+#[pyfunction]
+pub fn ackset_is_empty_many<'py>(
+    py: Python<'py>,
+    words: PyReadonlyArray2<'py, i64>,
+) -> BindResult<Bound<'py, PyArray1<bool>>> {
+    let (w, width) = flat2(&words);
+    if w.is_empty() {
+        return Ok(Vec::<bool>::new().into_pyarray(py));
+    }
+    Ok(py.detach(|| rows::is_empty(&w, width))?.into_pyarray(py))
+}
+
+/// Whether rows ``a[i]`` and ``b[i]`` delete a common index below ``batch_sizes[i]``.
+#[pyfunction]
+pub fn ackset_overlaps_many<'py>(
+    py: Python<'py>,
+    a: PyReadonlyArray2<'py, i64>,
+    b: PyReadonlyArray2<'py, i64>,
+    batch_sizes: PyReadonlyArray1<'py, i64>,
+) -> BindResult<Bound<'py, PyArray1<bool>>> {
+    let ((wa, width), (wb, _)) = (flat2(&a), flat2(&b));
+    let sizes = batch_sizes.as_array().to_vec();
+    if a.shape() != b.shape() {
+        return Err(txnstream_core::Error::invalid(format!(
+            "ackset_overlaps_many: shapes differ ({:?} vs {:?})",
+            a.shape(),
+            b.shape()
+        ))
+        .into());
+    }
+    if wa.is_empty() && sizes.is_empty() {
+        return Ok(Vec::<bool>::new().into_pyarray(py));
+    }
+    Ok(py
+        .detach(|| rows::overlaps(&wa, &wb, width, &sizes))?
+        .into_pyarray(py))
+}

@@ -1,0 +1,32 @@
+//! `txnstream._native`: thin PyO3 bindings over `txnstream-core`.
+//!
+//! Functions extract their arguments, release the GIL for bulk work and I/O,
+//! and convert errors in one place (`errors.rs`).
+
+mod ackset;
+mod buffers;
+mod errors;
+mod frame;
+mod position;
+
+use pyo3::prelude::*;
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("MAGIC", txnstream_core::frame::MAGIC)?;
+    m.add("VERSION", txnstream_core::frame::VERSION)?;
+    m.add_function(wrap_pyfunction!(frame::encode_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(frame::decode_entry, m)?)?;
+    m.add_function(wrap_pyfunction!(frame::is_batched, m)?)?;
+    m.add_function(wrap_pyfunction!(frame::decode_entries, m)?)?;
+    m.add_function(wrap_pyfunction!(frame::decode_txn_log_columns, m)?)?;
+    m.add_function(wrap_pyfunction!(frame::decode_pending_ack_columns, m)?)?;
+    m.add_class::<position::PyPosition>()?;
+    m.add_class::<position::PyTxnPosition>()?;
+    m.add_class::<ackset::PyAckSet>()?;
+    m.add_function(wrap_pyfunction!(ackset::ackset_and_many, m)?)?;
+    m.add_function(wrap_pyfunction!(ackset::ackset_cardinality_many, m)?)?;
+    m.add_function(wrap_pyfunction!(ackset::ackset_is_empty_many, m)?)?;
+    m.add_function(wrap_pyfunction!(ackset::ackset_overlaps_many, m)?)?;
+    Ok(())
+}

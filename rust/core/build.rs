@@ -10,6 +10,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "pending_ack.proto",
         "tb_snapshot.proto",
         "ledger.proto",
+        "terminated.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={}", root.join(f).display());

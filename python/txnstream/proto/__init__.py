@@ -26,6 +26,7 @@ from txnstream.proto.pending_ack_pb2 import (
     PendingAckOp,
 )
 from txnstream.proto.tb_snapshot_pb2 import AbortTxnMetadata, TransactionBufferSnapshot
+from txnstream.proto.terminated_pb2 import TerminatedTxn, TerminatedTxnState
 from txnstream.proto.txn_log_pb2 import (
     ABORTED,
     ABORTING,
@@ -63,6 +64,8 @@ __all__ = [
     "PendingAckMetadataEntry",
     "PendingAckOp",
     "Subscription",
+    "TerminatedTxn",
+    "TerminatedTxnState",
     "TransactionBufferSnapshot",
     "TransactionMetadataEntry",
     "TxnStatus",

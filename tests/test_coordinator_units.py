@@ -1,0 +1,149 @@
+"""Storage-free parts of the coordinator: ids, the transition table, participants."""
+
+from __future__ import annotations
+
+import itertools
+import pickle
+import threading
+
+import pytest
+from txnstream.coordinator.participants import (
+    ParticipantsFailed,
+    RecordingParticipants,
+    RetryPolicy,
+    end_participants,
+)
+from txnstream.coordinator.status import TxnAction, TxnStatus, can_transition, check_transition
+from txnstream.coordinator.txn_id import TxnID
+from txnstream.errors import InvalidArgumentError, InvalidTxnStatusError
+from txnstream.proto import TxnStatus as ProtoStatus
+
+S = TxnStatus
+
+
+def test_txn_id_value_semantics() -> None:
+    a, b, c = TxnID(0, 5), TxnID(0, 5), TxnID(1, 0)
+    assert a == b
+    assert hash(a) == hash(b)
+    assert a is not b
+    assert a < c
+    assert c > a
+    assert a <= b
+    assert b >= a
+    assert sorted([c, TxnID(0, 7), a]) == [a, TxnID(0, 7), c]
+    assert str(a) == "(0,5)"
+    assert TxnID.parse("(0,5)") == a
+    assert pickle.loads(pickle.dumps(c)) == c
+    with pytest.raises(AttributeError):
+        a.least_bits = 3
+    assert {a: 1}[b] == 1
+
+
+@pytest.mark.parametrize("bad", [-1, 1 << 64, 1.5, "3", True])
+def test_txn_id_rejects_bad_parts(bad: object) -> None:
+    with pytest.raises(InvalidArgumentError, match="least_bits"):
+        TxnID(0, bad)  # type: ignore[arg-type]
+
+
+def test_txn_id_parse_rejects_garbage() -> None:
+    with pytest.raises(InvalidArgumentError, match="nope"):
+        TxnID.parse("nope")
+
+
+def test_status_values_match_proto() -> None:
+    for s in TxnStatus:
+        assert ProtoStatus.Value(s.name) == s.value
+
+
+ALLOWED = {
+    (S.OPEN, S.OPEN),
+    (S.OPEN, S.COMMITTING),
+    (S.OPEN, S.ABORTING),
+    (S.COMMITTING, S.COMMITTING),
+    (S.COMMITTING, S.COMMITTED),
+    (S.COMMITTED, S.COMMITTED),
+    (S.ABORTING, S.ABORTING),
+    (S.ABORTING, S.ABORTED),
+    (S.ABORTED, S.ABORTED),
+}
+
+
+@pytest.mark.parametrize(("cur", "new"), list(itertools.product(TxnStatus, TxnStatus)))
+def test_full_transition_table(cur: TxnStatus, new: TxnStatus) -> None:
+    allowed = (cur, new) in ALLOWED
+    assert can_transition(cur, new) is allowed
+    if allowed:
+        assert check_transition(TxnID(0, 1), cur, new) is (cur != new)
+    else:
+        with pytest.raises(InvalidTxnStatusError) as err:
+            check_transition(TxnID(0, 1), cur, new)
+        assert cur.name in str(err.value)
+        assert new.name in str(err.value)
+        assert err.value.details["current"] is cur
+        assert err.value.details["requested"] is new
+
+
+def test_action_parse() -> None:
+    assert TxnAction.parse("COMMIT") is TxnAction.COMMIT
+    assert TxnAction.parse(TxnAction.ABORT) is TxnAction.ABORT
+    assert TxnAction.COMMIT.ending_status is S.COMMITTING
+    assert TxnAction.ABORT.final_status is S.ABORTED
+    with pytest.raises(InvalidArgumentError, match="'rollback'"):
+        TxnAction.parse("rollback")
+
+
+def test_end_participants_retries_only_failed_ones() -> None:
+    res = RecordingParticipants()
+    res.partition("p1").fail_next(3)
+    sleeps: list[float] = []
+    retries = end_participants(
+        TxnID(0, 1),
+        True,
+        ["p1", "p2"],
+        [("t", "s")],
+        res,
+        RetryPolicy(initial_backoff_ms=10, max_backoff_ms=25),
+        threading.Event(),
+        sleep=sleeps.append,
+    )
+    assert retries == 3
+    assert sleeps == [0.01, 0.02, 0.025]
+    assert len(res.partition("p1").calls) == 4
+    assert len(res.partition("p2").calls) == 1
+    assert res.subscription("t", "s").outcomes == {TxnID(0, 1): True}
+
+
+def test_end_participants_gives_up_after_max_attempts() -> None:
+    res = RecordingParticipants()
+    res.subscription("t", "s").fail_next(10)
+    with pytest.raises(ParticipantsFailed, match="t/s") as err:
+        end_participants(
+            TxnID(0, 2),
+            False,
+            [],
+            [("t", "s")],
+            res,
+            RetryPolicy(initial_backoff_ms=0, max_attempts=3),
+            threading.Event(),
+        )
+    assert len(err.value.details["failures"]) == 1
+    assert len(res.subscription("t", "s").calls) == 3
+
+
+def test_recording_participant_detects_conflicting_outcome() -> None:
+    res = RecordingParticipants()
+    p = res.partition("x")
+    p.end(TxnID(0, 1), True)
+    p.end(TxnID(0, 1), True)
+    assert p.conflicts == []
+    p.end(TxnID(0, 1), False)
+    assert p.conflicts == [(TxnID(0, 1), False)]
+
+
+def test_retry_policy_validation() -> None:
+    with pytest.raises(InvalidArgumentError):
+        RetryPolicy(initial_backoff_ms=10, max_backoff_ms=1)
+    with pytest.raises(InvalidArgumentError):
+        RetryPolicy(multiplier=0.5)
+    with pytest.raises(InvalidArgumentError):
+        RetryPolicy(max_attempts=0)

@@ -4,6 +4,7 @@
 //! - [`ackset`]: batch-index ack sets, Java `BitSet` compatible.
 //! - [`columns`]: bulk columnar decode of transaction and pending-ack logs.
 //! - [`proto`]: prost types for every storage format.
+//! - [`writer`]: the PIP-160 `BufferedWriter` (batched log writes).
 
 pub mod ackset;
 pub mod columns;
@@ -12,7 +13,9 @@ pub mod frame;
 pub mod position;
 pub mod proto;
 pub mod sink;
+pub mod writer;
 
 pub use ackset::AckSet;
 pub use error::{Error, Result};
 pub use position::{Position, TxnPosition};
+pub use writer::{BufferedWriter, WriterConfig};

@@ -1,0 +1,111 @@
+//! The `max_delay` timer: one process-wide thread serving every writer.
+//!
+//! A writer keeps at most ONE pending deadline here (it re-arms only when
+//! the previous one has fired), so a slow flusher can never make timer work
+//! pile up; and writers hold no thread of their own, so thousands of
+//! pending-ack logs cost nothing while idle.
+
+use crate::error::{Error, Result};
+use parking_lot::{Condvar, Mutex, MutexGuard};
+use std::cmp::{Ordering, Reverse};
+use std::collections::BinaryHeap;
+use std::sync::{OnceLock, Weak};
+use std::thread;
+use std::time::Instant;
+
+/// Something woken at a deadline.
+pub(crate) trait Timed: Send + Sync {
+    /// Runs on the timer thread; must not block for long.
+    fn on_timer(&self);
+}
+
+struct Slot {
+    at: Instant,
+    seq: u64,
+    target: Weak<dyn Timed>,
+}
+
+impl PartialEq for Slot {
+    fn eq(&self, o: &Self) -> bool {
+        (self.at, self.seq) == (o.at, o.seq)
+    }
+}
+impl Eq for Slot {}
+impl PartialOrd for Slot {
+    fn partial_cmp(&self, o: &Self) -> Option<Ordering> {
+        Some(self.cmp(o))
+    }
+}
+impl Ord for Slot {
+    fn cmp(&self, o: &Self) -> Ordering {
+        (self.at, self.seq).cmp(&(o.at, o.seq))
+    }
+}
+
+#[derive(Default)]
+struct Heap {
+    slots: BinaryHeap<Reverse<Slot>>,
+    seq: u64,
+}
+
+pub(crate) struct Scheduler {
+    heap: Mutex<Heap>,
+    wake: Condvar,
+}
+
+static SCHEDULER: OnceLock<Scheduler> = OnceLock::new();
+static STARTED: Mutex<bool> = Mutex::new(false);
+
+/// The shared scheduler, starting its thread on first use.
+pub(crate) fn scheduler() -> Result<&'static Scheduler> {
+    let s = SCHEDULER.get_or_init(|| Scheduler {
+        heap: Mutex::new(Heap::default()),
+        wake: Condvar::new(),
+    });
+    let mut started = STARTED.lock();
+    if !*started {
+        thread::Builder::new()
+            .name("txnstream-writer-timer".into())
+            .spawn(move || s.run())
+            .map_err(|e| Error::io("starting the buffered-writer timer thread", &e))?;
+        *started = true;
+    }
+    Ok(s)
+}
+
+impl Scheduler {
+    /// Wakes `target` at `at` (or soon after). Dropped targets are skipped.
+    pub(crate) fn schedule(&self, at: Instant, target: Weak<dyn Timed>) {
+        let mut h = self.heap.lock();
+        h.seq += 1;
+        let seq = h.seq;
+        let earliest = h.slots.peek().is_none_or(|Reverse(s)| at < s.at);
+        h.slots.push(Reverse(Slot { at, seq, target }));
+        drop(h);
+        if earliest {
+            self.wake.notify_one();
+        }
+    }
+
+    fn run(&self) {
+        let mut h = self.heap.lock();
+        loop {
+            let next = h.slots.peek().map(|Reverse(s)| s.at);
+            match next {
+                None => self.wake.wait(&mut h),
+                Some(at) if at <= Instant::now() => {
+                    if let Some(Reverse(slot)) = h.slots.pop() {
+                        MutexGuard::unlocked(&mut h, || {
+                            if let Some(t) = slot.target.upgrade() {
+                                t.on_timer();
+                            }
+                        });
+                    }
+                }
+                Some(at) => {
+                    self.wake.wait_until(&mut h, at);
+                }
+            }
+        }
+    }
+}

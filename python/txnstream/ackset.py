@@ -27,19 +27,22 @@ def and_many(a: npt.ArrayLike, b: npt.ArrayLike) -> npt.NDArray[np.int64]:
 
 
 def cardinality_many(words: npt.ArrayLike) -> npt.NDArray[np.uint32]:
-    """Records still present in each row."""
+    """Count the records still present in each row."""
     return _native.ackset_cardinality_many(_rows(words))
 
 
 def is_empty_many(words: npt.ArrayLike) -> npt.NDArray[np.bool_]:
-    """Whether each row has every record deleted."""
+    """Tell, per row, whether every record is deleted."""
     return _native.ackset_is_empty_many(_rows(words))
 
 
 def overlaps_many(
     a: npt.ArrayLike, b: npt.ArrayLike, batch_sizes: npt.ArrayLike
 ) -> npt.NDArray[np.bool_]:
-    """Whether rows ``a[i]`` and ``b[i]`` delete a common index below ``batch_sizes[i]``."""
+    """Tell, per row, whether ``a[i]`` and ``b[i]`` delete a common index.
+
+    Only indexes below ``batch_sizes[i]`` count.
+    """
     sizes = np.ascontiguousarray(batch_sizes, dtype=np.int64)
     return _native.ackset_overlaps_many(_rows(a), _rows(b), sizes)
 

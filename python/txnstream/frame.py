@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -73,17 +74,66 @@ class DecodedRecords:
 
 def decode_entries(entries: Sequence[bytes]) -> DecodedRecords:
     """Decode many entries (batched or not) in one call, GIL released."""
-    d = _native.decode_entries(entries)
-    return DecodedRecords(
-        data=d["data"],
-        offsets=d["offsets"],
-        entry_index=d["entry_index"],
-        batch_index=d["batch_index"],
-        batch_size=d["batch_size"],
-    )
+    return DecodedRecords(*_native.decode_entries(entries))
 
 
-def decode_txn_log_columns(entries: Sequence[bytes]) -> dict[str, npt.NDArray[np.generic] | bytes]:
+U32 = npt.NDArray[np.uint32]
+U64 = npt.NDArray[np.uint64]
+I8 = npt.NDArray[np.int8]
+I32 = npt.NDArray[np.int32]
+
+
+class TxnLogColumns(TypedDict):
+    """Columns of :func:`decode_txn_log_columns`, one row per record.
+
+    ``<s>_data`` / ``<s>_offsets`` form an Arrow ``string`` column.
+    """
+
+    entry_index: U32
+    batch_index: U32
+    batch_size: U32
+    metadata_op: I8
+    txnid_most_bits: U64
+    txnid_least_bits: U64
+    expected_status: I8
+    new_status: I8
+    timeout_ms: U64
+    start_time: U64
+    last_modification_time: U64
+    max_local_txn_id: U64
+    owner_data: bytes
+    owner_offsets: I32
+    client_name_data: bytes
+    client_name_offsets: I32
+    partition_offsets: I32
+    partitions_data: bytes
+    partitions_offsets: I32
+    subscription_offsets: I32
+    subscription_topics_data: bytes
+    subscription_topics_offsets: I32
+    subscription_names_data: bytes
+    subscription_names_offsets: I32
+
+
+class PendingAckColumns(TypedDict):
+    """Columns of :func:`decode_pending_ack_columns`, one row per record."""
+
+    entry_index: U32
+    batch_index: U32
+    batch_size: U32
+    op: I8
+    ack_type: I8
+    txnid_most_bits: U64
+    txnid_least_bits: U64
+    position_offsets: I32
+    ledger_id: U64
+    entry_id: U64
+    position_batch_size: I32
+    ack_set_offsets: I32
+    ack_set_words: npt.NDArray[np.int64]
+
+
+def decode_txn_log_columns(entries: Sequence[bytes]) -> TxnLogColumns:
     """Decode transaction-log entries into columns, one row per record.
 
     Scalar fields are numpy arrays (absent enums are -1, absent integers 0);
@@ -95,9 +145,7 @@ def decode_txn_log_columns(entries: Sequence[bytes]) -> dict[str, npt.NDArray[np
     return _native.decode_txn_log_columns(entries)
 
 
-def decode_pending_ack_columns(
-    entries: Sequence[bytes],
-) -> dict[str, npt.NDArray[np.generic] | bytes]:
+def decode_pending_ack_columns(entries: Sequence[bytes]) -> PendingAckColumns:
     """Decode pending-ack log entries into columns, one row per record.
 
     Acked positions are flattened: row ``i`` owns positions
@@ -108,11 +156,12 @@ def decode_pending_ack_columns(
     return _native.decode_pending_ack_columns(entries)
 
 
-def utf8_column(columns: dict[str, npt.NDArray[np.generic] | bytes], name: str) -> list[str]:
-    """Materialise string column ``name`` of a columnar decode as a list."""
-    data = columns[f"{name}_data"]
-    offsets = columns[f"{name}_offsets"]
-    assert isinstance(data, bytes) and not isinstance(offsets, bytes)
+def utf8_column(columns: TxnLogColumns, name: str) -> list[str]:
+    """Materialise string column ``name`` (e.g. ``"partitions"``) as a list."""
+    data = columns.get(f"{name}_data")
+    offsets = columns.get(f"{name}_offsets")
+    if not isinstance(data, bytes) or not isinstance(offsets, np.ndarray):
+        raise KeyError(f"{name!r} is not a string column of this decode")
     off = offsets.tolist()
     return [data[off[i] : off[i + 1]].decode() for i in range(len(off) - 1)]
 
@@ -121,6 +170,8 @@ __all__ = [
     "MAGIC",
     "VERSION",
     "DecodedRecords",
+    "PendingAckColumns",
+    "TxnLogColumns",
     "decode_entries",
     "decode_entry",
     "decode_pending_ack_columns",

@@ -38,5 +38,46 @@ fn unframe(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, unframe);
+fn txn_columns(c: &mut Criterion) {
+    use prost::Message;
+    use txnstream_core::proto::TransactionMetadataEntry;
+    let es: Vec<Vec<u8>> = (0..16u64)
+        .map(|e| {
+            let recs: Vec<Vec<u8>> = (0..512u64)
+                .map(|i| {
+                    TransactionMetadataEntry {
+                        metadata_op: Some(3),
+                        txnid_most_bits: Some(1),
+                        txnid_least_bits: Some(e * 512 + i),
+                        expected_status: Some(0),
+                        new_status: Some(1),
+                        timeout_ms: Some(30_000),
+                        last_modification_time: Some(1_700_000_000_000 + i),
+                        partitions: if i % 4 == 0 {
+                            vec![format!("public/default/topic-{}", i % 7)]
+                        } else {
+                            vec![]
+                        },
+                        ..Default::default()
+                    }
+                    .encode_to_vec()
+                })
+                .collect();
+            encode_batch(&recs)
+        })
+        .collect();
+    let slices: Vec<&[u8]> = es.iter().map(Vec::as_slice).collect();
+    let mut g = c.benchmark_group("txn_log_columns");
+    g.throughput(Throughput::Elements(16 * 512));
+    g.bench_function("wire_decoder", |b| {
+        b.iter(|| {
+            txnstream_core::columns::decode_txn_log(black_box(&slices))
+                .map(|c| c.metadata_op.len())
+                .unwrap_or(0)
+        })
+    });
+    g.finish();
+}
+
+criterion_group!(benches, unframe, txn_columns);
 criterion_main!(benches);

@@ -3,12 +3,13 @@
 //! Replay and Spark read millions of records; building one object per record
 //! costs more than decoding it. These functions decode many entries at once
 //! into Arrow-shaped columns (values + offsets) that the binding hands to
-//! Python as numpy arrays without per-record objects.
+//! Python as numpy arrays without per-record objects. Records are walked at
+//! the wire level (no message struct, no per-string allocation); the tests
+//! check the result against prost's decoding of the same bytes.
 
 use crate::error::{Error, Result};
 use crate::frame::{for_each_record, with_entry_index};
-use crate::proto::{PendingAckMetadataEntry, TransactionMetadataEntry};
-use prost::Message;
+use crate::wire::{Value, Wire};
 
 /// A column of UTF-8 strings: value `i` is `data[offsets[i]..offsets[i+1]]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -29,8 +30,8 @@ impl Default for Utf8Column {
 }
 
 impl Utf8Column {
-    fn push(&mut self, s: &str) -> Result<()> {
-        self.data.extend_from_slice(s.as_bytes());
+    fn push_bytes(&mut self, s: &[u8]) -> Result<()> {
+        self.data.extend_from_slice(s);
         let end = i32::try_from(self.data.len())
             .map_err(|_| Error::invalid("string column exceeds 2 GiB; decode fewer entries"))?;
         self.offsets.push(end);
@@ -96,8 +97,18 @@ where
     Ok(())
 }
 
-fn decode<M: Message + Default>(r: &[u8]) -> Result<M> {
-    M::decode(r).map_err(|e| Error::corrupt_entry(0, format!("malformed protobuf: {e}")))
+fn utf8(b: &[u8], at: usize) -> Result<&[u8]> {
+    std::str::from_utf8(b)
+        .map(|_| b)
+        .map_err(|e| Error::corrupt_entry(at, format!("invalid UTF-8 in string field: {e}")))
+}
+
+fn enum8(v: u64) -> i8 {
+    i8::try_from(v).unwrap_or(-1)
+}
+
+fn wrong_type(field: u32, at: usize) -> Error {
+    Error::corrupt_entry(at, format!("field {field} has an unexpected wire type"))
 }
 
 /// `TransactionMetadataEntry` records as columns. Absent enums are -1,
@@ -140,10 +151,6 @@ pub struct TxnLogColumns {
     pub subscription_names: Utf8Column,
 }
 
-fn opt_enum(v: Option<i32>) -> i8 {
-    v.and_then(|v| i8::try_from(v).ok()).unwrap_or(-1)
-}
-
 fn len_i32(n: usize) -> Result<i32> {
     i32::try_from(n).map_err(|_| Error::invalid("list column exceeds 2^31 items"))
 }
@@ -156,34 +163,64 @@ pub fn decode_txn_log(entries: &[&[u8]]) -> Result<TxnLogColumns> {
         ..Default::default()
     };
     let mut origin = RecordOrigin::default();
-    each_record(entries, &mut origin, |r| {
-        let m: TransactionMetadataEntry = decode(r)?;
-        c.metadata_op.push(opt_enum(m.metadata_op));
-        c.txnid_most_bits.push(m.txnid_most_bits.unwrap_or(0));
-        c.txnid_least_bits.push(m.txnid_least_bits.unwrap_or(0));
-        c.expected_status.push(opt_enum(m.expected_status));
-        c.new_status.push(opt_enum(m.new_status));
-        c.timeout_ms.push(m.timeout_ms.unwrap_or(0));
-        c.start_time.push(m.start_time.unwrap_or(0));
-        c.last_modification_time
-            .push(m.last_modification_time.unwrap_or(0));
-        c.max_local_txn_id.push(m.max_local_txn_id.unwrap_or(0));
-        c.owner.push(m.owner.as_deref().unwrap_or(""))?;
-        c.client_name.push(m.client_name.as_deref().unwrap_or(""))?;
-        for p in &m.partitions {
-            c.partitions.push(p)?;
-        }
-        c.partition_offsets.push(len_i32(c.partitions.len())?);
-        for s in &m.subscriptions {
-            c.subscription_topics.push(&s.topic)?;
-            c.subscription_names.push(&s.subscription)?;
-        }
-        c.subscription_offsets
-            .push(len_i32(c.subscription_topics.len())?);
-        Ok(())
-    })?;
+    each_record(entries, &mut origin, |r| decode_txn_record(r, &mut c))?;
     c.origin = origin;
     Ok(c)
+}
+
+fn decode_txn_record(r: &[u8], c: &mut TxnLogColumns) -> Result<()> {
+    let (mut op, mut expected, mut new) = (-1i8, -1i8, -1i8);
+    let (mut most, mut least, mut timeout, mut start, mut modified, mut max_id) =
+        (0, 0, 0, 0, 0, 0);
+    let (mut owner, mut client): (&[u8], &[u8]) = (b"", b"");
+    let mut w = Wire::new(r, 0, 0);
+    while let Some((field, value, at)) = w.next_field()? {
+        match (field, value) {
+            (1, Value::Varint(v)) => op = enum8(v),
+            (2, Value::Varint(v)) => least = v,
+            (3, Value::Varint(v)) => most = v,
+            (4, Value::Varint(v)) => expected = enum8(v),
+            (5, Value::Varint(v)) => new = enum8(v),
+            (6, Value::Bytes(b)) => c.partitions.push_bytes(utf8(b, at)?)?,
+            (7, Value::Bytes(b)) => {
+                let (mut topic, mut sub): (&[u8], &[u8]) = (b"", b"");
+                let mut n = Wire::new(b, 0, at);
+                while let Some((f, v, at)) = n.next_field()? {
+                    match (f, v) {
+                        (1, Value::Bytes(x)) => topic = utf8(x, at)?,
+                        (2, Value::Bytes(x)) => sub = utf8(x, at)?,
+                        (1 | 2, _) => return Err(wrong_type(f, at)),
+                        _ => {}
+                    }
+                }
+                c.subscription_topics.push_bytes(topic)?;
+                c.subscription_names.push_bytes(sub)?;
+            }
+            (8, Value::Varint(v)) => timeout = v,
+            (9, Value::Varint(v)) => start = v,
+            (10, Value::Varint(v)) => modified = v,
+            (11, Value::Varint(v)) => max_id = v,
+            (12, Value::Bytes(b)) => owner = utf8(b, at)?,
+            (13, Value::Bytes(b)) => client = utf8(b, at)?,
+            (1..=13, _) => return Err(wrong_type(field, at)),
+            _ => {} // unknown field: skipped, as protobuf does
+        }
+    }
+    c.metadata_op.push(op);
+    c.txnid_most_bits.push(most);
+    c.txnid_least_bits.push(least);
+    c.expected_status.push(expected);
+    c.new_status.push(new);
+    c.timeout_ms.push(timeout);
+    c.start_time.push(start);
+    c.last_modification_time.push(modified);
+    c.max_local_txn_id.push(max_id);
+    c.owner.push_bytes(owner)?;
+    c.client_name.push_bytes(client)?;
+    c.partition_offsets.push(len_i32(c.partitions.len())?);
+    c.subscription_offsets
+        .push(len_i32(c.subscription_topics.len())?);
+    Ok(())
 }
 
 /// `PendingAckMetadataEntry` records as columns, with the acked positions
@@ -222,31 +259,69 @@ pub fn decode_pending_ack_log(entries: &[&[u8]]) -> Result<PendingAckColumns> {
         ..Default::default()
     };
     let mut origin = RecordOrigin::default();
-    each_record(entries, &mut origin, |r| {
-        let m: PendingAckMetadataEntry = decode(r)?;
-        c.op.push(opt_enum(m.pending_ack_op));
-        c.ack_type.push(opt_enum(m.ack_type));
-        c.txnid_most_bits.push(m.txnid_most_bits.unwrap_or(0));
-        c.txnid_least_bits.push(m.txnid_least_bits.unwrap_or(0));
-        for p in &m.pending_ack_metadata {
-            c.ledger_id.push(p.ledger_id);
-            c.entry_id.push(p.entry_id);
-            c.batch_size.push(p.batch_size.unwrap_or(-1));
-            c.ack_set_words.extend_from_slice(&p.ack_set);
-            c.ack_set_offsets.push(len_i32(c.ack_set_words.len())?);
-        }
-        c.position_offsets.push(len_i32(c.ledger_id.len())?);
-        Ok(())
-    })?;
+    each_record(entries, &mut origin, |r| decode_ack_record(r, &mut c))?;
     c.origin = origin;
     Ok(c)
+}
+
+fn decode_ack_record(r: &[u8], c: &mut PendingAckColumns) -> Result<()> {
+    let (mut op, mut ack_type, mut most, mut least) = (-1i8, -1i8, 0, 0);
+    let mut w = Wire::new(r, 0, 0);
+    while let Some((field, value, at)) = w.next_field()? {
+        match (field, value) {
+            (1, Value::Varint(v)) => op = enum8(v),
+            (2, Value::Varint(v)) => ack_type = enum8(v),
+            (3, Value::Varint(v)) => least = v,
+            (4, Value::Varint(v)) => most = v,
+            (5, Value::Bytes(b)) => decode_acked_position(b, at, c)?,
+            (1..=5, _) => return Err(wrong_type(field, at)),
+            _ => {}
+        }
+    }
+    c.op.push(op);
+    c.ack_type.push(ack_type);
+    c.txnid_most_bits.push(most);
+    c.txnid_least_bits.push(least);
+    c.position_offsets.push(len_i32(c.ledger_id.len())?);
+    Ok(())
+}
+
+fn decode_acked_position(b: &[u8], base: usize, c: &mut PendingAckColumns) -> Result<()> {
+    let (mut ledger, mut entry, mut batch_size) = (0, 0, -1i32);
+    let mut n = Wire::new(b, 0, base);
+    while let Some((f, v, at)) = n.next_field()? {
+        match (f, v) {
+            (1, Value::Varint(x)) => ledger = x,
+            (2, Value::Varint(x)) => entry = x,
+            // int64 words: unpacked (one varint each) or packed (proto2 allows both).
+            (3, Value::Varint(x)) => c.ack_set_words.push(x as i64),
+            (3, Value::Bytes(packed)) => {
+                let mut p = Wire::new(packed, 0, at);
+                while !p.at_end() {
+                    c.ack_set_words.push(p.varint()? as i64);
+                }
+            }
+            // int32 on the wire is a sign-extended varint.
+            (4, Value::Varint(x)) => batch_size = x as i64 as i32,
+            (1..=4, _) => return Err(wrong_type(f, at)),
+            _ => {}
+        }
+    }
+    c.ledger_id.push(ledger);
+    c.entry_id.push(entry);
+    c.batch_size.push(batch_size);
+    c.ack_set_offsets.push(len_i32(c.ack_set_words.len())?);
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::frame::encode_batch;
-    use crate::proto::{PendingAckMetadata, Subscription};
+    use crate::proto::{
+        PendingAckMetadata, PendingAckMetadataEntry, Subscription, TransactionMetadataEntry,
+    };
+    use prost::Message;
 
     #[test]
     fn txn_log_columns() {

@@ -7,6 +7,7 @@
 //! record: it starts with the tag byte of field 1 (0x08), never with 0x0E.
 
 use crate::error::{Error, Result};
+use crate::wire::{Value, Wire};
 
 /// First two bytes of every batched entry.
 pub const MAGIC: u16 = 0x0E01;
@@ -16,8 +17,6 @@ pub const VERSION: u16 = 0x0001;
 pub const HEADER_LEN: usize = 4;
 /// Key of field 1, wire type 2 (length-delimited).
 const RECORD_KEY: u8 = 0x0A;
-/// A varint never takes more than this many bytes.
-const MAX_VARINT_LEN: usize = 10;
 
 /// True when `entry` starts with the batch magic.
 #[inline]
@@ -104,50 +103,6 @@ pub fn encode_batch<R: AsRef<[u8]>>(records: &[R]) -> Vec<u8> {
     out
 }
 
-/// A bounds-checked reader of protobuf wire data.
-struct Wire<'a> {
-    buf: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Wire<'a> {
-    fn varint(&mut self) -> Result<u64> {
-        let start = self.pos;
-        let mut v: u64 = 0;
-        for i in 0..MAX_VARINT_LEN {
-            let Some(&b) = self.buf.get(self.pos) else {
-                return Err(Error::corrupt_entry(start, "truncated varint"));
-            };
-            self.pos += 1;
-            if i == MAX_VARINT_LEN - 1 && b > 1 {
-                return Err(Error::corrupt_entry(start, "varint overflows 64 bits"));
-            }
-            v |= u64::from(b & 0x7F) << (7 * i);
-            if b < 0x80 {
-                return Ok(v);
-            }
-        }
-        Err(Error::corrupt_entry(start, "varint longer than 10 bytes"))
-    }
-
-    fn bytes(&mut self, len: u64, field_at: usize) -> Result<&'a [u8]> {
-        let remaining = self.buf.len() - self.pos;
-        if len > remaining as u64 {
-            return Err(Error::corrupt_entry(
-                field_at,
-                format!("length {len} runs past the end ({remaining} bytes left)"),
-            ));
-        }
-        let s = &self.buf[self.pos..self.pos + len as usize];
-        self.pos += len as usize;
-        Ok(s)
-    }
-
-    fn skip(&mut self, n: u64, field_at: usize) -> Result<()> {
-        self.bytes(n, field_at).map(|_| ())
-    }
-}
-
 /// Calls `f` with every record of `entry` (one call for an unbatched entry)
 /// and returns how many there were. Records borrow from `entry`.
 pub fn for_each_record<'a, F: FnMut(&'a [u8])>(entry: &'a [u8], mut f: F) -> Result<usize> {
@@ -168,44 +123,13 @@ pub fn for_each_record<'a, F: FnMut(&'a [u8])>(entry: &'a [u8], mut f: F) -> Res
             format!("unknown batch version {version:#06x}"),
         ));
     }
-    let mut w = Wire {
-        buf: entry,
-        pos: HEADER_LEN,
-    };
+    let mut w = Wire::new(entry, HEADER_LEN, 0);
     let mut n = 0;
-    while w.pos < entry.len() {
-        let field_at = w.pos;
-        // Fast path: the key of a record is the single byte 0x0A.
-        let key = if entry[w.pos] == RECORD_KEY {
-            w.pos += 1;
-            u64::from(RECORD_KEY)
-        } else {
-            w.varint()?
-        };
-        let (field, wire_type) = (key >> 3, key & 7);
-        if field == 0 {
-            return Err(Error::corrupt_entry(field_at, "field number 0"));
-        }
-        match wire_type {
-            0 => {
-                w.varint()?;
-            }
-            1 => w.skip(8, field_at)?,
-            2 => {
-                let len = w.varint()?;
-                let data = w.bytes(len, field_at)?;
-                if field == 1 {
-                    f(data);
-                    n += 1;
-                }
-            }
-            5 => w.skip(4, field_at)?,
-            other => {
-                return Err(Error::corrupt_entry(
-                    field_at,
-                    format!("unsupported wire type {other} for field {field}"),
-                ))
-            }
+    while let Some((field, value, _)) = w.next_field()? {
+        // Field 1 holds the records; anything else is skipped (forward compatible).
+        if let (1, Value::Bytes(data)) = (field, value) {
+            f(data);
+            n += 1;
         }
     }
     Ok(n)

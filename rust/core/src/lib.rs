@@ -13,6 +13,7 @@ pub mod frame;
 pub mod position;
 pub mod proto;
 pub mod sink;
+pub mod wire;
 pub mod writer;
 
 pub use ackset::AckSet;

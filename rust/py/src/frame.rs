@@ -2,7 +2,7 @@
 
 use crate::buffers::{bytes_list, with_slices};
 use crate::errors::BindResult;
-use numpy::IntoPyArray;
+use numpy::{IntoPyArray, PyArray1};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use txnstream_core::columns::{self, Utf8Column};
@@ -61,22 +61,31 @@ fn utf8<'py>(py: Python<'py>, d: &Bound<'py, PyDict>, name: &str, c: Utf8Column)
     Ok(())
 }
 
+/// Flat records of a bulk decode: data, offsets, entry_index, batch_index, batch_size.
+type FlatTuple<'py> = (
+    Bound<'py, PyBytes>,
+    Bound<'py, PyArray1<i64>>,
+    Bound<'py, PyArray1<u32>>,
+    Bound<'py, PyArray1<u32>>,
+    Bound<'py, PyArray1<u32>>,
+);
+
 /// Decodes many entries at once into flat records (Arrow binary layout).
 #[pyfunction]
 pub fn decode_entries<'py>(
     py: Python<'py>,
     entries: &Bound<'py, PyAny>,
-) -> BindResult<Bound<'py, PyDict>> {
+) -> BindResult<FlatTuple<'py>> {
     let entries = bytes_list(entries, "entries")?;
     let slices = with_slices(&entries)?;
     let flat = py.detach(|| frame::decode_entries(&slices))?;
-    let d = PyDict::new(py);
-    d.set_item("data", PyBytes::new(py, &flat.data))?;
-    d.set_item("offsets", flat.offsets.into_pyarray(py))?;
-    d.set_item("entry_index", flat.entry_index.into_pyarray(py))?;
-    d.set_item("batch_index", flat.batch_index.into_pyarray(py))?;
-    d.set_item("batch_size", flat.batch_size.into_pyarray(py))?;
-    Ok(d)
+    Ok((
+        PyBytes::new(py, &flat.data),
+        flat.offsets.into_pyarray(py),
+        flat.entry_index.into_pyarray(py),
+        flat.batch_index.into_pyarray(py),
+        flat.batch_size.into_pyarray(py),
+    ))
 }
 
 /// Decodes transaction-log entries into numpy columns.

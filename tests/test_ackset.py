@@ -1,0 +1,139 @@
+"""Ack sets (SPEC §3.3): Java BitSet word layout, deletion merge, bulk ops."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import txnstream as ts
+from hypothesis import given
+from hypothesis import strategies as st
+from txnstream import ackset
+
+MASK64 = (1 << 64) - 1
+
+
+def java_words(batch_size: int, deleted: set[int]) -> list[int]:
+    """Reference model: java.util.BitSet.toLongArray() of {0..n-1} minus deleted."""
+    bits = 0
+    for i in range(batch_size):
+        if i not in deleted:
+            bits |= 1 << i
+    words = []
+    while bits:
+        w = bits & MASK64
+        words.append(w - (1 << 64) if w >= 1 << 63 else w)
+        bits >>= 64
+    return words
+
+
+@pytest.mark.parametrize(
+    ("size", "index", "expected"),
+    [
+        (10, 5, [0b1111011111]),
+        (64, 0, [-2]),
+        (64, 63, [0x7FFFFFFFFFFFFFFF]),
+        (230, 120, [-1, ~(1 << 56), -1, (1 << 38) - 1]),
+        (256, 255, [-1, -1, -1, 0x7FFFFFFFFFFFFFFF]),
+        (1, 0, []),
+    ],
+)
+def test_java_bitset_words(size: int, index: int, expected: list[int]) -> None:
+    s = ts.AckSet(size)
+    s.clear(index)
+    assert s.to_words() == expected == java_words(size, {index})
+    assert ts.AckSet.single_deleted(size, index) == s
+    assert ts.AckSet.from_words(expected, size) == s
+
+
+@given(st.integers(1, 700), st.sets(st.integers(0, 699), max_size=40))
+def test_matches_python_model(size: int, deleted: set[int]) -> None:
+    deleted = {d % size for d in deleted}
+    s = ts.AckSet(size)
+    for d in deleted:
+        s.clear(d)
+    assert s.to_words() == java_words(size, deleted)
+    assert s.cardinality() == size - len(deleted)
+    assert s.is_empty() == (len(deleted) == size)
+    assert s.present() == [i for i in range(size) if i not in deleted]
+    assert ts.AckSet.from_words(s.to_words(), size) == s
+
+
+@given(st.integers(1, 200), st.sets(st.integers(0, 199)), st.sets(st.integers(0, 199)))
+def test_and_and_overlap(size: int, a: set[int], b: set[int]) -> None:
+    a, b = {x % size for x in a}, {x % size for x in b}
+    x, y = ts.AckSet(size), ts.AckSet(size)
+    for i in a:
+        x.clear(i)
+    for i in b:
+        y.clear(i)
+    assert x.overlaps(y) == bool(a & b)
+    merged = x & y
+    assert merged.to_words() == java_words(size, a | b)
+    x.and_(y)
+    assert x == merged
+
+
+def test_entry_freed_when_all_deleted() -> None:
+    s = ts.AckSet(3)
+    for i in range(3):
+        assert not s.is_empty()
+        s.and_(ts.AckSet.single_deleted(3, i))
+    assert s.is_empty() and s.to_words() == []
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda: ts.AckSet(0), "batch_size must be in"),
+        (lambda: ts.AckSet(-3), "got -3"),
+        (lambda: ts.AckSet(10).clear(10), "batch index 10 out of range"),
+        (lambda: ts.AckSet(10).clear(-1), "batch index -1"),
+        (lambda: ts.AckSet.from_words([1 << 12], 10), "beyond batch_size 10"),
+        (lambda: ts.AckSet(3).overlaps(ts.AckSet(4)), "different batch sizes: 3 and 4"),
+    ],
+)
+def test_bad_input(call: object, match: str) -> None:
+    with pytest.raises(ts.InvalidArgumentError, match=match):
+        call()  # type: ignore[operator]
+
+
+def rows(sets: list[ts.AckSet], width: int) -> np.ndarray:
+    out = np.zeros((len(sets), width), dtype=np.int64)
+    for i, s in enumerate(sets):
+        w = s.to_words()
+        out[i, : len(w)] = w
+    return out
+
+
+@given(st.lists(st.tuples(st.sets(st.integers(0, 129)), st.sets(st.integers(0, 129))), max_size=30))
+def test_bulk_ops_match_single(pairs: list[tuple[set[int], set[int]]]) -> None:
+    size, width = 130, 3
+    xs, ys = [], []
+    for a, b in pairs:
+        x, y = ts.AckSet(size), ts.AckSet(size)
+        for i in a:
+            x.clear(i)
+        for i in b:
+            y.clear(i)
+        xs.append(x)
+        ys.append(y)
+    ra, rb = rows(xs, width), rows(ys, width)
+    assert ackset.cardinality_many(ra).tolist() == [x.cardinality() for x in xs]
+    assert ackset.is_empty_many(ra).tolist() == [x.is_empty() for x in xs]
+    assert (
+        ackset.and_many(ra, rb).tolist()
+        == rows([x & y for x, y in zip(xs, ys, strict=True)], width).tolist()
+    )
+    sizes = np.full(len(xs), size)
+    assert ackset.overlaps_many(ra, rb, sizes).tolist() == [
+        x.overlaps(y) for x, y in zip(xs, ys, strict=True)
+    ]
+
+
+def test_bulk_bad_shapes() -> None:
+    with pytest.raises(ts.InvalidArgumentError, match="2-D"):
+        ackset.cardinality_many(np.zeros(3, dtype=np.int64))
+    with pytest.raises(ts.InvalidArgumentError, match="shapes differ"):
+        ackset.and_many(np.zeros((2, 2)), np.zeros((2, 3)))
+    with pytest.raises(ts.InvalidArgumentError, match="batch size 200 of row 0"):
+        ackset.overlaps_many(np.zeros((1, 2)), np.zeros((1, 2)), [200])

@@ -1,0 +1,151 @@
+"""Frame codec (SPEC §3.1): round trips, Pulsar byte compatibility, bad input."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import txnstream as ts
+from hypothesis import given
+from hypothesis import strategies as st
+from txnstream import frame, proto
+
+PREFIX = b"\x0e\x01\x00\x01"
+
+
+def txn_record(i: int) -> proto.TransactionMetadataEntry:
+    return proto.TransactionMetadataEntry(
+        metadata_op=proto.TransactionMetadataEntry.ADD_PARTITION,
+        txnid_most_bits=2,
+        txnid_least_bits=i,
+        expected_status=proto.OPEN,
+        new_status=proto.OPEN,
+        partitions=[f"public/default/t{i}", "public/default/x"],
+        subscriptions=[proto.Subscription(topic="in", subscription=f"s{i}")],
+        timeout_ms=30_000,
+        last_modification_time=1_700_000_000_000 + i,
+        client_name="etl-1",
+    )
+
+
+def ack_record(i: int) -> proto.PendingAckMetadataEntry:
+    return proto.PendingAckMetadataEntry(
+        pending_ack_op=proto.ACK,
+        ack_type=proto.Individual,
+        txnid_most_bits=0,
+        txnid_least_bits=i,
+        pending_ack_metadata=[
+            proto.PendingAckMetadata(ledgerId=7, entryId=i, ack_set=[-2, 5], batch_size=70)
+        ],
+    )
+
+
+def test_constants() -> None:
+    assert frame.MAGIC == 0x0E01
+    assert frame.VERSION == 0x0001
+
+
+@given(st.lists(st.binary(max_size=200), max_size=50))
+def test_round_trip(records: list[bytes]) -> None:
+    entry = frame.encode_batch(records)
+    assert entry[:4] == PREFIX
+    assert frame.is_batched(entry)
+    assert frame.decode_entry(entry) == records
+    decoded = frame.decode_entries([entry, entry])
+    assert decoded.to_list() == records + records
+    assert list(decoded.batch_index) == list(range(len(records))) * 2
+
+
+@pytest.mark.parametrize("n", [1, 2, 512])
+def test_pulsar_txn_log_entry_byte_compatible(n: int) -> None:
+    records = [txn_record(i) for i in range(n)]
+    batched = proto.BatchedTransactionMetadataEntry(transaction_log=records)
+    entry = PREFIX + batched.SerializeToString()
+    raw = frame.decode_entry(entry)
+    assert raw == [r.SerializeToString() for r in records]
+    assert [proto.TransactionMetadataEntry.FromString(r) for r in raw] == records
+    assert frame.encode_batch(raw) == entry
+
+
+@pytest.mark.parametrize("n", [1, 3, 100])
+def test_pulsar_pending_ack_entry_byte_compatible(n: int) -> None:
+    records = [ack_record(i) for i in range(n)]
+    batched = proto.BatchedPendingAckMetadataEntry(pending_ack_log=records)
+    entry = PREFIX + batched.SerializeToString()
+    raw = frame.decode_entry(entry)
+    assert raw == [r.SerializeToString() for r in records]
+    assert frame.encode_batch(raw) == entry
+
+
+def test_single_record_is_not_batched() -> None:
+    rec = txn_record(1).SerializeToString()
+    assert rec[0] == 0x08
+    assert not frame.is_batched(rec)
+    assert frame.decode_entry(rec) == [rec]
+
+
+@pytest.mark.parametrize(
+    ("entry", "offset", "reason"),
+    [
+        (b"\x0e\x01", 2, "truncated batch header"),
+        (b"\x0e\x01\x00", 3, "truncated batch header"),
+        (b"\x0e\x01\x00\x02", 2, "unknown batch version 0x0002"),
+        (b"\x0e\x01\xff\xff\x0a\x00", 2, "unknown batch version 0xffff"),
+        (PREFIX + b"\x0a\x05ab", 4, "runs past the end"),
+        (PREFIX + b"\x0a", 5, "truncated varint"),
+        (PREFIX + b"\x0a\x80", 5, "truncated varint"),
+        (PREFIX + b"\x0a" + b"\xff" * 9 + b"\x7f", 5, "overflows 64 bits"),
+        (PREFIX + b"\x0a" + b"\xff" * 11, 5, "overflows"),
+        (PREFIX + b"\x0b", 4, "wire type 3"),
+        (PREFIX + b"\x00", 4, "field number 0"),
+        (PREFIX + b"\x0a\x01x" + b"\x0a\x7f", 7, "runs past the end"),
+    ],
+)
+def test_malformed_entries(entry: bytes, offset: int, reason: str) -> None:
+    with pytest.raises(ts.CorruptEntryError) as info:
+        frame.decode_entry(entry)
+    assert info.value.offset == offset
+    assert reason in str(info.value)
+    assert f"offset {offset}" in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_wrong_magic_is_a_single_record() -> None:
+    assert frame.decode_entry(b"\x0e\x02\x00\x01") == [b"\x0e\x02\x00\x01"]
+    assert frame.decode_entry(b"") == [b""]
+
+
+def test_bulk_error_names_entry_index() -> None:
+    good = frame.encode_batch([b"a"])
+    with pytest.raises(ts.CorruptEntryError, match="entry #2"):
+        frame.decode_entries([good, good, b"\x0e\x01\x00\x09"])
+
+
+@given(st.binary(max_size=300))
+def test_fuzz_never_crashes(data: bytes) -> None:
+    try:
+        records = frame.decode_entry(data)
+    except ts.CorruptEntryError as e:
+        assert 0 <= e.offset <= len(data)
+        assert frame.is_batched(data)
+    else:
+        if not frame.is_batched(data):
+            assert records == [data]
+    for decoder in (frame.decode_txn_log_columns, frame.decode_pending_ack_columns):
+        with contextlib.suppress(ts.CorruptEntryError):
+            decoder([data])
+
+
+@given(st.binary(max_size=300))
+def test_fuzz_after_valid_header(body: bytes) -> None:
+    try:
+        frame.decode_entry(PREFIX + body)
+    except ts.CorruptEntryError as e:
+        assert 4 <= e.offset <= len(body) + 4
+
+
+def test_type_errors_name_the_argument() -> None:
+    with pytest.raises(TypeError, match=r"records\[1\] must be bytes, not str"):
+        frame.encode_batch([b"a", "b"])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="not a single bytes object"):
+        frame.encode_batch(b"abc")  # type: ignore[arg-type]

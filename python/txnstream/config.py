@@ -1,0 +1,325 @@
+"""Broker configuration: :class:`BrokerConfig`, loadable from Pulsar's key names.
+
+Settings come from a dict, a Pulsar-style ``broker.conf`` (``key=value``
+lines) or TOML, under Pulsar's names where Pulsar has one::
+
+    transactionLogBatchedWriteEnabled=true
+    transactionLogBatchedWriteMaxRecords=512
+    transactionLogBatchedWriteMaxSize=4194304
+    transactionLogBatchedWriteMaxDelayInMillis=1
+    transactionPendingAckBatchedWriteEnabled=false
+    ...
+
+TOML may also group a section's settings in a table named after the
+attribute (``[transaction_log_batched_write]`` with ``enabled``,
+``max_records``, ``max_size``, ``max_delay_ms``). Keys txnstream does not
+know are kept in :attr:`BrokerConfig.extra` (a real ``broker.conf`` holds
+hundreds), so later components can read their own.
+
+Validation follows PIP-160: with batched writes enabled, ``max_records``
+below 10, ``max_size`` below 128 KiB or ``max_delay`` below 1 ms are rejected
+with a :class:`~txnstream.errors.ConfigError` naming the key and value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import tomllib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from txnstream.errors import ConfigError
+
+__all__ = [
+    "MIN_BROKER_MAX_DELAY_MS",
+    "MIN_BROKER_MAX_RECORDS",
+    "MIN_BROKER_MAX_SIZE",
+    "BatchedWriteConfig",
+    "BrokerConfig",
+]
+
+#: Smallest ``…BatchedWriteMaxRecords`` the broker accepts with the feature on.
+MIN_BROKER_MAX_RECORDS: Final = 10
+#: Smallest ``…BatchedWriteMaxSize`` (bytes) accepted with the feature on.
+MIN_BROKER_MAX_SIZE: Final = 128 * 1024
+#: Smallest ``…BatchedWriteMaxDelayInMillis`` accepted with the feature on.
+MIN_BROKER_MAX_DELAY_MS: Final = 1.0
+
+# Attribute of BrokerConfig -> Pulsar key prefix.
+_SECTIONS: Final = {
+    "transaction_log_batched_write": "transactionLogBatchedWrite",
+    "pending_ack_batched_write": "transactionPendingAckBatchedWrite",
+}
+# Pulsar key suffix -> BatchedWriteConfig field.
+_SUFFIXES: Final = {
+    "Enabled": "enabled",
+    "MaxRecords": "max_records",
+    "MaxSize": "max_size",
+    "MaxDelayInMillis": "max_delay_ms",
+}
+_FIELD_SUFFIX: Final = {v: k for k, v in _SUFFIXES.items()}
+_PULSAR_KEYS: Final = {
+    prefix + suffix: (section, fld)
+    for section, prefix in _SECTIONS.items()
+    for suffix, fld in _SUFFIXES.items()
+}
+
+
+def _error(key: str, value: object, reason: str) -> ConfigError:
+    message = f"invalid configuration {key}={value!r}: {reason}"
+    return ConfigError(message, key=key, value=str(value))
+
+
+def _as_bool(key: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "false"):
+        return value.strip().lower() == "true"
+    raise _error(key, value, "expected true or false")
+
+
+def _as_int(key: str, value: object) -> int:
+    if isinstance(value, bool):
+        raise _error(key, value, "expected an integer")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip().replace("_", ""), 10)
+        except ValueError:
+            pass
+    raise _error(key, value, "expected an integer")
+
+
+def _as_millis(key: str, value: object) -> float:
+    if isinstance(value, bool):
+        raise _error(key, value, "expected a number of milliseconds")
+    ms: float
+    if isinstance(value, int | float):
+        ms = value
+    elif isinstance(value, str):
+        # Integral text stays an int, so errors echo the value as written.
+        try:
+            ms = int(value.strip(), 10)
+        except ValueError:
+            try:
+                ms = float(value.strip())
+            except ValueError:
+                raise _error(key, value, "expected a number of milliseconds") from None
+    else:
+        raise _error(key, value, "expected a number of milliseconds")
+    if not math.isfinite(ms):
+        raise _error(key, value, "must be finite")
+    return ms
+
+
+_COERCE: Final = {
+    "enabled": _as_bool,
+    "max_records": _as_int,
+    "max_size": _as_int,
+    "max_delay_ms": _as_millis,
+}
+
+
+@dataclass(frozen=True)
+class BatchedWriteConfig:
+    """Batched writes (PIP-160) of one kind of log: the thresholds of its BufferedWriter.
+
+    ``enabled`` defaults to ``False`` as in Pulsar. Constructing checks the
+    writer's own limits (``max_records >= 1``, ``max_size >= 1``,
+    ``max_delay_ms >= 0``); the broker's stricter limits apply through
+    :meth:`validate` when the feature is enabled.
+    """
+
+    enabled: bool = False
+    max_records: int = 512
+    max_size: int = 4 << 20
+    max_delay_ms: float = 1.0
+
+    def __post_init__(self) -> None:
+        """Check types and the writer's own limits (keys named by field)."""
+        if not isinstance(self.enabled, bool):
+            raise _error("enabled", self.enabled, "expected a bool")
+        for name in ("max_records", "max_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise _error(name, value, "expected an int")
+        delay = self.max_delay_ms
+        numeric = isinstance(delay, int | float) and not isinstance(delay, bool)
+        if not numeric or not math.isfinite(delay):
+            raise _error("max_delay_ms", delay, "expected a finite number of milliseconds")
+        if self.max_records < 1:
+            raise _error("max_records", self.max_records, "must be at least 1")
+        if self.max_size < 1:
+            raise _error("max_size", self.max_size, "must be at least 1 byte")
+        if self.max_delay_ms < 0:
+            raise _error("max_delay_ms", self.max_delay_ms, "must not be negative")
+
+    def validate(self, prefix: str = "transactionLogBatchedWrite") -> None:
+        """Apply the broker limits of PIP-160 when enabled; keys named ``prefix + suffix``."""
+        if not self.enabled:
+            return
+        checks = (
+            ("max_records", self.max_records, MIN_BROKER_MAX_RECORDS, ""),
+            ("max_size", self.max_size, MIN_BROKER_MAX_SIZE, " bytes"),
+            ("max_delay_ms", self.max_delay_ms, MIN_BROKER_MAX_DELAY_MS, " ms"),
+        )
+        for name, value, minimum, unit in checks:
+            if value < minimum:
+                key = prefix + _FIELD_SUFFIX[name]
+                raise _error(
+                    key,
+                    value,
+                    f"must be at least {minimum}{unit} when {prefix}Enabled=true",
+                )
+
+    def writer_kwargs(self) -> dict[str, Any]:
+        """Keyword arguments for :class:`txnstream.BufferedWriter`."""
+        return {
+            "max_records": self.max_records,
+            "max_size": self.max_size,
+            "max_delay_ms": self.max_delay_ms,
+            "batch_enabled": self.enabled,
+        }
+
+
+@dataclass
+class BrokerConfig:
+    """The configuration of one embedded broker (SPEC §4.10).
+
+    Holds the batched-write settings of the transaction coordinator log and
+    of pending-ack logs; other components add their sections here. Use
+    :meth:`from_dict`, :meth:`from_broker_conf`, :meth:`from_toml` or
+    :meth:`load` to read Pulsar-named settings; construction validates.
+    """
+
+    transaction_log_batched_write: BatchedWriteConfig = field(default_factory=BatchedWriteConfig)
+    pending_ack_batched_write: BatchedWriteConfig = field(default_factory=BatchedWriteConfig)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        """Validate every section under its Pulsar key names."""
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` for the first invalid setting."""
+        for section, prefix in _SECTIONS.items():
+            getattr(self, section).validate(prefix)
+
+    # -- loading ---------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, settings: Mapping[str, Any]) -> BrokerConfig:
+        """Build from Pulsar-named keys (values may be strings, as in broker.conf).
+
+        Nested mappings named after a section (``transaction_log_batched_write``,
+        ``pending_ack_batched_write``) are read with field names as keys.
+        """
+        values: dict[str, dict[str, Any]] = {s: {} for s in _SECTIONS}
+        extra: dict[str, Any] = {}
+        for key, value in settings.items():
+            if key in _SECTIONS and isinstance(value, Mapping):
+                prefix = _SECTIONS[key]
+                for name, v in value.items():
+                    if name not in _COERCE:
+                        raise _error(f"{key}.{name}", v, f"unknown setting; use {list(_COERCE)}")
+                    values[key][name] = _COERCE[name](f"{prefix}{_FIELD_SUFFIX[name]}", v)
+            elif key in _PULSAR_KEYS:
+                section, name = _PULSAR_KEYS[key]
+                if isinstance(value, str) and value.strip() == "":
+                    continue  # Pulsar treats an empty value as "use the default"
+                values[section][name] = _COERCE[name](key, value)
+            else:
+                extra[key] = value
+        sections = {s: _section(s, v) for s, v in values.items()}
+        return cls(
+            transaction_log_batched_write=sections["transaction_log_batched_write"],
+            pending_ack_batched_write=sections["pending_ack_batched_write"],
+            extra=extra,
+        )
+
+    @classmethod
+    def from_broker_conf(cls, path: str | Path) -> BrokerConfig:
+        """Read a Pulsar ``broker.conf`` (Java properties: ``key=value``, ``#`` comments)."""
+        text = Path(path).read_text(encoding="utf-8")
+        return cls.from_dict(dict(_parse_properties(text, str(path))))
+
+    @classmethod
+    def from_broker_conf_text(cls, text: str) -> BrokerConfig:
+        """Like :meth:`from_broker_conf`, from the file's text."""
+        return cls.from_dict(dict(_parse_properties(text, "<text>")))
+
+    @classmethod
+    def from_toml(cls, path: str | Path) -> BrokerConfig:
+        """Read TOML with Pulsar keys at top level and/or section tables."""
+        with Path(path).open("rb") as f:
+            try:
+                data = tomllib.load(f)
+            except tomllib.TOMLDecodeError as e:
+                raise ConfigError(f"{path}: {e}", key=str(path), value="") from e
+        return cls.from_dict(data)
+
+    @classmethod
+    def load(cls, path: str | Path) -> BrokerConfig:
+        """Read ``*.toml`` as TOML and anything else as ``broker.conf``."""
+        p = Path(path)
+        return cls.from_toml(p) if p.suffix.lower() == ".toml" else cls.from_broker_conf(p)
+
+    # -- export and runtime changes ---------------------------------------
+
+    def to_pulsar_dict(self) -> dict[str, Any]:
+        """Return the settings under Pulsar's key names (round-trips via :meth:`from_dict`)."""
+        out: dict[str, Any] = {}
+        for section, prefix in _SECTIONS.items():
+            cfg = getattr(self, section)
+            for suffix, name in _SUFFIXES.items():
+                out[prefix + suffix] = getattr(cfg, name)
+        out.update(self.extra)
+        return out
+
+    def set(self, key: str, value: Any) -> None:
+        """Change one Pulsar-named setting at runtime, validating first (all or nothing)."""
+        if key not in _PULSAR_KEYS:
+            raise _error(key, value, "not a dynamic batched-write setting")
+        section, name = _PULSAR_KEYS[key]
+        updated = dataclasses.replace(getattr(self, section), **{name: _COERCE[name](key, value)})
+        updated.validate(_SECTIONS[section])
+        setattr(self, section, updated)
+
+
+def _section(section: str, values: dict[str, Any]) -> BatchedWriteConfig:
+    """Build a section, naming a rejected setting by its Pulsar key."""
+    try:
+        return BatchedWriteConfig(**values)
+    except ConfigError as e:
+        if e.key not in _FIELD_SUFFIX:
+            raise
+        key = _SECTIONS[section] + _FIELD_SUFFIX[e.key]
+        raise _error(key, values.get(e.key, e.value), e.message.split(": ", 1)[-1]) from None
+
+
+def _parse_properties(text: str, origin: str) -> Iterator[tuple[str, str]]:
+    """Yield ``(key, value)`` of a Java-properties text (``=``, ``:`` or space separated)."""
+    pending = ""
+    for lineno, raw in enumerate(text.splitlines(), 1):
+        line = pending + raw.strip()
+        pending = ""
+        if not line or line[0] in "#!":
+            continue
+        if line.endswith("\\") and not line.endswith("\\\\"):
+            pending = line[:-1]
+            continue
+        seps = [i for i in (line.find("="), line.find(":")) if i > 0]
+        if seps:
+            at = min(seps)
+            key, value = line[:at].strip(), line[at + 1 :].strip()
+        elif " " in line:
+            key, value = (part.strip() for part in line.split(" ", 1))
+        else:
+            key, value = line, ""
+        if not key:
+            raise ConfigError(f"{origin}:{lineno}: line without a key", key="", value=raw)
+        yield key, value

@@ -1,0 +1,161 @@
+"""BrokerConfig: Pulsar key names, broker.conf / TOML loading, PIP-160 validation."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from txnstream.config import BatchedWriteConfig, BrokerConfig
+from txnstream.errors import ConfigError, TxnStreamError
+
+PULSAR_CONF = """\
+# Pulsar broker.conf excerpt
+clusterName=standalone
+transactionCoordinatorEnabled=true
+
+### --- Transaction batched writes (PIP-160) --- ###
+transactionLogBatchedWriteEnabled=true
+transactionLogBatchedWriteMaxRecords=256
+transactionLogBatchedWriteMaxSize=1048576
+transactionLogBatchedWriteMaxDelayInMillis = 2
+transactionPendingAckBatchedWriteEnabled: false
+transactionPendingAckBatchedWriteMaxRecords=
+! an empty value means "use the default", as in Pulsar
+"""
+
+
+def test_defaults_match_pulsar() -> None:
+    cfg = BrokerConfig()
+    for section in (cfg.transaction_log_batched_write, cfg.pending_ack_batched_write):
+        assert section == BatchedWriteConfig(False, 512, 4 << 20, 1.0)
+    assert cfg.to_pulsar_dict()["transactionLogBatchedWriteMaxSize"] == 4 * 1024 * 1024
+
+
+def test_broker_conf(tmp_path: Path) -> None:
+    path = tmp_path / "broker.conf"
+    path.write_text(PULSAR_CONF)
+    cfg = BrokerConfig.load(path)
+    assert cfg.transaction_log_batched_write == BatchedWriteConfig(True, 256, 1 << 20, 2.0)
+    assert cfg.pending_ack_batched_write == BatchedWriteConfig()
+    assert cfg.extra == {"clusterName": "standalone", "transactionCoordinatorEnabled": "true"}
+    assert cfg.transaction_log_batched_write.writer_kwargs() == {
+        "max_records": 256,
+        "max_size": 1 << 20,
+        "max_delay_ms": 2.0,
+        "batch_enabled": True,
+    }
+
+
+def test_toml_flat_keys_and_tables(tmp_path: Path) -> None:
+    path = tmp_path / "broker.toml"
+    path.write_text(
+        "transactionLogBatchedWriteEnabled = true\n"
+        "transactionLogBatchedWriteMaxDelayInMillis = 5\n"
+        "[pending_ack_batched_write]\n"
+        "enabled = true\nmax_records = 64\nmax_size = 262144\nmax_delay_ms = 1.5\n"
+    )
+    cfg = BrokerConfig.load(path)
+    assert cfg.transaction_log_batched_write == BatchedWriteConfig(True, 512, 4 << 20, 5.0)
+    assert cfg.pending_ack_batched_write == BatchedWriteConfig(True, 64, 262144, 1.5)
+
+
+def test_round_trip_through_pulsar_keys() -> None:
+    cfg = BrokerConfig.from_dict({"transactionPendingAckBatchedWriteEnabled": "true", "x": 1})
+    assert BrokerConfig.from_dict(cfg.to_pulsar_dict()) == cfg
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("transactionLogBatchedWriteMaxRecords", 9),
+        ("transactionLogBatchedWriteMaxSize", 128 * 1024 - 1),
+        ("transactionLogBatchedWriteMaxDelayInMillis", 0),
+        ("transactionPendingAckBatchedWriteMaxRecords", "5"),
+        ("transactionPendingAckBatchedWriteMaxSize", "1024"),
+        ("transactionPendingAckBatchedWriteMaxDelayInMillis", "0.5"),
+    ],
+)
+def test_broker_limits_when_enabled(key: str, value: object) -> None:
+    prefix = key[: key.index("BatchedWrite") + len("BatchedWrite")]
+    with pytest.raises(ConfigError) as info:
+        BrokerConfig.from_dict({prefix + "Enabled": True, key: value})
+    assert info.value.key == key
+    assert info.value.value == str(value)
+    assert key in str(info.value)
+    # The same values are fine while the feature is off.
+    BrokerConfig.from_dict({prefix + "Enabled": False, key: value})
+
+
+def test_boundaries_are_accepted() -> None:
+    cfg = BrokerConfig.from_dict(
+        {
+            "transactionLogBatchedWriteEnabled": "TRUE",
+            "transactionLogBatchedWriteMaxRecords": "10",
+            "transactionLogBatchedWriteMaxSize": str(128 * 1024),
+            "transactionLogBatchedWriteMaxDelayInMillis": "1",
+        }
+    )
+    assert cfg.transaction_log_batched_write.max_records == 10
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("transactionLogBatchedWriteEnabled", "yes"),
+        ("transactionLogBatchedWriteMaxRecords", "many"),
+        ("transactionLogBatchedWriteMaxRecords", 1.5),
+        ("transactionLogBatchedWriteMaxSize", True),
+        ("transactionLogBatchedWriteMaxDelayInMillis", "soon"),
+        ("transactionLogBatchedWriteMaxDelayInMillis", "nan"),
+        ("transactionLogBatchedWriteMaxRecords", 0),
+        ("transactionLogBatchedWriteMaxDelayInMillis", -1),
+    ],
+)
+def test_bad_values_name_key_and_value(key: str, value: object) -> None:
+    with pytest.raises(ConfigError) as info:
+        BrokerConfig.from_dict({key: value})
+    assert isinstance(info.value, ValueError | TxnStreamError)
+    assert info.value.value == str(value)
+    assert info.value.key == key
+
+
+def test_direct_construction_checks_writer_limits() -> None:
+    with pytest.raises(ConfigError, match="max_records"):
+        BatchedWriteConfig(max_records=0)
+    with pytest.raises(ConfigError, match="max_delay_ms"):
+        BatchedWriteConfig(max_delay_ms=-0.1)
+    with pytest.raises(ConfigError, match="enabled"):
+        BatchedWriteConfig(enabled="true")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as info:
+        BrokerConfig(transaction_log_batched_write=BatchedWriteConfig(True, 5))
+    assert info.value.key == "transactionLogBatchedWriteMaxRecords"
+
+
+def test_runtime_set_is_validated_and_atomic() -> None:
+    cfg = BrokerConfig()
+    cfg.set("transactionLogBatchedWriteEnabled", "true")
+    assert cfg.transaction_log_batched_write.enabled
+    with pytest.raises(ConfigError) as info:
+        cfg.set("transactionLogBatchedWriteMaxRecords", 3)
+    assert info.value.key == "transactionLogBatchedWriteMaxRecords"
+    assert cfg.transaction_log_batched_write.max_records == 512
+    with pytest.raises(ConfigError):
+        cfg.set("clusterName", "x")
+
+
+def test_unknown_table_key_and_bad_toml(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"transaction_log_batched_write\.maxRecords"):
+        BrokerConfig.from_dict({"transaction_log_batched_write": {"maxRecords": 10}})
+    bad = tmp_path / "bad.toml"
+    bad.write_text("transactionLogBatchedWriteEnabled = \n")
+    with pytest.raises(ConfigError):
+        BrokerConfig.load(bad)
+
+
+def test_properties_continuation_and_separators() -> None:
+    cfg = BrokerConfig.from_broker_conf_text(
+        "transactionLogBatchedWriteMaxRecords \\\n   = 77\n"
+        "transactionPendingAckBatchedWriteMaxSize 300000\n"
+    )
+    assert cfg.transaction_log_batched_write.max_records == 77
+    assert cfg.pending_ack_batched_write.max_size == 300000

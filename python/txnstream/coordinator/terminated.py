@@ -40,6 +40,29 @@ class TerminatedPersistence(Protocol):
         """Every live key and its newest value."""
 
 
+class InMemoryTerminatedPersistence:
+    """Compacted-topic semantics in memory (newest value per key; None deletes)."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self.puts = 0
+        self._lock = threading.Lock()
+
+    def put(self, key: str, value: bytes | None) -> None:
+        """Store or delete ``key``."""
+        with self._lock:
+            self.puts += 1
+            if value is None:
+                self.data.pop(key, None)
+            else:
+                self.data[key] = value
+
+    def items(self) -> list[tuple[str, bytes]]:
+        """Return every key and value."""
+        with self._lock:
+            return list(self.data.items())
+
+
 @dataclass(frozen=True, slots=True)
 class TerminatedRecord:
     """How a transaction ended, as the store remembers it."""
@@ -277,4 +300,9 @@ class TerminatedTxnStore:
         return restored
 
 
-__all__ = ["TerminatedPersistence", "TerminatedRecord", "TerminatedTxnStore"]
+__all__ = [
+    "InMemoryTerminatedPersistence",
+    "TerminatedPersistence",
+    "TerminatedRecord",
+    "TerminatedTxnStore",
+]

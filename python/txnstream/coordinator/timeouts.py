@@ -22,6 +22,7 @@ from collections.abc import Callable
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], int]
+_NO_ARG = object()
 
 
 def wall_clock_ms() -> int:
@@ -32,12 +33,21 @@ def wall_clock_ms() -> int:
 class TimerHandle:
     """A scheduled callback; :meth:`cancel` prevents it from running."""
 
-    __slots__ = ("callback", "cancelled", "deadline")
+    __slots__ = ("arg", "callback", "cancelled", "deadline")
 
-    def __init__(self, deadline: int, callback: Callable[[], None]) -> None:
+    def __init__(self, deadline: int, callback: Callable[..., None], arg: object = _NO_ARG) -> None:
         self.deadline = deadline
-        self.callback: Callable[[], None] | None = callback
+        self.callback: Callable[..., None] | None = callback
+        # One shared callback + a per-timer argument costs less than a closure each.
+        self.arg = arg
         self.cancelled = False
+
+    def run(self, callback: Callable[..., None]) -> None:
+        """Invoke ``callback`` (with ``arg`` when one was given)."""
+        if self.arg is _NO_ARG:
+            callback()
+        else:
+            callback(self.arg)
 
 
 class TimerService:
@@ -68,9 +78,11 @@ class TimerService:
             self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
             self._thread.start()
 
-    def schedule(self, deadline_ms: int, callback: Callable[[], None]) -> TimerHandle:
-        """Run ``callback`` once the clock reaches ``deadline_ms``."""
-        handle = TimerHandle(deadline_ms, callback)
+    def schedule(
+        self, deadline_ms: int, callback: Callable[..., None], arg: object = _NO_ARG
+    ) -> TimerHandle:
+        """Run ``callback()`` (or ``callback(arg)``) once the clock reaches ``deadline_ms``."""
+        handle = TimerHandle(deadline_ms, callback, arg)
         with self._cond:
             if self._closed:
                 raise RuntimeError("timer service is closed")
@@ -109,8 +121,8 @@ class TimerService:
         with self._cond:
             self._cond.notify()
 
-    def _pop_due(self, now: int) -> list[Callable[[], None]]:
-        due: list[Callable[[], None]] = []
+    def _pop_due(self, now: int) -> list[tuple[TimerHandle, Callable[..., None]]]:
+        due: list[tuple[TimerHandle, Callable[..., None]]] = []
         heap = self._heap
         while heap and heap[0][0] <= now:
             _, _, handle = heapq.heappop(heap)
@@ -118,7 +130,7 @@ class TimerService:
                 self._dead -= 1
                 continue
             if handle.callback is not None:
-                due.append(handle.callback)
+                due.append((handle, handle.callback))
                 handle.callback = None
         return due
 
@@ -130,10 +142,10 @@ class TimerService:
         return len(due)
 
     @staticmethod
-    def _run(due: list[Callable[[], None]]) -> None:
-        for cb in due:
+    def _run(due: list[tuple[TimerHandle, Callable[..., None]]]) -> None:
+        for handle, cb in due:
             try:
-                cb()
+                handle.run(cb)
             except Exception:
                 log.exception("timer callback failed")
 

@@ -1,0 +1,802 @@
+"""The transaction coordinator (SPEC §4.3, §4.4): state machine over a durable log.
+
+Every change is a ``TransactionMetadataEntry`` written through the log's
+BufferedWriter; a call returns only once its record is durable. The status
+check, the in-memory change and the submission of the record happen under
+one lock, so records of one transaction reach the log in the order of its
+transitions (the writer keeps submission order); the wait for durability
+happens outside the lock, so many transactions share each sync.
+
+Ending a transaction (one *driver* thread per transaction; other callers wait
+for it and get the same answer):
+
+1. OPEN -> COMMITTING/ABORTING, logged;
+2. every produced partition and acked subscription is ended, transient
+   failures retried with backoff;
+3. the outcome is recorded in the TerminatedTxnStore (PIP-255), durably;
+4. COMMITTED/ABORTED is logged;
+5. the transaction leaves memory and all its log records are deleted by
+   position and batch index.
+
+A crash anywhere is repaired by recovery: step 1 not durable -> still OPEN
+(it times out); steps 2-4 -> recovered as COMMITTING/ABORTING and finished
+(participants and the store are idempotent); after 4 -> its leftover records
+are purged.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from txnstream._native import TxnPosition
+from txnstream.coordinator.config import CoordinatorConfig
+from txnstream.coordinator.log import TransactionLog
+from txnstream.coordinator.metadata import TransactionInfo, TxnMeta
+from txnstream.coordinator.participants import (
+    NullParticipants,
+    ParticipantResolver,
+    end_participants,
+)
+from txnstream.coordinator.replay import fold
+from txnstream.coordinator.sequence import SequenceFile, SequenceStore
+from txnstream.coordinator.status import TxnAction, TxnStatus, check_transition
+from txnstream.coordinator.terminated import TerminatedPersistence, TerminatedTxnStore
+from txnstream.coordinator.timeouts import Clock, TimerService, wall_clock_ms
+from txnstream.coordinator.txn_id import TxnID
+from txnstream.errors import (
+    CoordinatorNotFound,
+    InvalidArgumentError,
+    InvalidTxnStatusError,
+    TransactionAlreadyAborted,
+    TransactionAlreadyCommitted,
+    TransactionNotFound,
+    TransactionTimedOut,
+)
+from txnstream.proto import Subscription, TransactionMetadataEntry
+
+log = logging.getLogger(__name__)
+
+_OP_NEW = TransactionMetadataEntry.NEW
+_OP_ADD_PARTITION = TransactionMetadataEntry.ADD_PARTITION
+_OP_ADD_SUBSCRIPTION = TransactionMetadataEntry.ADD_SUBSCRIPTION
+_OP_UPDATE = TransactionMetadataEntry.UPDATE
+
+#: Named steps of ending, reported to ``step_hook`` (crash tests stop there).
+STEPS = ("ending_logged", "participants_done", "terminated_stored", "final_logged")
+
+StepHook = Callable[[str, TxnID], None]
+
+
+def log_name(tc_id: int) -> str:
+    """Managed-ledger name of coordinator ``tc_id``'s transaction log."""
+    return f"__transaction_log_{tc_id}"
+
+
+def terminated_topic_name(tc_id: int) -> str:
+    """Compacted-topic name of coordinator ``tc_id``'s terminated-transaction store."""
+    return f"__terminated_txn_state_{tc_id}"
+
+
+class TransactionCoordinator:
+    """One transaction coordinator: ids ``(tc_id, seq)``, its own log and store.
+
+    Build with :meth:`open` on a data directory; the constructor takes
+    ready-made parts (a log, a sequence file, a store persistence) and runs
+    recovery from the log. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        tc_id: int,
+        txn_log: TransactionLog,
+        *,
+        config: CoordinatorConfig | None = None,
+        participants: ParticipantResolver | None = None,
+        sequence: SequenceStore | None = None,
+        terminated: TerminatedPersistence | None = None,
+        clock: Clock = wall_clock_ms,
+        closers: Iterable[Callable[[], None]] = (),
+    ) -> None:
+        if isinstance(tc_id, bool) or not isinstance(tc_id, int) or not 0 <= tc_id < 1 << 64:
+            raise InvalidArgumentError(
+                f"coordinator id must be an unsigned 64-bit integer, got {tc_id!r}",
+                argument="tc_id",
+                value=tc_id,
+            )
+        self.tc_id = tc_id
+        self.config = config or CoordinatorConfig()
+        self.participants: ParticipantResolver = participants or NullParticipants()
+        self.step_hook: StepHook | None = None
+        self._log = txn_log
+        self._sequence = sequence
+        self._clock = clock
+        self._closers = list(closers)
+        self._lock = threading.Lock()
+        self._txns: dict[int, TxnMeta] = {}
+        self._closed = False
+        self._stop = threading.Event()
+        self._counts = dict.fromkeys(
+            ("created", "committed", "aborted", "timed_out", "recovered", "append_errors"), 0
+        )
+        self.store = TerminatedTxnStore(
+            self.config.transaction_meta_persist_count,
+            self.config.persist_time_ms,
+            persistence=terminated,
+            clock=clock,
+        )
+        self._timers = TimerService(clock, name=f"txnstream-tc{tc_id}-timer")
+        self._fire_timeout_cb = self._fire_timeout
+        self._executor = ThreadPoolExecutor(
+            self.config.end_workers, thread_name_prefix=f"txnstream-tc{tc_id}-end"
+        )
+        try:
+            self._recover()
+        except BaseException:
+            self._shutdown_threads()
+            raise
+        self._schedule_sweep()
+
+    # ------------------------------------------------------------------ open
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        tc_id: int = 0,
+        *,
+        config: CoordinatorConfig | None = None,
+        participants: ParticipantResolver | None = None,
+        clock: Clock = wall_clock_ms,
+        **settings: Any,
+    ) -> TransactionCoordinator:
+        """Open (recovering) coordinator ``tc_id`` on data directory ``directory``.
+
+        The log is the managed ledger ``__transaction_log_<tc_id>``; the
+        terminated store the compacted topic ``__terminated_txn_state_<tc_id>``.
+        Keyword ``settings`` override fields of ``config``
+        (:class:`~.config.CoordinatorConfig`).
+        """
+        from txnstream.coordinator.ledger_log import (  # type: ignore[import-not-found]
+            LedgerTransactionLog,
+            open_terminated_topic,
+        )
+
+        cfg = (config or CoordinatorConfig()).replace(**settings) if settings else config
+        cfg = cfg or CoordinatorConfig()
+        txn_log = LedgerTransactionLog.open(
+            directory,
+            log_name(tc_id),
+            batch_enabled=cfg.batched_write_enabled,
+            max_records=cfg.batched_write_max_records,
+            max_size=cfg.batched_write_max_size,
+            max_delay_ms=cfg.batched_write_max_delay_ms,
+        )
+        closers: list[Callable[[], None]] = [txn_log.close]
+        try:
+            topic = open_terminated_topic(directory, terminated_topic_name(tc_id))
+            closers.append(topic.close)
+            return cls(
+                tc_id,
+                txn_log,
+                config=cfg,
+                participants=participants,
+                sequence=SequenceFile(directory, tc_id),
+                terminated=topic,
+                clock=clock,
+                closers=closers,
+            )
+        except BaseException:
+            for close in reversed(closers):
+                try:
+                    close()
+                except Exception:
+                    log.exception("closing after a failed open")
+            raise
+
+    def _recover(self) -> None:
+        rec = fold(self._log.replay(), self.tc_id)
+        mark = self._sequence.load() if self._sequence is not None else 0
+        self._next_seq = max(mark, rec.max_seq + 1)
+        self._reserved = self._next_seq
+        self._reserve()
+        self.store.restore()
+        if rec.purge:
+            self._log.delete(rec.purge)
+        resume: list[int] = []
+        now = self._clock()
+        for t in rec.txns:
+            meta = TxnMeta(t.seq, t.timeout_ms, t.start_time, t.client_name, t.status)
+            meta.last_modified = t.last_modified
+            meta.partitions = t.partitions or None
+            meta.subscriptions = t.subscriptions or None
+            meta.positions = t.positions
+            self._txns[t.seq] = meta
+            if t.status is TxnStatus.OPEN:
+                self._arm(meta, max(meta.deadline, now))
+            else:
+                resume.append(t.seq)
+        self._counts["recovered"] = len(rec.txns)
+        self.recovery = {
+            "records": rec.records,
+            "live_records": rec.live_records,
+            "purged_records": len(rec.purge),
+            "foreign_records": rec.foreign_records,
+            "open": len(rec.txns) - len(resume),
+            "ending": len(resume),
+            "next_seq": self._next_seq,
+        }
+        for seq in resume:
+            self._executor.submit(self._resume, seq)
+
+    def _reserve(self) -> None:
+        # Called under the lock (or before any thread exists).
+        if self._sequence is not None and self._next_seq >= self._reserved:
+            self._reserved = self._next_seq + self.config.sequence_reserve_block
+            self._sequence.store(self._reserved)
+
+    # ------------------------------------------------------------- helpers
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise CoordinatorNotFound(
+                f"transaction coordinator {self.tc_id} is closed", tc_id=self.tc_id
+            )
+
+    def _seq_of(self, txn_id: TxnID) -> int:
+        if not isinstance(txn_id, TxnID):
+            raise InvalidArgumentError(
+                f"expected a TxnID, got {txn_id!r}", argument="txn_id", value=txn_id
+            )
+        if txn_id.most_bits != self.tc_id:
+            raise CoordinatorNotFound(
+                f"transaction {txn_id} belongs to coordinator {txn_id.most_bits}, not {self.tc_id}",
+                tc_id=txn_id.most_bits,
+                txn_id=txn_id,
+            )
+        return txn_id.least_bits
+
+    def _tid(self, seq: int) -> TxnID:
+        return TxnID._trusted(self.tc_id, seq)
+
+    def _record(
+        self,
+        op: TransactionMetadataEntry.TransactionMetadataOp,
+        seq: int,
+        now: int,
+        **fields: Any,
+    ) -> bytes:
+        return TransactionMetadataEntry(
+            metadata_op=op,
+            txnid_least_bits=seq,
+            txnid_most_bits=self.tc_id,
+            last_modification_time=now,
+            **fields,
+        ).SerializeToString()
+
+    def _submit(self, record: bytes) -> Future[TxnPosition]:
+        try:
+            return self._log.write(record)
+        except Exception:
+            self._counts["append_errors"] += 1
+            raise
+
+    def _durable(self, fut: Future[TxnPosition]) -> TxnPosition:
+        try:
+            return fut.result()
+        except Exception:
+            with self._lock:
+                self._counts["append_errors"] += 1
+            raise
+
+    def _note_position(self, meta: TxnMeta, pos: TxnPosition) -> None:
+        with self._lock:
+            if not meta.status.is_final:
+                meta.positions.append(pos)
+                return
+        # The transaction ended while this record was in flight: delete it now.
+        self._log.delete([pos])
+
+    def _hook(self, step: str, seq: int) -> None:
+        if self.step_hook is not None:
+            self.step_hook(step, self._tid(seq))
+
+    def _live(self, txn_id: TxnID, seq: int, want: str) -> TxnMeta:
+        meta = self._txns.get(seq)
+        if meta is not None:
+            return meta
+        rec = self.store.lookup(txn_id)
+        if rec is not None:
+            raise InvalidTxnStatusError(
+                f"cannot {want} transaction {txn_id}: it already ended {rec.status.name}",
+                txn_id=txn_id,
+                current=rec.status,
+                requested=TxnStatus.OPEN,
+            )
+        raise TransactionNotFound(f"transaction {txn_id} not found", txn_id=txn_id)
+
+    def _require_open(self, txn_id: TxnID, meta: TxnMeta, want: str) -> None:
+        if meta.status is TxnStatus.OPEN:
+            return
+        if meta.timed_out:
+            raise TransactionTimedOut(
+                f"cannot {want} transaction {txn_id}: it timed out and is {meta.status.name}",
+                txn_id=txn_id,
+                status=meta.status,
+            )
+        raise InvalidTxnStatusError(
+            f"cannot {want} transaction {txn_id}: it is {meta.status.name}, not OPEN",
+            txn_id=txn_id,
+            current=meta.status,
+            requested=TxnStatus.OPEN,
+        )
+
+    # ------------------------------------------------------------ public API
+
+    def new_transaction(
+        self, timeout_ms: int | None = None, client_name: str | None = None
+    ) -> TxnID:
+        """Start a transaction; return its id once the NEW record is durable.
+
+        ``client_name`` enables idempotent end (PIP-255) for it when the
+        terminated store is on.
+        """
+        if timeout_ms is None:
+            timeout_ms = self.config.default_timeout_ms
+        if (
+            isinstance(timeout_ms, bool)
+            or not isinstance(timeout_ms, int)
+            or not 0 < timeout_ms <= self.config.max_timeout_ms
+        ):
+            raise InvalidArgumentError(
+                f"timeout_ms must be an integer in 1..{self.config.max_timeout_ms}, "
+                f"got {timeout_ms!r}",
+                argument="timeout_ms",
+                value=timeout_ms,
+            )
+        if client_name is not None and not isinstance(client_name, str):
+            raise InvalidArgumentError(
+                f"client_name must be a string or None, got {client_name!r}",
+                argument="client_name",
+                value=client_name,
+            )
+        client = client_name or None
+        now = self._clock()
+        with self._lock:
+            self._check_open()
+            seq = self._next_seq
+            self._next_seq += 1
+            self._reserve()
+            meta = TxnMeta(seq, timeout_ms, now, client)
+            self._txns[seq] = meta
+            fields: dict[str, Any] = {
+                "new_status": TxnStatus.OPEN,
+                "timeout_ms": timeout_ms,
+                "start_time": now,
+                "max_local_txn_id": seq,
+            }
+            if client is not None:
+                fields["client_name"] = client
+            try:
+                fut = self._submit(self._record(_OP_NEW, seq, now, **fields))
+            except BaseException:
+                del self._txns[seq]
+                raise
+        try:
+            pos = self._durable(fut)
+        except BaseException:
+            with self._lock:
+                self._txns.pop(seq, None)
+            raise
+        with self._lock:
+            meta.positions.append(pos)
+            self._counts["created"] += 1
+            if meta.status is TxnStatus.OPEN and not self._closed:
+                self._arm(meta, meta.deadline)
+        return self._tid(seq)
+
+    def add_produced_partitions(self, txn_id: TxnID, partitions: Iterable[str]) -> None:
+        """Record that the transaction produced to ``partitions`` (durably)."""
+        seq = self._seq_of(txn_id)
+        names = list(partitions) if not isinstance(partitions, str) else [partitions]
+        for p in names:
+            if not isinstance(p, str) or not p:
+                raise InvalidArgumentError(
+                    f"partition names must be non-empty strings, got {p!r}",
+                    argument="partitions",
+                    value=p,
+                )
+        now = self._clock()
+        with self._lock:
+            self._check_open()
+            meta = self._live(txn_id, seq, "add partitions to")
+            self._require_open(txn_id, meta, "add partitions to")
+            new = meta.add_partitions(names)
+            if not new:
+                return
+            meta.last_modified = now
+            fut = self._submit(self._record(_OP_ADD_PARTITION, seq, now, partitions=new))
+        self._note_position(meta, self._durable(fut))
+
+    def add_acked_subscriptions(
+        self, txn_id: TxnID, subscriptions: Iterable[tuple[str, str] | Subscription]
+    ) -> None:
+        """Record that the transaction acked on ``(topic, subscription)`` pairs."""
+        seq = self._seq_of(txn_id)
+        subs: list[tuple[str, str]] = []
+        for s in subscriptions:
+            pair = (s.topic, s.subscription) if isinstance(s, Subscription) else s
+            if (
+                not isinstance(pair, tuple)
+                or len(pair) != 2
+                or not all(isinstance(x, str) and x for x in pair)
+            ):
+                raise InvalidArgumentError(
+                    f"subscriptions must be (topic, subscription) pairs of non-empty strings, "
+                    f"got {s!r}",
+                    argument="subscriptions",
+                    value=s,
+                )
+            subs.append(pair)
+        now = self._clock()
+        with self._lock:
+            self._check_open()
+            meta = self._live(txn_id, seq, "add subscriptions to")
+            self._require_open(txn_id, meta, "add subscriptions to")
+            new = meta.add_subscriptions(subs)
+            if not new:
+                return
+            meta.last_modified = now
+            record = self._record(
+                _OP_ADD_SUBSCRIPTION,
+                seq,
+                now,
+                subscriptions=[Subscription(topic=t, subscription=n) for t, n in new],
+            )
+            fut = self._submit(record)
+        self._note_position(meta, self._durable(fut))
+
+    def end_transaction(self, txn_id: TxnID, action: TxnAction | str) -> TxnStatus:
+        """Commit or abort; return the final status once it is durable.
+
+        Idempotent (SPEC §4.4): repeating the same end returns the same
+        outcome, also after a restart when the terminated store is on; the
+        opposite request raises :class:`TransactionAlreadyCommitted` /
+        :class:`TransactionAlreadyAborted` (``timed_out=True`` when the
+        timeout won); unknown everywhere raises :class:`TransactionNotFound`.
+        """
+        act = TxnAction.parse(action)
+        seq = self._seq_of(txn_id)
+        meta = self._end(seq, act, timed_out=False)
+        if meta is None:
+            return self._ended_answer(txn_id, act)
+        return self._answer(txn_id, act, meta.status, meta.timed_out)
+
+    def commit(self, txn_id: TxnID) -> TxnStatus:
+        """Shorthand for ``end_transaction(txn_id, "commit")``."""
+        return self.end_transaction(txn_id, TxnAction.COMMIT)
+
+    def abort(self, txn_id: TxnID) -> TxnStatus:
+        """Shorthand for ``end_transaction(txn_id, "abort")``."""
+        return self.end_transaction(txn_id, TxnAction.ABORT)
+
+    def abort_transaction(self, txn_id: TxnID) -> TxnStatus:
+        """Admin: abort a stuck transaction, or finish one stuck while ending.
+
+        An OPEN transaction is aborted; one already COMMITTING/ABORTING (its
+        outcome is decided) is driven to its end again. Returns the final status.
+        """
+        seq = self._seq_of(txn_id)
+        meta = self._end(seq, TxnAction.ABORT, timed_out=False)
+        if meta is None:
+            rec = self.store.lookup(txn_id)
+            if rec is None:
+                raise TransactionNotFound(f"transaction {txn_id} not found", txn_id=txn_id)
+            return rec.status
+        return meta.status
+
+    @staticmethod
+    def _answer(txn_id: TxnID, act: TxnAction, final: TxnStatus, timed_out: bool) -> TxnStatus:
+        if final is act.final_status:
+            return final
+        if final is TxnStatus.COMMITTED:
+            raise TransactionAlreadyCommitted(
+                f"cannot abort transaction {txn_id}: it already committed",
+                txn_id=txn_id,
+                status=final,
+            )
+        why = " (timed out)" if timed_out else ""
+        raise TransactionAlreadyAborted(
+            f"cannot commit transaction {txn_id}: it already aborted{why}",
+            txn_id=txn_id,
+            status=final,
+            timed_out=timed_out,
+        )
+
+    def _ended_answer(self, txn_id: TxnID, act: TxnAction) -> TxnStatus:
+        rec = self.store.lookup(txn_id)
+        if rec is None:
+            raise TransactionNotFound(
+                f"transaction {txn_id} not found (unknown, or ended and not remembered)",
+                txn_id=txn_id,
+            )
+        return self._answer(txn_id, act, rec.status, rec.timed_out)
+
+    def _end(self, seq: int, act: TxnAction, *, timed_out: bool) -> TxnMeta | None:
+        """Drive or wait for the end of ``seq``; None if it is not in memory.
+
+        With ``timed_out`` (the timer) nothing happens unless the transaction
+        is still OPEN past its deadline.
+        """
+        while True:
+            fut: Future[TxnPosition] | None = None
+            drive = False
+            done: threading.Event | None = None
+            with self._lock:
+                self._check_open()
+                meta = self._txns.get(seq)
+                if meta is None:
+                    return None
+                if meta.status.is_final:
+                    return meta
+                if meta.status is TxnStatus.OPEN:
+                    if timed_out and self._clock() < meta.deadline:
+                        return meta  # fired early (clock moved back); re-armed below
+                    target = act.ending_status
+                    check_transition(self._tid(seq), meta.status, target)
+                    now = self._clock()
+                    record = self._record(
+                        _OP_UPDATE, seq, now, expected_status=TxnStatus.OPEN, new_status=target
+                    )
+                    fut = self._submit(record)
+                    meta.status = target
+                    meta.timed_out = timed_out
+                    meta.last_modified = now
+                    if meta.timer is not None:
+                        self._timers.cancel(meta.timer)  # type: ignore[arg-type]
+                        meta.timer = None
+                    meta.driver = drive = True
+                elif timed_out:
+                    return meta
+                elif not meta.driver:
+                    meta.driver = drive = True  # resume an end stalled by failures
+                else:
+                    if meta.done is None:
+                        meta.done = threading.Event()
+                    done = meta.done
+            if drive:
+                self._drive(meta, fut)
+                return meta
+            assert done is not None
+            done.wait()
+            if meta.status.is_final:
+                return meta
+            # The driver gave up (failure); loop to take over or report.
+
+    def _release(self, meta: TxnMeta) -> None:
+        with self._lock:
+            meta.driver = False
+            done, meta.done = meta.done, None
+        if done is not None:
+            done.set()
+
+    def _drive(self, meta: TxnMeta, fut: Future[TxnPosition] | None) -> None:
+        """Run steps 1-5 of ending (see module doc) for a transaction we drive."""
+        seq = meta.seq
+        tid = self._tid(seq)
+        commit = meta.status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED)
+        final = TxnStatus.COMMITTED if commit else TxnStatus.ABORTED
+        ending = TxnStatus.COMMITTING if commit else TxnStatus.ABORTING
+        try:
+            if fut is not None:
+                try:
+                    pos = self._durable(fut)
+                except BaseException:
+                    # Not logged: the transaction is still OPEN as far as the log knows.
+                    with self._lock:
+                        meta.status = TxnStatus.OPEN
+                        meta.timed_out = False
+                        if not self._closed:
+                            self._arm(meta, meta.deadline)
+                    raise
+                self._note_position(meta, pos)
+            self._hook("ending_logged", seq)
+            end_participants(
+                tid,
+                commit,
+                list(meta.partitions or ()),
+                list(meta.subscriptions or ()),
+                self.participants,
+                self.config.retry,
+                self._stop,
+            )
+            self._hook("participants_done", seq)
+            self.store.record(tid, meta.client_name, final, timed_out=meta.timed_out)
+            self._hook("terminated_stored", seq)
+            now = self._clock()
+            record = self._record(_OP_UPDATE, seq, now, expected_status=ending, new_status=final)
+            with self._lock:
+                self._check_open()
+                fut2 = self._submit(record)
+            last = self._durable(fut2)
+            self._hook("final_logged", seq)
+            with self._lock:
+                meta.status = final
+                meta.last_modified = now
+                self._txns.pop(seq, None)
+                positions = meta.positions
+                positions.append(last)
+                meta.positions = []
+                meta.partitions = meta.subscriptions = None
+                self._counts["committed" if commit else "aborted"] += 1
+                if meta.timed_out:
+                    self._counts["timed_out"] += 1
+            self._log.delete(positions)
+        finally:
+            self._release(meta)
+
+    def _resume(self, seq: int) -> None:
+        meta = self._txns.get(seq)
+        if meta is None or self._closed:
+            return
+        act = TxnAction.COMMIT if meta.status is TxnStatus.COMMITTING else TxnAction.ABORT
+        try:
+            self._end(seq, act, timed_out=False)
+        except Exception:
+            if not self._closed:
+                log.exception("finishing transaction %s after recovery failed", self._tid(seq))
+
+    def _arm(self, meta: TxnMeta, deadline: int) -> None:
+        # Shared bound callback + the sequence as argument: no closure per transaction.
+        meta.timer = self._timers.schedule(deadline, self._fire_timeout_cb, meta.seq)
+
+    def _fire_timeout(self, seq: int) -> None:
+        # RuntimeError: executor shut down, the coordinator is closing.
+        with contextlib.suppress(RuntimeError):
+            self._executor.submit(self._on_timeout, seq)
+
+    def _on_timeout(self, seq: int) -> None:
+        try:
+            meta = self._end(seq, TxnAction.ABORT, timed_out=True)
+            if meta is not None:
+                with self._lock:
+                    if meta.status is TxnStatus.OPEN and not self._closed:
+                        self._arm(meta, meta.deadline)
+        except Exception:
+            if not self._closed:
+                log.exception("aborting timed-out transaction %s failed", self._tid(seq))
+
+    # ------------------------------------------------------------ queries
+
+    def get_transaction(self, txn_id: TxnID) -> TransactionInfo:
+        """Return a snapshot of the transaction (live, or remembered by the store)."""
+        seq = self._seq_of(txn_id)
+        with self._lock:
+            meta = self._txns.get(seq)
+            if meta is not None:
+                return meta.info(self.tc_id)
+        rec = self.store.lookup(txn_id)
+        if rec is None:
+            raise TransactionNotFound(f"transaction {txn_id} not found", txn_id=txn_id)
+        return TransactionInfo(
+            txn_id=txn_id,
+            status=rec.status,
+            timed_out=rec.timed_out,
+            timeout_ms=0,
+            start_time=0,
+            last_modification_time=rec.end_time,
+            client_name=rec.client_name,
+            partitions=(),
+            subscriptions=(),
+        )
+
+    def list_transactions(self, status: TxnStatus | None = None) -> list[TransactionInfo]:
+        """Snapshots of every live transaction (optionally with ``status``), by id."""
+        with self._lock:
+            return [
+                m.info(self.tc_id)
+                for m in self._txns.values()
+                if status is None or m.status is status
+            ]
+
+    def slow_transactions(self, min_age_ms: int) -> list[TransactionInfo]:
+        """Live transactions started at least ``min_age_ms`` ago (oldest first)."""
+        cutoff = self._clock() - min_age_ms
+        with self._lock:
+            slow = [m.info(self.tc_id) for m in self._txns.values() if m.start_time <= cutoff]
+        slow.sort(key=lambda i: (i.start_time, i.txn_id))
+        return slow
+
+    def low_water_mark(self) -> int:
+        """Every transaction with ``least_bits <= LWM`` has ended (-1: none yet)."""
+        with self._lock:
+            if self._txns:
+                return next(iter(self._txns)) - 1
+            return self._next_seq - 1
+
+    def stats(self) -> dict[str, Any]:
+        """Counters: open/ending/committed/aborted/timed-out, LWM, log and store."""
+        with self._lock:
+            ending = sum(1 for m in self._txns.values() if m.status.is_ending)
+            out: dict[str, Any] = dict(self._counts)
+            out.update(
+                tc_id=self.tc_id,
+                live=len(self._txns),
+                open=len(self._txns) - ending,
+                ending=ending,
+                next_seq=self._next_seq,
+                timers=len(self._timers),
+            )
+        out["low_water_mark"] = self.low_water_mark()
+        out["terminated_remembered"] = len(self.store)
+        out["log"] = self._log.stats()
+        return out
+
+    def set_batch_enabled(self, enabled: bool) -> None:
+        """Switch batched writes of the transaction log on or off at runtime."""
+        self._log.set_batch_enabled(bool(enabled))
+
+    def sweep_terminated(self) -> int:
+        """Expire old terminated-transaction entries now; return how many went."""
+        return self.store.sweep()
+
+    def _schedule_sweep(self) -> None:
+        if not self.store.enabled:
+            return
+
+        def fire() -> None:
+            with contextlib.suppress(RuntimeError):
+                self._executor.submit(sweep)
+
+        def sweep() -> None:
+            try:
+                self.store.sweep()
+            except Exception:
+                log.exception("terminated-transaction sweep failed")
+            with self._lock:
+                if not self._closed:
+                    self._timers.schedule(
+                        self._clock() + self.config.expire_check_interval_ms, fire
+                    )
+
+        self._timers.schedule(self._clock() + self.config.expire_check_interval_ms, fire)
+
+    # ------------------------------------------------------------- close
+
+    def _shutdown_threads(self) -> None:
+        self._stop.set()
+        self._timers.close()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+
+    def close(self) -> None:
+        """Stop timers and background ends, close the log and the store topic.
+
+        Transactions still live stay in the log and are recovered by the next open.
+        """
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        self._timers.close()
+        self._log.close()
+        self._executor.shutdown(wait=True, cancel_futures=True)
+        for close in reversed(self._closers):
+            try:
+                close()
+            except Exception:
+                log.exception("closing coordinator %d", self.tc_id)
+
+    def __enter__(self) -> TransactionCoordinator:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["STEPS", "TransactionCoordinator", "log_name", "terminated_topic_name"]

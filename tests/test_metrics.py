@@ -1,0 +1,112 @@
+"""Prometheus export of BufferedWriter metrics: names, buckets, labels, values."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from txnstream.metrics import (
+    PENDING_ACK_PREFIX,
+    TC_PREFIX,
+    collector_for,
+    register_writer,
+    unregister_writer,
+)
+
+RECORD_BOUNDS = [10.0, 50.0, 100.0, 200.0, 500.0, 1000.0]
+SIZE_BOUNDS = [128.0, 512.0, 1024.0, 2048.0, 4096.0, 16384.0, 102400.0, 1232896.0]
+DELAY_BOUNDS = [0.001, 0.005, 0.01]
+
+
+def hist(bounds: list[float], counts: list[int], total: float) -> dict[str, Any]:
+    return {"bounds": bounds, "counts": counts, "sum": total, "count": sum(counts)}
+
+
+class FakeWriter:
+    """A stats source shaped like BufferedWriter.stats()."""
+
+    def __init__(self, name: str, scale: int = 1) -> None:
+        self.name = name
+        self.scale = scale
+
+    def stats(self) -> Mapping[str, Any]:
+        s = self.scale
+        return {
+            "name": self.name,
+            "flush_max_records": 3 * s,
+            "flush_max_size": 1 * s,
+            "flush_max_delay": 7 * s,
+            "flush_large_data": 2 * s,
+            "batch_records": hist(RECORD_BOUNDS, [s, 0, 2 * s, 0, 0, 0, 1], 500.0 * s),
+            "batch_size_bytes": hist(SIZE_BOUNDS, [0, 0, s, 0, 0, 0, 0, 0, 2 * s], 9e6 * s),
+            "oldest_record_delay_seconds": hist(DELAY_BOUNDS, [s, s, 0, 0], 0.004 * s),
+        }
+
+
+def samples(registry: CollectorRegistry) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = generate_latest(registry).decode()
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_names_buckets_labels_and_values() -> None:
+    reg = CollectorRegistry()
+    # The collector holds writers weakly: keep them alive here.
+    writers = [FakeWriter("tc-0"), FakeWriter("tc-1", scale=10)]
+    for w in writers:
+        register_writer(w, "transaction_log", registry=reg)
+    got = samples(reg)
+    base = f"{TC_PREFIX}_bufferedwriter_"
+    w0 = (("writer", "tc-0"),)
+    assert got[(base + "flush_trigger_max_records_total", w0)] == 3
+    assert got[(base + "flush_trigger_max_size_total", w0)] == 1
+    assert got[(base + "flush_trigger_max_delay_total", w0)] == 7
+    assert got[(base + "flush_trigger_large_data_total", w0)] == 2
+    assert got[(base + "flush_trigger_max_delay_total", (("writer", "tc-1"),))] == 70
+    # Cumulative buckets with the spec's bounds.
+    cum = [
+        got[(base + "batch_records_bucket", (("le", le), *w0))]
+        for le in ["10.0", "50.0", "100.0", "200.0", "500.0", "1000.0", "+Inf"]
+    ]
+    assert cum == [1, 1, 3, 3, 3, 3, 4]
+    assert got[(base + "batch_records_count", w0)] == 4
+    assert got[(base + "batch_records_sum", w0)] == 500
+    assert got[(base + "batch_size_bytes_bucket", (("le", "1232896.0"), *w0))] == 1
+    assert got[(base + "batch_size_bytes_bucket", (("le", "+Inf"), *w0))] == 3
+    delay = base + "batch_oldest_record_delay_seconds_bucket"
+    assert got[(delay, (("le", "0.001"), *w0))] == 1
+    assert got[(delay, (("le", "0.005"), *w0))] == 2
+    assert got[(delay, (("le", "+Inf"), *w0))] == 2
+
+
+def test_pending_ack_prefix_and_unregister() -> None:
+    reg = CollectorRegistry()
+    writer = FakeWriter("t-sub")
+    label = register_writer(writer, "pending_ack", registry=reg)
+    assert label == "t-sub"
+    names = {k[0] for k in samples(reg)}
+    assert f"{PENDING_ACK_PREFIX}_bufferedwriter_flush_trigger_max_records_total" in names
+    assert not any(n.startswith(TC_PREFIX + "_") for n in names)
+    unregister_writer("t-sub", "pending_ack", registry=reg)
+    assert samples(reg) == {}
+    assert collector_for("pending_ack", reg) is collector_for("pending_ack", reg)
+
+
+def test_dead_writers_disappear() -> None:
+    reg = CollectorRegistry()
+    w = FakeWriter("gone")
+    register_writer(w, registry=reg)
+    assert collector_for("transaction_log", reg).names() == ["gone"]
+    del w
+    assert collector_for("transaction_log", reg).names() == []
+
+
+def test_bad_kind() -> None:
+    with pytest.raises(ValueError, match="kind"):
+        collector_for("nope", CollectorRegistry())  # type: ignore[arg-type]

@@ -4,12 +4,14 @@
 //! - [`ackset`]: batch-index ack sets, Java `BitSet` compatible.
 //! - [`columns`]: bulk columnar decode of transaction and pending-ack logs.
 //! - [`proto`]: prost types for every storage format.
+//! - [`ledger`]: durable managed ledgers with cursors and compacted topics.
 //! - [`writer`]: the PIP-160 `BufferedWriter` (batched log writes).
 
 pub mod ackset;
 pub mod columns;
 pub mod error;
 pub mod frame;
+pub mod ledger;
 pub mod position;
 pub mod proto;
 pub mod sink;

@@ -1,0 +1,199 @@
+//! Compacted topics: a managed ledger of keyed records (`CompactedRecord`
+//! protobuf entries) where readers see only the newest value per key and a
+//! record without a value deletes its key. `compact()` rewrites the live
+//! records into one new ledger and swaps it in atomically (one META write).
+
+use super::{LedgerOptions, ManagedLedger};
+use crate::error::{Error, Result};
+use crate::position::Position;
+use crate::proto::CompactedRecord;
+use parking_lot::{Mutex, RwLock};
+use prost::Message;
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+
+/// Entries decoded per read while rebuilding the key index.
+const REPLAY_CHUNK: u64 = 4096;
+
+/// Outcome of one compaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CompactionStats {
+    /// Entries in the log before.
+    pub entries_before: u64,
+    /// Entries (live keys) after.
+    pub entries_after: u64,
+}
+
+/// Newest record per key: its position, and its value (`None`: deleted).
+type Index = BTreeMap<String, (Position, Option<Vec<u8>>)>;
+
+/// A key-value view over a managed ledger with compaction.
+#[derive(Debug)]
+pub struct CompactedTopic {
+    ml: Arc<ManagedLedger>,
+    index: Mutex<Index>,
+    /// Puts share it, compaction takes it alone: no put can land between
+    /// compaction's snapshot and the swap.
+    gate: RwLock<()>,
+}
+
+fn decode(pos: Position, entry: &[u8]) -> Result<CompactedRecord> {
+    CompactedRecord::decode(entry).map_err(|e| Error::CorruptEntry {
+        position: Some(pos),
+        offset: 0,
+        reason: format!("not a CompactedRecord: {e}"),
+    })
+}
+
+fn encode(key: &str, value: Option<&[u8]>) -> Vec<u8> {
+    CompactedRecord {
+        key: key.to_owned(),
+        value: value.map(<[u8]>::to_vec),
+    }
+    .encode_to_vec()
+}
+
+fn apply(index: &mut Index, pos: Position, rec: CompactedRecord) {
+    match index.get(&rec.key) {
+        // A concurrent put that landed later already won.
+        Some((p, _)) if *p > pos => {}
+        _ => {
+            index.insert(rec.key, (pos, rec.value));
+        }
+    }
+}
+
+impl CompactedTopic {
+    /// Opens (creating if needed) compacted topic `name` under `data_dir`.
+    pub fn open(data_dir: &Path, name: &str, opts: LedgerOptions) -> Result<Self> {
+        let read_only = opts.read_only;
+        let ml = ManagedLedger::open(data_dir, name, opts)?;
+        if !read_only {
+            ml.set_compacted()?;
+        }
+        let t = Self {
+            ml,
+            index: Mutex::new(Index::new()),
+            gate: RwLock::new(()),
+        };
+        t.replay()?;
+        Ok(t)
+    }
+
+    fn replay(&self) -> Result<()> {
+        let mut index = Index::new();
+        let mut next = self.ml.first_position();
+        let last = self.ml.last_position();
+        while let (Some(start), Some(last)) = (next, last) {
+            if start > last {
+                break;
+            }
+            let end = Position::new(
+                start.ledger_id,
+                start.entry_id.saturating_add(REPLAY_CHUNK - 1),
+            );
+            let chunk = self.ml.read_range(start, end.min(last))?;
+            let Some(&(tail, _)) = chunk.last() else {
+                next = self.ml.shared.next_after(Some(end));
+                continue;
+            };
+            for (pos, entry) in chunk {
+                apply(&mut index, pos, decode(pos, &entry)?);
+            }
+            next = self.ml.shared.next_after(Some(tail));
+        }
+        *self.index.lock() = index;
+        Ok(())
+    }
+
+    /// The underlying managed ledger.
+    pub fn ledger(&self) -> &Arc<ManagedLedger> {
+        &self.ml
+    }
+
+    /// Writes `key = value` durably (`None` deletes the key).
+    pub fn put(&self, key: &str, value: Option<&[u8]>) -> Result<Position> {
+        let _g = self.gate.read();
+        let pos = self.ml.append(&encode(key, value))?;
+        let rec = CompactedRecord {
+            key: key.to_owned(),
+            value: value.map(<[u8]>::to_vec),
+        };
+        apply(&mut self.index.lock(), pos, rec);
+        Ok(pos)
+    }
+
+    /// Writes many records in one group commit.
+    pub fn put_many(&self, records: Vec<(String, Option<Vec<u8>>)>) -> Result<Vec<Position>> {
+        let _g = self.gate.read();
+        let entries = records
+            .iter()
+            .map(|(k, v)| encode(k, v.as_deref()))
+            .collect();
+        let positions = self.ml.append_many(entries)?;
+        let mut index = self.index.lock();
+        for ((key, value), &pos) in records.into_iter().zip(&positions) {
+            apply(&mut index, pos, CompactedRecord { key, value });
+        }
+        Ok(positions)
+    }
+
+    /// The newest value of `key`, if it has one.
+    pub fn get(&self, key: &str) -> Option<Vec<u8>> {
+        self.index.lock().get(key).and_then(|(_, v)| v.clone())
+    }
+
+    /// Every live key with its newest value, in key order.
+    pub fn items(&self) -> Vec<(String, Vec<u8>)> {
+        self.index
+            .lock()
+            .iter()
+            .filter_map(|(k, (_, v))| v.as_ref().map(|v| (k.clone(), v.clone())))
+            .collect()
+    }
+
+    /// Number of live keys.
+    pub fn len(&self) -> usize {
+        self.index
+            .lock()
+            .values()
+            .filter(|(_, v)| v.is_some())
+            .count()
+    }
+
+    /// True if no key has a value.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Rewrites the live records into one new ledger and drops the old ones.
+    pub fn compact(&self) -> Result<CompactionStats> {
+        let _g = self.gate.write();
+        let entries_before = self.ml.entry_count();
+        let live: Vec<(String, Vec<u8>)> = self.items();
+        let entries = live.iter().map(|(k, v)| encode(k, Some(v))).collect();
+        let positions = self.ml.replace_all(entries)?;
+        let mut index = Index::new();
+        for ((k, v), pos) in live.into_iter().zip(positions) {
+            index.insert(k, (pos, Some(v)));
+        }
+        let entries_after = index.len() as u64;
+        *self.index.lock() = index;
+        Ok(CompactionStats {
+            entries_before,
+            entries_after,
+        })
+    }
+
+    /// Read-only opens: picks up records another process wrote.
+    pub fn refresh(&self) -> Result<()> {
+        self.ml.refresh()?;
+        self.replay()
+    }
+
+    /// Closes the underlying ledger.
+    pub fn close(&self) -> Result<()> {
+        self.ml.close()
+    }
+}

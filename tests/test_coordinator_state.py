@@ -14,6 +14,7 @@ from txnstream import TxnPosition, frame
 from txnstream.coordinator import RecordingParticipants, RetryPolicy, TxnID, TxnStatus
 from txnstream.coordinator.config import CoordinatorConfig
 from txnstream.coordinator.coordinator import TransactionCoordinator
+from txnstream.coordinator.coordinators import TransactionCoordinators
 from txnstream.coordinator.log import InMemoryTransactionLog
 from txnstream.coordinator.participants import ParticipantsFailed
 from txnstream.coordinator.replay import fold
@@ -514,3 +515,26 @@ def test_memory_per_open_transaction_is_small() -> None:
     assert tc.stats()["open"] == n + 200
     assert per_txn <= 1024, per_txn
     tc.close()
+
+
+def test_several_coordinators_route_by_most_bits() -> None:
+    envs = [Env(persist_count=5) for _ in range(3)]
+    for e in envs:
+        e.tc.close()
+    tcs = [
+        TransactionCoordinator(i, e.log.reopen(), config=e.cfg, participants=e.parts, clock=e.clock)
+        for i, e in enumerate(envs)
+    ]
+    group = TransactionCoordinators(tcs)
+    ids = [group.new_transaction(client_name="c") for _ in range(6)]
+    assert [i.most_bits for i in ids] == [0, 1, 2, 0, 1, 2]
+    assert [i.least_bits for i in ids] == [0, 0, 0, 1, 1, 1]
+    for i in ids:
+        group.add_produced_partitions(i, ["p"])
+    assert group.end_transaction(ids[1], "commit") is TxnStatus.COMMITTED
+    assert envs[1].parts.partition("p").outcomes == {ids[1]: True}
+    assert envs[0].parts.all() == []
+    assert group.low_water_marks() == {0: -1, 1: 0, 2: -1}
+    with pytest.raises(CoordinatorNotFound):
+        group.get_transaction(TxnID(9, 0))
+    group.close()

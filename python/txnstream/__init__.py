@@ -10,6 +10,7 @@ from __future__ import annotations
 from txnstream import frame
 from txnstream._native import Position, TxnPosition
 from txnstream.ackset import AckSet
+from txnstream.coordinator import TransactionCoordinator, TxnID, TxnStatus
 from txnstream.errors import (
     ConfigError,
     CoordinatorNotFound,
@@ -47,10 +48,13 @@ __all__ = [
     "TransactionAlreadyAborted",
     "TransactionAlreadyCommitted",
     "TransactionConflictError",
+    "TransactionCoordinator",
     "TransactionError",
     "TransactionNotFound",
     "TransactionTimedOut",
+    "TxnID",
     "TxnPosition",
+    "TxnStatus",
     "TxnStreamError",
     "WriterClosedError",
     "frame",

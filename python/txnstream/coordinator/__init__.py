@@ -3,11 +3,16 @@
 Modules: :mod:`.txn_id` (``TxnID``), :mod:`.status` (``TxnStatus`` and the
 transition table), :mod:`.metadata` (live per-transaction state),
 :mod:`.timeouts` (one timer over a heap), :mod:`.participants` (partitions and
-subscriptions a transaction ends on), :mod:`.terminated` (``TerminatedTxnStore``).
+subscriptions a transaction ends on), :mod:`.terminated` (``TerminatedTxnStore``),
+:mod:`.replay` (bulk recovery fold), :mod:`.log` / :mod:`.ledger_log` (the log),
+:mod:`.coordinator` (``TransactionCoordinator``), :mod:`.coordinators` (N per broker).
 """
 
 from __future__ import annotations
 
+from txnstream.coordinator.config import CoordinatorConfig
+from txnstream.coordinator.coordinator import TransactionCoordinator
+from txnstream.coordinator.coordinators import TransactionCoordinators
 from txnstream.coordinator.metadata import TransactionInfo
 from txnstream.coordinator.participants import (
     NullParticipants,
@@ -25,6 +30,7 @@ from txnstream.coordinator.timeouts import TimerService
 from txnstream.coordinator.txn_id import TxnID
 
 __all__ = [
+    "CoordinatorConfig",
     "NullParticipants",
     "Participant",
     "ParticipantResolver",
@@ -35,6 +41,8 @@ __all__ = [
     "TerminatedRecord",
     "TerminatedTxnStore",
     "TimerService",
+    "TransactionCoordinator",
+    "TransactionCoordinators",
     "TransactionInfo",
     "TransientParticipantError",
     "TxnAction",

@@ -147,3 +147,30 @@ def test_retry_policy_validation() -> None:
         RetryPolicy(multiplier=0.5)
     with pytest.raises(InvalidArgumentError):
         RetryPolicy(max_attempts=0)
+
+
+def test_config_from_broker_config_and_validation() -> None:
+    from txnstream.config import BrokerConfig
+    from txnstream.coordinator import CoordinatorConfig
+    from txnstream.errors import ConfigError
+
+    broker = BrokerConfig.from_dict(
+        {
+            "transactionLogBatchedWriteEnabled": True,
+            "transactionLogBatchedWriteMaxRecords": 100,
+            "transactionMetaPersistCount": 7,
+            "TransactionMetaPersistTimeInHour": 2,
+        }
+    )
+    cfg = CoordinatorConfig.from_broker_config(broker)
+    assert cfg.batched_write_enabled
+    assert cfg.batched_write_max_records == 100
+    assert cfg.transaction_meta_persist_count == 7
+    assert cfg.persist_time_ms == 2 * 3_600_000
+    with pytest.raises(ConfigError, match="-3"):
+        CoordinatorConfig(transaction_meta_persist_count=-3)
+    with pytest.raises(ConfigError, match="nope"):
+        CoordinatorConfig().replace(nope=1)
+    bad = BrokerConfig.from_dict({"transactionMetaPersistCount": "many"})
+    with pytest.raises(ConfigError, match="many"):
+        CoordinatorConfig.from_broker_config(bad)

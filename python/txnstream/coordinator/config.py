@@ -25,7 +25,7 @@ class CoordinatorConfig:
     batched_write_enabled: bool = True
     batched_write_max_records: int = 512
     batched_write_max_size: int = 4 << 20
-    batched_write_max_delay_ms: int = 1
+    batched_write_max_delay_ms: float = 1
     transaction_meta_persist_count: int = 0
     transaction_meta_persist_time_in_hour: float = 72
     transaction_meta_expire_check_interval_in_second: float = 300
@@ -48,11 +48,16 @@ class CoordinatorConfig:
                 raise ConfigError(
                     f"{key} must be a positive integer, got {value!r}", key=key, value=str(value)
                 )
-        nonneg = (
-            ("batched_write_max_delay_ms", self.batched_write_max_delay_ms),
+        delay = self.batched_write_max_delay_ms
+        if isinstance(delay, bool) or not isinstance(delay, int | float) or not 0 <= delay < 1e9:
+            raise ConfigError(
+                f"batched_write_max_delay_ms must be a number >= 0, got {delay!r}",
+                key="batched_write_max_delay_ms",
+                value=str(delay),
+            )
+        for key, value in (
             ("transaction_meta_persist_count", self.transaction_meta_persist_count),
-        )
-        for key, value in nonneg:
+        ):
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(
                     f"{key} must be an integer >= 0, got {value!r}", key=key, value=str(value)
@@ -81,6 +86,47 @@ class CoordinatorConfig:
     def expire_check_interval_ms(self) -> int:
         """``transaction_meta_expire_check_interval_in_second`` in milliseconds."""
         return int(self.transaction_meta_expire_check_interval_in_second * 1000)
+
+    @classmethod
+    def from_broker_config(cls, broker: Any, **changes: Any) -> CoordinatorConfig:
+        """Build from a :class:`txnstream.config.BrokerConfig`.
+
+        Takes its ``transaction_log_batched_write`` section and the PIP-255
+        keys from its Pulsar-named extras (``transactionMetaPersistCount``,
+        ``transactionMetaPersistTimeInHour``,
+        ``transactionMetaExpireCheckIntervalInSecond``; a leading capital as
+        in the PIP is accepted too).
+        """
+        bw = broker.transaction_log_batched_write
+        values: dict[str, Any] = {
+            "batched_write_enabled": bw.enabled,
+            "batched_write_max_records": bw.max_records,
+            "batched_write_max_size": bw.max_size,
+            "batched_write_max_delay_ms": bw.max_delay_ms,
+        }
+        extra: dict[str, Any] = dict(getattr(broker, "extra", {}) or {})
+        keys = {
+            "transactionMetaPersistCount": ("transaction_meta_persist_count", int),
+            "transactionMetaPersistTimeInHour": ("transaction_meta_persist_time_in_hour", float),
+            "transactionMetaExpireCheckIntervalInSecond": (
+                "transaction_meta_expire_check_interval_in_second",
+                float,
+            ),
+        }
+        for key, (name, conv) in keys.items():
+            for spelling in (key, key[0].upper() + key[1:]):
+                if spelling in extra:
+                    raw = extra[spelling]
+                    try:
+                        values[name] = conv(raw)
+                    except (TypeError, ValueError):
+                        raise ConfigError(
+                            f"{spelling} must be a number, got {raw!r}",
+                            key=spelling,
+                            value=str(raw),
+                        ) from None
+        values.update(changes)
+        return cls().replace(**values)
 
     def replace(self, **changes: Any) -> CoordinatorConfig:
         """Return a copy with ``changes`` applied; unknown keys raise ConfigError."""

@@ -8,7 +8,7 @@ protobuf classes) and the :mod:`txnstream.errors` hierarchy.
 from __future__ import annotations
 
 from txnstream import frame
-from txnstream._native import Position, TxnPosition
+from txnstream._native import CompactedTopic, Cursor, ManagedLedger, Position, TxnPosition
 from txnstream.ackset import AckSet
 from txnstream.coordinator import TransactionCoordinator, TxnID, TxnStatus
 from txnstream.errors import (
@@ -34,13 +34,16 @@ from txnstream.errors import (
 
 __all__ = [
     "AckSet",
+    "CompactedTopic",
     "ConfigError",
     "CoordinatorNotFound",
     "CorruptEntryError",
     "CorruptLedgerError",
+    "Cursor",
     "InvalidArgumentError",
     "InvalidTxnStatusError",
     "LedgerClosedError",
+    "ManagedLedger",
     "Position",
     "PositionNotFoundError",
     "ReadOnlyError",

@@ -7,6 +7,7 @@ mod ackset;
 mod buffers;
 mod errors;
 mod frame;
+mod ledger;
 mod position;
 
 use pyo3::prelude::*;
@@ -28,5 +29,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ackset::ackset_cardinality_many, m)?)?;
     m.add_function(wrap_pyfunction!(ackset::ackset_is_empty_many, m)?)?;
     m.add_function(wrap_pyfunction!(ackset::ackset_overlaps_many, m)?)?;
+    m.add_class::<ledger::PyManagedLedger>()?;
+    m.add_class::<ledger::PyCursor>()?;
+    m.add_class::<ledger::PyCompactedTopic>()?;
     Ok(())
 }

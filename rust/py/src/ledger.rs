@@ -1,0 +1,669 @@
+//! `txnstream.ManagedLedger`, its `Cursor` and `CompactedTopic`.
+//!
+//! Every call that touches the disk or waits runs with the GIL released.
+//! Async appends resolve `concurrent.futures.Future`s; the ledger's writer
+//! thread never takes the GIL: it hands (future, outcome) pairs to one
+//! completion thread, which takes the GIL once per burst of completions.
+
+use crate::ackset::PyAckSet;
+use crate::buffers::{bytes_list, with_slices};
+use crate::errors::{to_pyerr, BindResult};
+use crate::position::{position_of, PyPosition, PyTxnPosition};
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
+use pyo3::{intern, IntoPyObjectExt};
+use std::path::PathBuf;
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use txnstream_core::ledger::{CompactedTopic, Cursor, FaultKind, LedgerOptions, ManagedLedger};
+use txnstream_core::sink::EntrySink;
+use txnstream_core::{Error, Position, Result, TxnPosition};
+
+// ---------------------------------------------------------------- futures
+
+/// A finished append for the completion thread.
+enum Job {
+    One(Py<PyAny>, Result<Position>),
+    Many(Py<PyAny>, Result<Vec<Position>>),
+}
+
+/// Most futures resolved per GIL acquisition, so other threads get a turn.
+const JOBS_PER_GIL: usize = 4096;
+
+static COMPLETER: OnceLock<Sender<Job>> = OnceLock::new();
+
+fn completer() -> BindResult<&'static Sender<Job>> {
+    if let Some(tx) = COMPLETER.get() {
+        return Ok(tx);
+    }
+    let (tx, rx) = mpsc::channel::<Job>();
+    std::thread::Builder::new()
+        .name("txnstream-ledger-completion".into())
+        .spawn(move || completion_loop(&rx))
+        .map_err(|e| Error::io("starting the ledger completion thread", &e))?;
+    // A racing initialiser's thread idles on a channel nobody feeds.
+    Ok(COMPLETER.get_or_init(|| tx))
+}
+
+fn completion_loop(rx: &Receiver<Job>) {
+    while let Ok(first) = rx.recv() {
+        Python::attach(|py| {
+            run_job(py, first);
+            for _ in 1..JOBS_PER_GIL {
+                match rx.try_recv() {
+                    Ok(job) => run_job(py, job),
+                    Err(_) => break,
+                }
+            }
+        });
+    }
+}
+
+fn run_job(py: Python<'_>, job: Job) {
+    let (fut, value) = match job {
+        Job::One(f, Ok(p)) => (f, Py::new(py, PyPosition(p)).map(Py::into_any)),
+        Job::Many(f, Ok(ps)) => (f, positions(py, &ps).map(|l| l.into_any().unbind())),
+        Job::One(f, Err(e)) | Job::Many(f, Err(e)) => {
+            let exc = to_pyerr(py, &e).into_value(py).into_any();
+            settle(py, &f, intern!(py, "set_exception"), exc);
+            return;
+        }
+    };
+    match value {
+        Ok(v) => settle(py, &fut, intern!(py, "set_result"), v),
+        Err(e) => settle(
+            py,
+            &fut,
+            intern!(py, "set_exception"),
+            e.into_value(py).into_any(),
+        ),
+    }
+}
+
+fn settle(py: Python<'_>, fut: &Py<PyAny>, method: &Bound<'_, PyString>, value: Py<PyAny>) {
+    if let Err(e) = fut.bind(py).call_method1(method, (value,)) {
+        // Only possible if user code resolved the future itself.
+        e.write_unraisable(py, Some(fut.bind(py)));
+    }
+}
+
+/// A new `concurrent.futures.Future`, already RUNNING: a submitted append
+/// is written whatever the caller does, so it cannot be cancelled.
+fn new_future(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    static FUTURE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
+    let fut = FUTURE.import(py, "concurrent.futures", "Future")?.call0()?;
+    fut.call_method0(intern!(py, "set_running_or_notify_cancel"))?;
+    Ok(fut)
+}
+
+fn positions<'py>(py: Python<'py>, ps: &[Position]) -> PyResult<Bound<'py, PyList>> {
+    let items = ps
+        .iter()
+        .map(|p| Py::new(py, PyPosition(*p)))
+        .collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, items)
+}
+
+fn entries<'py>(py: Python<'py>, es: Vec<(Position, Vec<u8>)>) -> PyResult<Bound<'py, PyList>> {
+    let items = es
+        .into_iter()
+        .map(|(p, d)| {
+            let pos = Py::new(py, PyPosition(p))?.into_any();
+            let data = PyBytes::new(py, &d).into_any().unbind();
+            PyTuple::new(py, [pos, data])
+        })
+        .collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, items)
+}
+
+// ---------------------------------------------------------------- arguments
+
+fn id_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<u64> {
+    if let Ok(v) = obj.extract::<u64>() {
+        return Ok(v);
+    }
+    match obj.extract::<i64>() {
+        Ok(v) => Err(Error::invalid(format!("{what} must be >= 0, got {v}")).into()),
+        Err(_) => {
+            Err(Error::invalid(format!("{what} must be an int in 0..2**64, got {obj}")).into())
+        }
+    }
+}
+
+/// A `Position`, a `TxnPosition` or a `(ledger_id, entry_id)` tuple.
+fn pos_arg(obj: &Bound<'_, PyAny>, arg: &str) -> BindResult<Position> {
+    if let Some(p) = position_of(obj) {
+        return Ok(p);
+    }
+    if let Ok(t) = obj.cast::<PyTuple>() {
+        if t.len() == 2 {
+            let l = id_arg(&t.get_item(0)?, &format!("{arg} ledger_id"))?;
+            let e = id_arg(&t.get_item(1)?, &format!("{arg} entry_id"))?;
+            return Ok(Position::new(l, e));
+        }
+    }
+    Err(PyTypeError::new_err(format!(
+        "{arg} must be a Position, TxnPosition or (ledger_id, entry_id) tuple, not {}",
+        obj.get_type().name()?
+    ))
+    .into())
+}
+
+/// Like [`pos_arg`] but keeps a `TxnPosition`'s batch fields.
+fn record_arg(obj: &Bound<'_, PyAny>, arg: &str) -> BindResult<TxnPosition> {
+    if let Ok(t) = obj.cast::<PyTxnPosition>() {
+        return Ok(t.get().0);
+    }
+    Ok(TxnPosition::single(pos_arg(obj, arg)?))
+}
+
+fn opt_u64(key: &str, v: Option<i64>, default: u64) -> BindResult<u64> {
+    match v {
+        None => Ok(default),
+        Some(v) if v >= 0 => Ok(v as u64),
+        Some(v) => Err(Error::Config {
+            key: key.to_owned(),
+            value: v.to_string(),
+            reason: "must be >= 0".to_owned(),
+        }
+        .into()),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn options(
+    max_entries_per_ledger: Option<i64>,
+    max_bytes_per_ledger: Option<i64>,
+    read_only: bool,
+    preallocate_bytes: Option<i64>,
+    cursor_flush_interval_ms: Option<i64>,
+    max_batch_bytes: Option<i64>,
+) -> BindResult<LedgerOptions> {
+    let d = LedgerOptions::default();
+    let o = LedgerOptions {
+        max_entries_per_ledger: opt_u64(
+            "max_entries_per_ledger",
+            max_entries_per_ledger,
+            d.max_entries_per_ledger,
+        )?,
+        max_bytes_per_ledger: opt_u64(
+            "max_bytes_per_ledger",
+            max_bytes_per_ledger,
+            d.max_bytes_per_ledger,
+        )?,
+        read_only,
+        preallocate_bytes: opt_u64("preallocate_bytes", preallocate_bytes, d.preallocate_bytes)?,
+        cursor_flush_interval: Duration::from_millis(opt_u64(
+            "cursor_flush_interval_ms",
+            cursor_flush_interval_ms,
+            d.cursor_flush_interval.as_millis() as u64,
+        )?),
+        max_batch_bytes: opt_u64("max_batch_bytes", max_batch_bytes, d.max_batch_bytes as u64)?
+            as usize,
+        fault_injector: None,
+    };
+    o.validate()?;
+    Ok(o)
+}
+
+// ---------------------------------------------------------------- ManagedLedger
+
+/// A durable, ordered log of entries with cursors (see ``txnstream.ledger``).
+#[pyclass(name = "ManagedLedger", module = "txnstream._native", frozen)]
+#[derive(Debug)]
+pub struct PyManagedLedger {
+    /// The core ledger; other bindings (BufferedWriter) write through it.
+    pub inner: Arc<ManagedLedger>,
+}
+
+#[pymethods]
+impl PyManagedLedger {
+    /// Open (creating if needed) managed ledger ``name`` under ``directory``.
+    #[staticmethod]
+    #[pyo3(signature = (directory, name, *, max_entries_per_ledger=None, max_bytes_per_ledger=None,
+        read_only=false, preallocate_bytes=None, cursor_flush_interval_ms=None, max_batch_bytes=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn open(
+        py: Python<'_>,
+        directory: PathBuf,
+        name: &str,
+        max_entries_per_ledger: Option<i64>,
+        max_bytes_per_ledger: Option<i64>,
+        read_only: bool,
+        preallocate_bytes: Option<i64>,
+        cursor_flush_interval_ms: Option<i64>,
+        max_batch_bytes: Option<i64>,
+    ) -> BindResult<Self> {
+        let opts = options(
+            max_entries_per_ledger,
+            max_bytes_per_ledger,
+            read_only,
+            preallocate_bytes,
+            cursor_flush_interval_ms,
+            max_batch_bytes,
+        )?;
+        let inner = py.detach(|| ManagedLedger::open(&directory, name, opts))?;
+        Ok(Self { inner })
+    }
+
+    /// Append one entry; returns its position once it is durable.
+    fn append(&self, py: Python<'_>, data: &Bound<'_, PyBytes>) -> BindResult<PyPosition> {
+        let d = data.as_bytes();
+        Ok(PyPosition(py.detach(|| self.inner.append(d))?))
+    }
+
+    /// Append entries in one group commit; their positions once all are durable.
+    fn append_many(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> BindResult<Py<PyList>> {
+        let objs = bytes_list(data, "data")?;
+        let slices = with_slices(&objs)?;
+        let ps = py.detach(|| {
+            self.inner
+                .append_many(slices.iter().map(|s| s.to_vec()).collect())
+        })?;
+        Ok(positions(py, &ps)?.unbind())
+    }
+
+    /// Queue one entry: a ``concurrent.futures.Future[Position]`` resolved
+    /// once it is durable.
+    fn append_async<'py>(
+        &self,
+        py: Python<'py>,
+        data: &Bound<'py, PyBytes>,
+    ) -> BindResult<Bound<'py, PyAny>> {
+        let fut = new_future(py)?;
+        let tx = completer()?;
+        let handle = fut.clone().unbind();
+        self.inner.append_async(
+            data.as_bytes().to_vec(),
+            Box::new(move |r| {
+                let _ = tx.send(Job::One(handle, r));
+            }),
+        );
+        Ok(fut)
+    }
+
+    /// Queue entries for one group commit: ONE ``Future[list[Position]]``.
+    fn append_many_async<'py>(
+        &self,
+        py: Python<'py>,
+        data: &Bound<'py, PyAny>,
+    ) -> BindResult<Bound<'py, PyAny>> {
+        let objs = bytes_list(data, "data")?;
+        let owned: Vec<Vec<u8>> = objs.iter().map(|b| b.as_bytes().to_vec()).collect();
+        let fut = new_future(py)?;
+        let tx = completer()?;
+        let handle = fut.clone().unbind();
+        self.inner.append_many_async(
+            owned,
+            Box::new(move |r| {
+                let _ = tx.send(Job::Many(handle, r));
+            }),
+        );
+        Ok(fut)
+    }
+
+    /// The entry at ``position``.
+    fn read<'py>(
+        &self,
+        py: Python<'py>,
+        position: &Bound<'py, PyAny>,
+    ) -> BindResult<Bound<'py, PyBytes>> {
+        let p = pos_arg(position, "position")?;
+        let d = py.detach(|| self.inner.read(p))?;
+        Ok(PyBytes::new(py, &d))
+    }
+
+    /// Existing entries with ``start <= position <= end`` as ``(Position, bytes)``.
+    fn read_range<'py>(
+        &self,
+        py: Python<'py>,
+        start: &Bound<'py, PyAny>,
+        end: &Bound<'py, PyAny>,
+    ) -> BindResult<Bound<'py, PyList>> {
+        let (s, e) = (pos_arg(start, "start")?, pos_arg(end, "end")?);
+        let es = py.detach(|| self.inner.read_range(s, e))?;
+        Ok(entries(py, es)?)
+    }
+
+    /// First readable entry, or ``None``.
+    #[getter]
+    fn first_position(&self) -> Option<PyPosition> {
+        self.inner.first_position().map(PyPosition)
+    }
+
+    /// Last durable entry, or ``None``.
+    #[getter]
+    fn last_position(&self) -> Option<PyPosition> {
+        self.inner.last_position().map(PyPosition)
+    }
+
+    /// Number of readable entries.
+    fn entry_count(&self) -> u64 {
+        self.inner.entry_count()
+    }
+
+    #[getter]
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// The ledger's own directory (``<data_dir>/ledgers/<escaped name>``).
+    #[getter]
+    fn directory(&self) -> PathBuf {
+        self.inner.dir().to_path_buf()
+    }
+
+    #[getter]
+    fn read_only(&self) -> bool {
+        self.inner.is_read_only()
+    }
+
+    #[getter]
+    fn closed(&self) -> bool {
+        self.inner.is_closed()
+    }
+
+    /// ``(ledger_id, entries, sealed)`` for each ledger.
+    fn ledgers(&self) -> Vec<(u64, u64, bool)> {
+        self.inner.ledgers()
+    }
+
+    /// Open (or create) cursor ``name``.
+    fn open_cursor(&self, py: Python<'_>, name: &str) -> BindResult<PyCursor> {
+        let c = py.detach(|| self.inner.open_cursor(name))?;
+        Ok(PyCursor { inner: c })
+    }
+
+    /// Names of the cursors, opened or persisted.
+    fn cursor_names(&self) -> Vec<String> {
+        self.inner.cursor_names()
+    }
+
+    /// Remove cursor ``name`` so it no longer holds back trimming.
+    fn delete_cursor(&self, py: Python<'_>, name: &str) -> BindResult<()> {
+        Ok(py.detach(|| self.inner.delete_cursor(name))?)
+    }
+
+    /// Persist cursor states now and trim ledgers every cursor has passed.
+    fn flush(&self, py: Python<'_>) -> BindResult<()> {
+        Ok(py.detach(|| self.inner.flush())?)
+    }
+
+    /// Read-only opens: pick up entries and cursor states written since.
+    fn refresh(&self, py: Python<'_>) -> BindResult<()> {
+        Ok(py.detach(|| self.inner.refresh())?)
+    }
+
+    /// Wait for queued appends, seal, persist cursors, release the ledger.
+    fn close(&self, py: Python<'_>) -> BindResult<()> {
+        Ok(py.detach(|| self.inner.close())?)
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> BindResult<bool> {
+        self.close(py)?;
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "ManagedLedger({:?}, last_position={:?}, read_only={}, closed={})",
+            self.inner.name(),
+            self.inner
+                .last_position()
+                .map(|p| (p.ledger_id, p.entry_id)),
+            self.inner.is_read_only(),
+            self.inner.is_closed()
+        )
+    }
+
+    /// Test hook: the next ``times`` calls of ``kind`` ("write", "sync",
+    /// "preallocate") fail with ``errno``.
+    #[pyo3(signature = (kind, errno=5, times=1))]
+    fn _inject_fault(&self, kind: &str, errno: i32, times: u32) -> BindResult<()> {
+        let k = FaultKind::parse(kind).ok_or_else(|| {
+            Error::invalid(format!(
+                "fault kind must be 'write', 'sync' or 'preallocate', got {kind:?}"
+            ))
+        })?;
+        self.inner.inject_fault(k, errno, times);
+        Ok(())
+    }
+
+    /// Test hook: disarm every injected fault.
+    fn _clear_faults(&self) {
+        self.inner.fault_injector().clear();
+    }
+}
+
+// ---------------------------------------------------------------- Cursor
+
+/// A named, durable reader of a managed ledger.
+#[pyclass(name = "Cursor", module = "txnstream._native", frozen)]
+#[derive(Debug)]
+pub struct PyCursor {
+    inner: Cursor,
+}
+
+#[pymethods]
+impl PyCursor {
+    #[getter]
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// Up to ``max_entries`` entries after the read position, skipping deleted ones.
+    #[pyo3(signature = (max_entries=100))]
+    fn read_next<'py>(&self, py: Python<'py>, max_entries: i64) -> BindResult<Bound<'py, PyList>> {
+        if max_entries < 0 {
+            return Err(
+                Error::invalid(format!("max_entries must be >= 0, got {max_entries}")).into(),
+            );
+        }
+        let es = py.detach(|| self.inner.read_next(max_entries as usize))?;
+        Ok(entries(py, es)?)
+    }
+
+    /// Move the read position back to just after the mark-delete position.
+    fn rewind(&self, py: Python<'_>) {
+        py.detach(|| self.inner.rewind());
+    }
+
+    /// Delete every entry at or before ``position``.
+    fn mark_delete(&self, py: Python<'_>, position: &Bound<'_, PyAny>) -> BindResult<()> {
+        let p = pos_arg(position, "position")?;
+        Ok(py.detach(|| self.inner.mark_delete(p))?)
+    }
+
+    /// Every entry at or before it is deleted; ``None`` while nothing is.
+    #[getter]
+    fn mark_delete_position(&self, py: Python<'_>) -> Option<PyPosition> {
+        py.detach(|| self.inner.mark_delete_position())
+            .map(PyPosition)
+    }
+
+    /// Delete entries (``Position``) or single records of batched entries
+    /// (``TxnPosition`` with ``batch_size > 1``); all or nothing.
+    fn delete(&self, py: Python<'_>, positions: &Bound<'_, PyAny>) -> BindResult<()> {
+        let mut recs = Vec::with_capacity(positions.len().unwrap_or(0));
+        for (i, item) in positions.try_iter()?.enumerate() {
+            recs.push(record_arg(&item?, &format!("positions[{i}]"))?);
+        }
+        Ok(py.detach(|| self.inner.delete_batch_indexes(&recs))?)
+    }
+
+    /// True if the whole entry at ``position`` is deleted.
+    fn is_deleted(&self, py: Python<'_>, position: &Bound<'_, PyAny>) -> BindResult<bool> {
+        let p = pos_arg(position, "position")?;
+        Ok(py.detach(|| self.inner.is_deleted(p)))
+    }
+
+    /// The entry's ``AckSet`` if some but not all of its records are deleted.
+    fn batch_ack_set(
+        &self,
+        py: Python<'_>,
+        position: &Bound<'_, PyAny>,
+    ) -> BindResult<Option<PyAckSet>> {
+        let p = pos_arg(position, "position")?;
+        Ok(py.detach(|| self.inner.batch_ack_set(p)).map(PyAckSet))
+    }
+
+    /// Individually deleted runs beyond the mark-delete as ``(first, last)``.
+    fn deleted_ranges(&self, py: Python<'_>) -> Vec<(PyPosition, PyPosition)> {
+        py.detach(|| self.inner.deleted_ranges())
+            .into_iter()
+            .map(|(a, b)| (PyPosition(a), PyPosition(b)))
+            .collect()
+    }
+
+    /// Persist the cursor state to META now.
+    fn flush(&self, py: Python<'_>) -> BindResult<()> {
+        Ok(py.detach(|| self.inner.flush())?)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "Cursor({:?}, mark_delete_position={:?})",
+            self.inner.name(),
+            self.inner
+                .mark_delete_position()
+                .map(|p| (p.ledger_id, p.entry_id))
+        )
+    }
+}
+
+// ---------------------------------------------------------------- CompactedTopic
+
+/// Keyed records where reads see only the newest value per key.
+#[pyclass(name = "CompactedTopic", module = "txnstream._native", frozen)]
+#[derive(Debug)]
+pub struct PyCompactedTopic {
+    inner: Arc<CompactedTopic>,
+}
+
+#[pymethods]
+impl PyCompactedTopic {
+    /// Open (creating if needed) compacted topic ``name`` under ``directory``.
+    #[staticmethod]
+    #[pyo3(signature = (directory, name, *, read_only=false, max_entries_per_ledger=None,
+        max_bytes_per_ledger=None, preallocate_bytes=None))]
+    fn open(
+        py: Python<'_>,
+        directory: PathBuf,
+        name: &str,
+        read_only: bool,
+        max_entries_per_ledger: Option<i64>,
+        max_bytes_per_ledger: Option<i64>,
+        preallocate_bytes: Option<i64>,
+    ) -> BindResult<Self> {
+        let opts = options(
+            max_entries_per_ledger,
+            max_bytes_per_ledger,
+            read_only,
+            // Compacted topics are small and written rarely.
+            Some(preallocate_bytes.unwrap_or(1 << 20)),
+            None,
+            None,
+        )?;
+        let t = py.detach(|| CompactedTopic::open(&directory, name, opts))?;
+        Ok(Self { inner: Arc::new(t) })
+    }
+
+    /// Durably set ``key`` to ``value`` (``None`` deletes the key).
+    fn put(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        value: Option<&Bound<'_, PyBytes>>,
+    ) -> BindResult<PyPosition> {
+        let v = value.map(|b| b.as_bytes());
+        Ok(PyPosition(py.detach(|| self.inner.put(key, v))?))
+    }
+
+    /// Write many ``(key, value | None)`` records in one group commit.
+    fn put_many(
+        &self,
+        py: Python<'_>,
+        records: Vec<(String, Option<Vec<u8>>)>,
+    ) -> BindResult<Py<PyList>> {
+        let ps = py.detach(|| self.inner.put_many(records))?;
+        Ok(positions(py, &ps)?.unbind())
+    }
+
+    /// The newest value of ``key``, or ``None``.
+    fn get<'py>(&self, py: Python<'py>, key: &str) -> Option<Bound<'py, PyBytes>> {
+        self.inner.get(key).map(|v| PyBytes::new(py, &v))
+    }
+
+    /// ``(key, value)`` of every live key, in key order.
+    fn items<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+        let items = self
+            .inner
+            .items()
+            .into_iter()
+            .map(|(k, v)| (k, PyBytes::new(py, &v)).into_bound_py_any(py))
+            .collect::<PyResult<Vec<_>>>()?;
+        PyList::new(py, items)
+    }
+
+    /// Live keys in order.
+    fn keys(&self) -> Vec<String> {
+        self.inner.items().into_iter().map(|(k, _)| k).collect()
+    }
+
+    fn __len__(&self) -> usize {
+        self.inner.len()
+    }
+
+    fn __contains__(&self, key: &str) -> bool {
+        self.inner.get(key).is_some()
+    }
+
+    /// Rewrite live records into one new ledger; returns counts before/after.
+    fn compact<'py>(&self, py: Python<'py>) -> BindResult<Bound<'py, PyDict>> {
+        let s = py.detach(|| self.inner.compact())?;
+        let d = PyDict::new(py);
+        d.set_item("entries_before", s.entries_before)?;
+        d.set_item("entries_after", s.entries_after)?;
+        Ok(d)
+    }
+
+    /// Read-only opens: pick up records written since.
+    fn refresh(&self, py: Python<'_>) -> BindResult<()> {
+        Ok(py.detach(|| self.inner.refresh())?)
+    }
+
+    fn close(&self, py: Python<'_>) -> BindResult<()> {
+        Ok(py.detach(|| self.inner.close())?)
+    }
+
+    #[getter]
+    fn name(&self) -> String {
+        self.inner.ledger().name().to_owned()
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    #[pyo3(signature = (*_args))]
+    fn __exit__(&self, py: Python<'_>, _args: &Bound<'_, PyTuple>) -> BindResult<bool> {
+        self.close(py)?;
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "CompactedTopic({:?}, keys={})",
+            self.inner.ledger().name(),
+            self.inner.len()
+        )
+    }
+}

@@ -153,8 +153,25 @@ impl<'a> Chunks<'a> {
         if off < self.start || want_end > have_end {
             let n = (len.max(SCAN_CHUNK) as u64).min(self.file_len - off) as usize;
             self.buf.resize(n, 0);
-            self.file.read_exact_at(&mut self.buf, off)?;
+            // Another process's writer may shrink the file meanwhile (sealing
+            // cuts the preallocated tail): read what is there.
+            let mut got = 0;
+            while got < n {
+                match self.file.read_at(&mut self.buf[got..], off + got as u64) {
+                    Ok(0) => break,
+                    Ok(k) => got += k,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            self.buf.truncate(got);
             self.start = off;
+            if got < n {
+                self.file_len = off + got as u64;
+                if want_end > self.file_len {
+                    return Ok(None);
+                }
+            }
         }
         let s = (off - self.start) as usize;
         Ok(Some(&self.buf[s..s + len]))

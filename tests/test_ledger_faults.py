@@ -1,0 +1,220 @@
+"""Ledger faults: injected write/sync failures, a real file-size limit, torn
+tails and flipped bits, and a read-only reader in another process."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import errno
+import shutil
+import struct
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from txnstream import CorruptLedgerError, InvalidArgumentError, ManagedLedger, StorageError
+
+HEADER = 32
+END = (2**64 - 1, 2**64 - 1)
+
+
+def payload(i: int) -> bytes:
+    return bytes((i * 13 + k) % 251 for k in range(20 + i % 50))
+
+
+def data_end(entries: list[bytes]) -> int:
+    return HEADER + sum(8 + len(e) for e in entries)
+
+
+def crash_image(src: Path, dst: Path, name: str) -> Path:
+    """Copy of a live ledger directory: what kill -9 would leave behind."""
+    ml_dir = src / "ledgers" / name
+    out = dst / "ledgers" / name
+    shutil.copytree(ml_dir, out)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["sync", "write"])
+def test_injected_failure_fails_every_waiter(tmp_path: Path, kind: str) -> None:
+    ml = ManagedLedger.open(tmp_path, "f")
+    good = ml.append_many([payload(i) for i in range(10)])
+    ml._inject_fault(kind, errno=errno.ENOSPC, times=1)
+    futs = [ml.append_async(payload(100 + i)) for i in range(200)]
+    cf.wait(futs, timeout=30)
+    failed = [f.exception() for f in futs if f.exception() is not None]
+    assert failed, "the injected fault must fail the group it hit"
+    for exc in failed:
+        assert isinstance(exc, StorageError)
+        assert exc.errno == errno.ENOSPC
+    ok = [f.result() for f in futs if f.exception() is None]
+    # Failed appends are never readable; good ones and later ones are.
+    assert ml.entry_count() == len(good) + len(ok)
+    for i, p in enumerate(good):
+        assert ml.read(p) == payload(i)
+    later = ml.append(b"after the fault")
+    assert ml.read(later) == b"after the fault"
+    image = crash_image(tmp_path, tmp_path / "img", "f")
+    ml.close()
+    for data in (tmp_path, tmp_path / "img"):
+        with ManagedLedger.open(data, "f") as again:
+            assert again.entry_count() == len(good) + len(ok) + 1
+            assert again.read(later) == b"after the fault"
+    assert image.is_dir()
+
+
+def test_sync_append_gets_the_error_and_bad_fault_kind(tmp_path: Path) -> None:
+    with ManagedLedger.open(tmp_path, "s") as ml:
+        ml._inject_fault("sync", errno=errno.EIO)
+        with pytest.raises(StorageError) as ei:
+            ml.append(b"x")
+        assert ei.value.errno == errno.EIO
+        assert ml.last_position is None
+        assert ml.read(ml.append(b"y")) == b"y"
+        with pytest.raises(InvalidArgumentError):
+            ml._inject_fault("explode")
+
+
+REAL_LIMIT = textwrap.dedent(
+    """
+    import resource, signal, sys
+    from txnstream import ManagedLedger, StorageError
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    ml = ManagedLedger.open(sys.argv[1], "full", preallocate_bytes=0)
+    ok = [ml.append(b"k" * 1000) for _ in range(5)]
+    resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+    try:
+        for _ in range(100):
+            ok.append(ml.append(b"k" * 1000))
+        print("NO ERROR")
+    except StorageError as e:
+        print("ERRNO", e.errno, len(ok))
+    ml.close()
+    """
+)
+
+
+def test_real_file_size_limit_is_a_storage_error(tmp_path: Path) -> None:
+    # RLIMIT_FSIZE makes the kernel fail the write (EFBIG), like a full disk.
+    out = subprocess.run(
+        [sys.executable, "-c", REAL_LIMIT, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.split()
+    assert out[0] == "ERRNO", out
+    assert int(out[1]) == errno.EFBIG
+    acked = int(out[2])
+    with ManagedLedger.open(tmp_path, "full") as ml:
+        assert ml.entry_count() == acked
+        assert all(d == b"k" * 1000 for _, d in ml.read_range((0, 0), END))
+
+
+def test_torn_tail_is_cut_and_reopens_clean(tmp_path: Path) -> None:
+    live = tmp_path / "live"
+    ml = ManagedLedger.open(live, "t", preallocate_bytes=65536)
+    entries = [payload(i) for i in range(30)]
+    ps = ml.append_many(entries)
+    log = f"{ps[0].ledger_id}.log"
+    for n, torn in enumerate([b"\x05", struct.pack("<I", 500) + b"\x01\x02", b"\xff" * 40]):
+        img = crash_image(live, tmp_path / f"img{n}", "t")
+        with open(img / log, "r+b") as f:
+            f.seek(data_end(entries))
+            f.write(torn)
+        with ManagedLedger.open(tmp_path / f"img{n}", "t") as rec:
+            assert rec.last_position == ps[-1]
+            assert [d for _, d in rec.read_range(ps[0], END)] == entries
+        assert (img / log).stat().st_size == data_end(entries)
+        with ManagedLedger.open(tmp_path / f"img{n}", "t") as rec:
+            assert rec.entry_count() == 30
+    ml.close()
+
+
+def test_flipped_bits(tmp_path: Path) -> None:
+    live = tmp_path / "live"
+    ml = ManagedLedger.open(live, "b")
+    entries = [payload(i) for i in range(20)]
+    ps = ml.append_many(entries)
+    log = f"{ps[0].ledger_id}.log"
+
+    def flip(img: Path, offset: int) -> None:
+        with open(img / log, "r+b") as f:
+            f.seek(offset)
+            b = f.read(1)
+            f.seek(offset)
+            f.write(bytes([b[0] ^ 0x01]))
+
+    # In the last record: an unacknowledged tail, cut off.
+    img = crash_image(live, tmp_path / "tail", "b")
+    flip(img, data_end(entries) - 3)
+    with ManagedLedger.open(tmp_path / "tail", "b") as rec:
+        assert rec.last_position == ps[-2]
+    # In the middle, payload or length: valid records follow, so it is
+    # corruption, reported with the position, and nothing is truncated.
+    for n, offset in enumerate([data_end(entries[:7]) - 1, data_end(entries[:7]) + 2]):
+        img = crash_image(live, tmp_path / f"mid{n}", "b")
+        flip(img, offset)
+        size = (img / log).stat().st_size
+        with pytest.raises(CorruptLedgerError) as ei:
+            ManagedLedger.open(tmp_path / f"mid{n}", "b")
+        bad = 6 if n == 0 else 7
+        assert ei.value.position == (ps[bad].ledger_id, ps[bad].entry_id)
+        assert ei.value.offset == data_end(entries[:bad])
+        assert (img / log).stat().st_size == size
+    # A sealed ledger's header.
+    ml.close()
+    flip(live / "ledgers" / "b", 3)
+    with pytest.raises(CorruptLedgerError, match="bad magic"):
+        ManagedLedger.open(live, "b")
+
+
+WRITER = textwrap.dedent(
+    """
+    import sys, time
+    from txnstream import ManagedLedger
+    ml = ManagedLedger.open(sys.argv[1], "shared/log", max_entries_per_ledger=150)
+    print("ready", flush=True)
+    i = 0
+    deadline = time.monotonic() + float(sys.argv[2])
+    while time.monotonic() < deadline:
+        n = 1 + i % 7
+        ml.append_many([bytes([j % 256]) * (j % 3000) for j in range(i, i + n)])
+        i += n
+    ml.close()
+    print("wrote", i, flush=True)
+    """
+)
+
+
+def test_read_only_reader_follows_writer_in_another_process(tmp_path: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(tmp_path), "1.5"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().strip() == "ready"
+    ro = ManagedLedger.open(tmp_path, "shared/log", read_only=True)
+    seen = 0
+    refreshes = 0
+    while proc.poll() is None or refreshes == 0:
+        ro.refresh()
+        refreshes += 1
+        if ro.last_position is None:
+            continue
+        got = ro.read_range((0, 0), END)
+        # Entries in log order are j = 0, 1, 2, ...; never a partial one.
+        assert len(got) >= seen
+        for j, (_, d) in enumerate(got):
+            assert d == bytes([j % 256]) * (j % 3000), j
+        seen = len(got)
+    total = int(proc.stdout.read().split()[-1])
+    ro.refresh()
+    assert ro.entry_count() == total
+    assert len(ro.ledgers()) > 2
+    assert refreshes > 3
+    ro.close()
+    # The reader wrote nothing: the writer can reopen, nothing to recover.
+    with ManagedLedger.open(tmp_path, "shared/log") as ml:
+        assert ml.entry_count() == total

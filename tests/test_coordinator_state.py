@@ -495,6 +495,9 @@ class DiscardingLog(InMemoryTransactionLog):
         self._n = getattr(self, "_n", 0) + 1
         return self._done(TxnPosition(0, self._n, 1, 0))
 
+    def write_sync(self, record: bytes) -> TxnPosition:
+        return self.write(record).result()
+
 
 def test_memory_per_open_transaction_is_small() -> None:
     e = Env()

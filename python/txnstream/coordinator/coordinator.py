@@ -2,10 +2,13 @@
 
 Every change is a ``TransactionMetadataEntry`` written through the log's
 BufferedWriter; a call returns only once its record is durable. The status
-check, the in-memory change and the submission of the record happen under
-one lock, so records of one transaction reach the log in the order of its
-transitions (the writer keeps submission order); the wait for durability
-happens outside the lock, so many transactions share each sync.
+check and the in-memory change happen under one lock; the record is written
+and waited for outside it, so many transactions share each batched entry and
+sync. Records of one transaction may thus reach the log in a different order
+than their in-memory changes (an ADD racing the end's UPDATE); that is safe:
+recovery folds a transaction's records order-independently, the end reads the
+partitions from memory after its UPDATE is durable, and a record that becomes
+durable after its transaction ended is deleted at once.
 
 Ending a transaction (one *driver* thread per transaction; other callers wait
 for it and get the same answer):
@@ -31,7 +34,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from txnstream._native import TxnPosition
@@ -153,6 +156,7 @@ class TransactionCoordinator:
         config: CoordinatorConfig | None = None,
         participants: ParticipantResolver | None = None,
         clock: Clock = wall_clock_ms,
+        log_options: dict[str, Any] | None = None,
         **settings: Any,
     ) -> TransactionCoordinator:
         """Open (recovering) coordinator ``tc_id`` on data directory ``directory``.
@@ -160,9 +164,10 @@ class TransactionCoordinator:
         The log is the managed ledger ``__transaction_log_<tc_id>``; the
         terminated store the compacted topic ``__terminated_txn_state_<tc_id>``.
         Keyword ``settings`` override fields of ``config``
-        (:class:`~.config.CoordinatorConfig`).
+        (:class:`~.config.CoordinatorConfig`); ``log_options`` go to
+        ``ManagedLedger.open`` (e.g. ``max_entries_per_ledger``).
         """
-        from txnstream.coordinator.ledger_log import (  # type: ignore[import-not-found]
+        from txnstream.coordinator.ledger_log import (
             LedgerTransactionLog,
             open_terminated_topic,
         )
@@ -176,8 +181,9 @@ class TransactionCoordinator:
             max_records=cfg.batched_write_max_records,
             max_size=cfg.batched_write_max_size,
             max_delay_ms=cfg.batched_write_max_delay_ms,
+            **(log_options or {}),
         )
-        closers: list[Callable[[], None]] = [txn_log.close]
+        closers: list[Callable[[], None]] = []
         try:
             topic = open_terminated_topic(directory, terminated_topic_name(tc_id))
             closers.append(topic.close)
@@ -192,6 +198,7 @@ class TransactionCoordinator:
                 closers=closers,
             )
         except BaseException:
+            closers.append(txn_log.close)
             for close in reversed(closers):
                 try:
                     close()
@@ -279,16 +286,15 @@ class TransactionCoordinator:
             **fields,
         ).SerializeToString()
 
-    def _submit(self, record: bytes) -> Future[TxnPosition]:
-        try:
-            return self._log.write(record)
-        except Exception:
-            self._counts["append_errors"] += 1
-            raise
+    @staticmethod
+    def _submit(record: bytes) -> bytes:
+        # The record is decided under the lock; it is written (and waited
+        # for) outside it, so many threads share each batched entry and sync.
+        return record
 
-    def _durable(self, fut: Future[TxnPosition]) -> TxnPosition:
+    def _durable(self, record: bytes) -> TxnPosition:
         try:
-            return fut.result()
+            return self._log.write_sync(record)
         except Exception:
             with self._lock:
                 self._counts["append_errors"] += 1
@@ -534,7 +540,7 @@ class TransactionCoordinator:
         is still OPEN past its deadline.
         """
         while True:
-            fut: Future[TxnPosition] | None = None
+            fut: bytes | None = None
             drive = False
             done: threading.Event | None = None
             with self._lock:
@@ -585,7 +591,7 @@ class TransactionCoordinator:
         if done is not None:
             done.set()
 
-    def _drive(self, meta: TxnMeta, fut: Future[TxnPosition] | None) -> None:
+    def _drive(self, meta: TxnMeta, fut: bytes | None) -> None:
         """Run steps 1-5 of ending (see module doc) for a transaction we drive."""
         seq = meta.seq
         tid = self._tid(seq)

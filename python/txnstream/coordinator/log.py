@@ -31,6 +31,9 @@ class TransactionLog(Protocol):
     def write(self, record: bytes) -> Future[TxnPosition]:
         """Append ``record``; the future completes once it is durable."""
 
+    def write_sync(self, record: bytes) -> TxnPosition:
+        """Append ``record`` and wait until it is durable."""
+
     def delete(self, positions: Sequence[TxnPosition]) -> None:
         """Delete records (one batch index each); whole entries free up."""
 
@@ -84,6 +87,10 @@ class InMemoryTransactionLog:
             self._entries.append(record)
             self._sizes.append(1)
             return self._done(TxnPosition(0, len(self._entries) - 1, 1, 0))
+
+    def write_sync(self, record: bytes) -> TxnPosition:
+        """Store ``record`` as its own entry and return its position."""
+        return self.write(record).result()
 
     def write_many(self, records: Sequence[bytes]) -> list[Future[TxnPosition]]:
         """Store ``records`` as one batched entry."""

@@ -33,7 +33,7 @@ _STRIPES = 64
 class TerminatedPersistence(Protocol):
     """Durable key/value storage for the store (a compacted topic)."""
 
-    def put(self, key: str, value: bytes | None) -> None:
+    def put(self, key: str, value: bytes | None) -> object:
         """Store ``value`` under ``key`` durably; ``None`` deletes the key."""
 
     def items(self) -> Iterable[tuple[str, bytes]]:

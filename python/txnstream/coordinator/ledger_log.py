@@ -1,0 +1,140 @@
+"""The coordinator's log on a managed ledger, written through a BufferedWriter.
+
+One managed ledger per coordinator (``__transaction_log_<tc_id>``) with one
+durable cursor. Records go through a PIP-160 ``BufferedWriter``: many share
+an entry and a sync. A finished transaction's records are deleted on the
+cursor by position + batch index (an AckSet per partially deleted entry), so
+mark-delete advances and old ledgers are trimmed once every record in them
+ended. Replay reads from the cursor, decodes entries into columns in bulk
+(Rust) and marks batch indexes the cursor already deleted.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from typing import Any
+
+import numpy as np
+
+from txnstream import frame
+from txnstream._native import BufferedWriter, CompactedTopic, ManagedLedger, TxnPosition
+from txnstream.coordinator.replay import LogChunk
+
+CURSOR = "transaction-coordinator"
+READ_CHUNK = 4096
+
+
+class LedgerTransactionLog:
+    """:class:`~.log.TransactionLog` over a managed ledger + BufferedWriter."""
+
+    def __init__(self, ml: ManagedLedger, writer: BufferedWriter) -> None:
+        self.ml = ml
+        self.writer = writer
+        self.cursor = ml.open_cursor(CURSOR)
+        self._closed = False
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        name: str,
+        *,
+        batch_enabled: bool = True,
+        max_records: int = 512,
+        max_size: int = 4 << 20,
+        max_delay_ms: float = 1,
+        **ledger_options: Any,
+    ) -> LedgerTransactionLog:
+        """Open (creating) the log ``name`` under ``directory``."""
+        ml = ManagedLedger.open(os.fspath(directory), name, **ledger_options)
+        try:
+            writer = BufferedWriter(
+                ml,
+                max_records=max_records,
+                max_size=max_size,
+                max_delay_ms=max_delay_ms,
+                batch_enabled=batch_enabled,
+            )
+            return cls(ml, writer)
+        except BaseException:
+            ml.close()
+            raise
+
+    def write(self, record: bytes) -> Future[TxnPosition]:
+        """Append ``record``; the future completes once it is durable."""
+        return self.writer.write(record)
+
+    def write_sync(self, record: bytes) -> TxnPosition:
+        """Append ``record`` and wait (GIL released, no Python future) until durable."""
+        return self.writer.write_blocking(record)
+
+    def delete(self, positions: Sequence[TxnPosition]) -> None:
+        """Delete records by position and batch index (persisted asynchronously)."""
+        if positions:
+            self.cursor.delete(list(positions))
+
+    def replay(self) -> Iterator[LogChunk]:
+        """Read every entry after mark-delete, decoded, with deleted records marked."""
+        self.cursor.rewind()
+        while True:
+            got = self.cursor.read_next(READ_CHUNK)
+            if not got:
+                break
+            live = [(p, e) for p, e in got if not self.cursor.is_deleted(p)]
+            if not live:
+                continue
+            cols = frame.decode_txn_log_columns([e for _, e in live])
+            ent = cols["entry_index"]
+            deleted = np.zeros(len(ent), np.bool_)
+            # Entry -> first row: records of one entry are consecutive rows.
+            starts = np.searchsorted(ent, np.arange(len(live), dtype=ent.dtype))
+            for i, (p, _) in enumerate(live):
+                acks = self.cursor.batch_ack_set(p)
+                if acks is None:
+                    continue
+                n = acks.batch_size
+                bits = np.array([not acks.get(j) for j in range(n)], dtype=np.bool_)
+                deleted[starts[i] : starts[i] + n] = bits
+            yield LogChunk(
+                cols,
+                np.array([p.ledger_id for p, _ in live], dtype=np.uint64),
+                np.array([p.entry_id for p, _ in live], dtype=np.uint64),
+                deleted,
+            )
+
+    def set_batch_enabled(self, enabled: bool) -> None:
+        """Switch batching on/off for the next record."""
+        self.writer.set_batch_enabled(enabled)
+
+    def stats(self) -> dict[str, Any]:
+        """Writer statistics plus the ledger's entry count."""
+        out: dict[str, Any] = dict(self.writer.stats())
+        out["entries"] = self.ml.entry_count()
+        return out
+
+    def flush(self) -> None:
+        """Persist the cursor's deletions now."""
+        self.cursor.flush()
+
+    def close(self) -> None:
+        """Close the writer (pending records fail), persist the cursor, close the ledger."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.writer.close()
+        finally:
+            try:
+                self.cursor.flush()
+            finally:
+                self.ml.close()
+
+
+def open_terminated_topic(directory: str | os.PathLike[str], name: str) -> CompactedTopic:
+    """Open the compacted topic holding the PIP-255 terminated-transaction state."""
+    return CompactedTopic.open(os.fspath(directory), name)
+
+
+__all__ = ["CURSOR", "LedgerTransactionLog", "open_terminated_topic"]

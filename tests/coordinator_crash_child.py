@@ -1,0 +1,59 @@
+"""Child process for coordinator crash tests: kills itself (SIGKILL) at a named step.
+
+Usage: python coordinator_crash_child.py DATA_DIR STEP ACTION
+
+Opens coordinator 0 on DATA_DIR, ends one earlier transaction normally, opens
+a bystander (left OPEN) and a victim, prints their ids as JSON, then ends the
+victim with ACTION and SIGKILLs itself when the coordinator reports STEP for
+it (see ``txnstream.coordinator.coordinator.STEPS``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+
+from txnstream.coordinator import RecordingParticipants, TxnID
+from txnstream.coordinator.coordinator import TransactionCoordinator
+
+
+def main() -> None:
+    data_dir, step, action = sys.argv[1:4]
+    parts = RecordingParticipants()
+    tc = TransactionCoordinator.open(
+        data_dir, 0, participants=parts, transaction_meta_persist_count=10
+    )
+    earlier = tc.new_transaction(timeout_ms=600_000, client_name="crash-client")
+    tc.add_produced_partitions(earlier, ["out-0"])
+    tc.end_transaction(earlier, "commit")
+    bystander = tc.new_transaction(timeout_ms=600_000, client_name="other")
+    tc.add_produced_partitions(bystander, ["out-1"])
+    victim = tc.new_transaction(timeout_ms=600_000, client_name="crash-client")
+    tc.add_produced_partitions(victim, ["out-0", "out-1"])
+    tc.add_acked_subscriptions(victim, [("in", "sub")])
+
+    def hook(name: str, txn: TxnID) -> None:
+        if name == step and txn == victim:
+            sys.stdout.flush()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    tc.step_hook = hook
+    print(
+        json.dumps(
+            {
+                "victim": victim.least_bits,
+                "bystander": bystander.least_bits,
+                "earlier": earlier.least_bits,
+            }
+        ),
+        flush=True,
+    )
+    tc.end_transaction(victim, action)
+    print("NOT KILLED", flush=True)
+    tc.close()
+
+
+if __name__ == "__main__":
+    main()

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from txnstream import BufferedWriter, ManagedLedger
 from txnstream.metrics import (
     PENDING_ACK_PREFIX,
     TC_PREFIX,
@@ -110,3 +112,35 @@ def test_dead_writers_disappear() -> None:
 def test_bad_kind() -> None:
     with pytest.raises(ValueError, match="kind"):
         collector_for("nope", CollectorRegistry())  # type: ignore[arg-type]
+
+
+def test_real_writer_export_matches_stats(tmp_path: Path) -> None:
+    reg = CollectorRegistry()
+    with ManagedLedger.open(tmp_path, "__transaction_log_3") as ml:
+        w = BufferedWriter(ml, max_records=10, max_size=1024, max_delay_ms=3_600_000, name="tc-3")
+        label = register_writer(w, "transaction_log", registry=reg)
+        assert label == "tc-3"
+        # 3 batches by max_records, 1 by max_size, then one large record.
+        w.write_many_blocking([b"\x08" + bytes(20) for _ in range(30)])
+        w.write_many_blocking([b"\x08" + bytes(299) for _ in range(4)])
+        w.write_blocking(b"\x08" + bytes(4000))
+        got = samples(reg)
+        stats = w.stats()
+        base = f"{TC_PREFIX}_bufferedwriter_"
+        lbl = (("writer", "tc-3"),)
+        assert got[(base + "flush_trigger_max_records_total", lbl)] == 3
+        assert got[(base + "flush_trigger_max_size_total", lbl)] == 1
+        assert got[(base + "flush_trigger_max_delay_total", lbl)] == 0
+        assert got[(base + "flush_trigger_large_data_total", lbl)] == 1
+        # Records per batch: three of 10 (le=10), one of 4 (le=10).
+        assert got[(base + "batch_records_bucket", (("le", "10.0"), *lbl))] == 4
+        assert got[(base + "batch_records_sum", lbl)] == 34
+        # Entry sizes: 4 + 10 * 23 = 234 bytes (le=512); 4 + 4 * 303 = 1216 (le=2048).
+        size = base + "batch_size_bytes_bucket"
+        assert got[(size, (("le", "128.0"), *lbl))] == 0
+        assert got[(size, (("le", "512.0"), *lbl))] == 3
+        assert got[(size, (("le", "2048.0"), *lbl))] == 4
+        assert got[(base + "batch_size_bytes_sum", lbl)] == stats["batch_size_bytes"]["sum"]
+        assert got[(base + "batch_size_bytes_sum", lbl)] == 3 * 234 + 1216
+        assert got[(base + "batch_oldest_record_delay_seconds_count", lbl)] == 4
+        w.close()

@@ -8,8 +8,16 @@ protobuf classes) and the :mod:`txnstream.errors` hierarchy.
 from __future__ import annotations
 
 from txnstream import frame
-from txnstream._native import CompactedTopic, Cursor, ManagedLedger, Position, TxnPosition
+from txnstream._native import (
+    BufferedWriter,
+    CompactedTopic,
+    Cursor,
+    ManagedLedger,
+    Position,
+    TxnPosition,
+)
 from txnstream.ackset import AckSet
+from txnstream.config import BrokerConfig
 from txnstream.coordinator import TransactionCoordinator, TxnID, TxnStatus
 from txnstream.errors import (
     ConfigError,
@@ -34,6 +42,8 @@ from txnstream.errors import (
 
 __all__ = [
     "AckSet",
+    "BrokerConfig",
+    "BufferedWriter",
     "CompactedTopic",
     "ConfigError",
     "CoordinatorNotFound",

@@ -6,6 +6,7 @@
 //! - [`proto`]: prost types for every storage format.
 //! - [`ledger`]: durable managed ledgers with cursors and compacted topics.
 //! - [`writer`]: the PIP-160 `BufferedWriter` (batched log writes).
+//! - [`replay`]: live records of a mixed batched/unbatched log, columnar.
 
 pub mod ackset;
 pub mod columns;
@@ -14,6 +15,7 @@ pub mod frame;
 pub mod ledger;
 pub mod position;
 pub mod proto;
+pub mod replay;
 pub mod sink;
 pub mod wire;
 pub mod writer;

@@ -9,6 +9,8 @@ mod errors;
 mod frame;
 mod ledger;
 mod position;
+mod replay;
+mod writer;
 
 use pyo3::prelude::*;
 
@@ -32,5 +34,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ledger::PyManagedLedger>()?;
     m.add_class::<ledger::PyCursor>()?;
     m.add_class::<ledger::PyCompactedTopic>()?;
+    m.add_class::<writer::PyBufferedWriter>()?;
+    m.add_function(wrap_pyfunction!(replay::replay_log, m)?)?;
     Ok(())
 }

@@ -1,0 +1,108 @@
+//! `txnstream._native.replay_log`: live records of a managed ledger written
+//! by a BufferedWriter, as numpy columns (one call, GIL released).
+
+use crate::errors::BindResult;
+use crate::ledger::PyManagedLedger;
+use crate::position::position_of;
+use numpy::IntoPyArray;
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyString};
+use txnstream_core::ledger::Cursor;
+use txnstream_core::replay::{self, LiveRecords};
+use txnstream_core::{Error, Position};
+
+/// The cursor named by `cursor` (a name or a `Cursor` object) on `ml`;
+/// opening by name returns the ledger's existing cursor state.
+fn cursor_of(ml: &PyManagedLedger, cursor: &Bound<'_, PyAny>) -> BindResult<Cursor> {
+    let name: String = if let Ok(s) = cursor.cast::<PyString>() {
+        s.to_str()?.to_owned()
+    } else if let Ok(n) = cursor.getattr("name") {
+        n.extract().map_err(|_| {
+            PyTypeError::new_err("cursor must be a Cursor of this ledger or a cursor name")
+        })?
+    } else {
+        return Err(PyTypeError::new_err(format!(
+            "cursor must be a Cursor or a cursor name, not {}",
+            cursor.get_type().name()?
+        ))
+        .into());
+    };
+    Ok(ml.inner.open_cursor(&name)?)
+}
+
+fn pos(obj: Option<&Bound<'_, PyAny>>, arg: &str) -> BindResult<Option<Position>> {
+    match obj {
+        None => Ok(None),
+        Some(o) => match position_of(o) {
+            Some(p) => Ok(Some(p)),
+            None => Err(PyTypeError::new_err(format!(
+                "{arg} must be a Position or TxnPosition, not {}",
+                o.get_type().name()?
+            ))
+            .into()),
+        },
+    }
+}
+
+fn columns<'py>(py: Python<'py>, r: LiveRecords) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("ledger_id", r.ledger_id.into_pyarray(py))?;
+    d.set_item("entry_id", r.entry_id.into_pyarray(py))?;
+    d.set_item("batch_size", r.batch_size.into_pyarray(py))?;
+    d.set_item("batch_index", r.batch_index.into_pyarray(py))?;
+    d.set_item("offsets", r.offsets.into_pyarray(py))?;
+    d.set_item("data", PyBytes::new(py, &r.data))?;
+    d.set_item("entries", r.entries)?;
+    d.set_item("skipped", r.skipped)?;
+    Ok(d)
+}
+
+/// Live records of ``ml`` as columns (see ``txnstream.replay``).
+///
+/// With ``cursor`` and no bounds: every record after the cursor's
+/// mark-delete position, skipping deleted entries and batch indexes (the
+/// cursor's read position is rewound and moved to the end). With ``start``
+/// / ``end`` (inclusive, default: the whole log): that range, filtered by
+/// the cursor if one is given. ``max_entries`` reads at most that many
+/// entries from the cursor's read position instead (chunked replay).
+#[pyfunction]
+#[pyo3(signature = (ml, cursor = None, *, start = None, end = None, max_entries = None))]
+pub fn replay_log<'py>(
+    py: Python<'py>,
+    ml: &Bound<'py, PyManagedLedger>,
+    cursor: Option<&Bound<'py, PyAny>>,
+    start: Option<&Bound<'py, PyAny>>,
+    end: Option<&Bound<'py, PyAny>>,
+    max_entries: Option<i64>,
+) -> BindResult<Bound<'py, PyDict>> {
+    let ml = ml.get();
+    let cur = cursor.map(|c| cursor_of(ml, c)).transpose()?;
+    let (start, end) = (pos(start, "start")?, pos(end, "end")?);
+    let ranged = start.is_some() || end.is_some();
+    let records = match (cur, max_entries) {
+        (_, Some(n)) if n < 1 => {
+            return Err(Error::invalid(format!("max_entries must be >= 1, got {n}")).into())
+        }
+        (Some(_), Some(_)) if ranged => {
+            return Err(Error::invalid("give either max_entries or start/end, not both").into())
+        }
+        (None, Some(_)) => {
+            return Err(Error::invalid("max_entries needs a cursor").into());
+        }
+        (Some(c), Some(n)) => py.detach(|| replay::replay_next(&c, n as usize))?,
+        (Some(c), None) if !ranged => py.detach(|| replay::replay_all(&c))?,
+        (c, None) => {
+            let inner = &ml.inner;
+            let (Some(first), Some(last)) = (inner.first_position(), inner.last_position()) else {
+                return Ok(columns(py, LiveRecords::default())?);
+            };
+            let (s, e) = (start.unwrap_or(first).max(first), end.unwrap_or(last));
+            if s > e || s > last {
+                return Ok(columns(py, LiveRecords::default())?);
+            }
+            py.detach(|| replay::replay_range(inner, s, e, c.as_ref()))?
+        }
+    };
+    Ok(columns(py, records)?)
+}

@@ -1,0 +1,463 @@
+//! `txnstream.BufferedWriter`: the PIP-160 batched writer over a managed ledger.
+//!
+//! Records complete on the ledger's sync thread, which must never wait for
+//! the GIL. Completions are therefore handed to ONE process-wide completion
+//! thread that takes the GIL once per burst of completed work and resolves
+//! every `concurrent.futures.Future` in it; blocking calls wait with the GIL
+//! released and need no Python at all.
+
+use crate::buffers::{bytes_list, with_slices};
+use crate::errors::{to_pyerr, BindResult};
+use crate::ledger::PyManagedLedger;
+use crate::position::PyTxnPosition;
+use pyo3::exceptions::PyTimeoutError;
+use pyo3::intern;
+use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
+use pyo3::types::{PyBytes, PyDict, PyList};
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+use txnstream_core::sink::EntrySink;
+use txnstream_core::writer::{BufferedWriter, HistogramSnapshot, WriterConfig, WriterStats};
+use txnstream_core::{Error, Result, TxnPosition};
+
+/// Work for the completion thread.
+enum Job {
+    One(Py<PyAny>, Result<TxnPosition>),
+    Many(Py<PyAny>, Result<Vec<TxnPosition>>),
+    /// Signals once every job queued before it has run.
+    Barrier(mpsc::SyncSender<()>),
+}
+
+/// Most jobs run per GIL acquisition, so other threads get the GIL too.
+const JOBS_PER_GIL: usize = 4096;
+
+static COMPLETER: OnceLock<Sender<Job>> = OnceLock::new();
+
+fn completer() -> PyResult<&'static Sender<Job>> {
+    if let Some(tx) = COMPLETER.get() {
+        return Ok(tx);
+    }
+    let (tx, rx) = mpsc::channel::<Job>();
+    std::thread::Builder::new()
+        .name("txnstream-completion".into())
+        .spawn(move || completion_loop(&rx))
+        .map_err(|e| to_pyerr_nogil(&Error::io("starting the completion thread", &e)))?;
+    // A racing initialiser's thread simply idles on a channel nobody feeds.
+    Ok(COMPLETER.get_or_init(|| tx))
+}
+
+fn to_pyerr_nogil(e: &Error) -> PyErr {
+    Python::attach(|py| to_pyerr(py, e))
+}
+
+fn completion_loop(rx: &Receiver<Job>) {
+    while let Ok(first) = rx.recv() {
+        let mut first = Some(first);
+        let attached = Python::try_attach(|py| {
+            if let Some(job) = first.take() {
+                run_job(py, job);
+            }
+            for _ in 1..JOBS_PER_GIL {
+                match rx.try_recv() {
+                    Ok(job) => run_job(py, job),
+                    Err(_) => break,
+                }
+            }
+        });
+        if attached.is_none() {
+            // The interpreter is shutting down (writers dropped at exit):
+            // nobody can observe the futures any more, and touching their
+            // objects now would be unsound, so they are leaked.
+            std::mem::forget(first);
+        }
+    }
+}
+
+fn run_job(py: Python<'_>, job: Job) {
+    let (future, outcome) = match job {
+        Job::Barrier(done) => {
+            let _ = done.send(());
+            return;
+        }
+        Job::One(f, Ok(p)) => (f, Py::new(py, PyTxnPosition(p)).map(Py::into_any)),
+        Job::Many(f, Ok(ps)) => (f, positions_list(py, &ps).map(|l| l.into_any().unbind())),
+        Job::One(f, Err(e)) | Job::Many(f, Err(e)) => {
+            let exc = to_pyerr(py, &e).into_value(py);
+            settle(py, &f, intern!(py, "set_exception"), exc.into_any());
+            return;
+        }
+    };
+    match outcome {
+        Ok(value) => settle(py, &future, intern!(py, "set_result"), value),
+        Err(e) => settle(
+            py,
+            &future,
+            intern!(py, "set_exception"),
+            e.into_value(py).into_any(),
+        ),
+    }
+}
+
+fn settle(
+    py: Python<'_>,
+    future: &Py<PyAny>,
+    method: &Bound<'_, pyo3::types::PyString>,
+    value: Py<PyAny>,
+) {
+    if let Err(e) = future.bind(py).call_method1(method, (value,)) {
+        // Only possible if user code resolved our future itself.
+        e.write_unraisable(py, Some(future.bind(py)));
+    }
+}
+
+fn positions_list<'py>(py: Python<'py>, ps: &[TxnPosition]) -> PyResult<Bound<'py, PyList>> {
+    let items = ps
+        .iter()
+        .map(|p| Py::new(py, PyTxnPosition(*p)))
+        .collect::<PyResult<Vec<_>>>()?;
+    PyList::new(py, items)
+}
+
+/// A new `concurrent.futures.Future`, already RUNNING so it cannot be
+/// cancelled: once submitted, a record is written whatever the caller does.
+fn new_future(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+    static FUTURE: PyOnceLock<Py<pyo3::types::PyType>> = PyOnceLock::new();
+    let fut = FUTURE.import(py, "concurrent.futures", "Future")?.call0()?;
+    fut.call_method0(intern!(py, "set_running_or_notify_cancel"))?;
+    Ok(fut)
+}
+
+fn wait_for<T: Send>(rx: &Receiver<Result<T>>, timeout: Option<f64>) -> BindResult<T> {
+    match timeout {
+        None => rx
+            .recv()
+            .map_err(|_| Error::invalid("writer dropped the record without completing it"))?
+            .map_err(Into::into),
+        Some(t) => match rx.recv_timeout(Duration::from_secs_f64(t.max(0.0))) {
+            Ok(r) => r.map_err(Into::into),
+            Err(_) => Err(PyTimeoutError::new_err(format!(
+                "record not durable within {t} s (it may still be written)"
+            ))
+            .into()),
+        },
+    }
+}
+
+/// Batches records into entries of a managed ledger (PIP-160).
+///
+/// ``BufferedWriter(ml, max_records=512, max_size=4 << 20, max_delay_ms=1,
+/// batch_enabled=True, name=None)``. A batch is written when it holds
+/// ``max_records`` records or ``max_size`` bytes, or when its first record
+/// has waited ``max_delay_ms``. Every record completes with its
+/// :class:`TxnPosition` ``(ledger_id, entry_id, batch_size, batch_index)``
+/// in submission order; an unbatched record has ``batch_size == 1``.
+#[pyclass(name = "BufferedWriter", module = "txnstream._native", weakref)]
+#[derive(Debug)]
+pub struct PyBufferedWriter {
+    writer: BufferedWriter,
+    /// Keeps the ledger object alive as long as the writer.
+    _ledger: Py<PyAny>,
+}
+
+#[pymethods]
+impl PyBufferedWriter {
+    #[new]
+    #[pyo3(signature = (ml, max_records = 512, max_size = 4 << 20, max_delay_ms = 1.0, batch_enabled = true, name = None))]
+    fn new(
+        ml: &Bound<'_, PyManagedLedger>,
+        max_records: i64,
+        max_size: i64,
+        max_delay_ms: f64,
+        batch_enabled: bool,
+        name: Option<String>,
+    ) -> BindResult<Self> {
+        let config = config_from(max_records, max_size, max_delay_ms, batch_enabled)?;
+        completer()?;
+        let sink: Arc<dyn EntrySink> = ml.borrow().inner.clone();
+        let writer = BufferedWriter::new(sink, config, name)?;
+        Ok(Self {
+            writer,
+            _ledger: ml.clone().into_any().unbind(),
+        })
+    }
+
+    /// Write one record: a ``Future[TxnPosition]`` resolved once it is durable.
+    fn write(&self, py: Python<'_>, record: &Bound<'_, PyBytes>) -> BindResult<Py<PyAny>> {
+        let fut = new_future(py)?;
+        let handle = fut.clone().unbind();
+        let tx = completer()?.clone();
+        self.writer.write(
+            record.as_bytes(),
+            Box::new(move |r| {
+                let _ = tx.send(Job::One(handle, r));
+            }),
+        )?;
+        Ok(fut.unbind())
+    }
+
+    /// Write many records, contiguous and in order: ONE ``Future[list[TxnPosition]]``.
+    ///
+    /// If any entry holding them fails, the future fails with that error
+    /// (records in other entries may be durable).
+    fn write_many(&self, py: Python<'_>, records: &Bound<'_, PyAny>) -> BindResult<Py<PyAny>> {
+        let objs = bytes_list(records, "records")?;
+        let slices = with_slices(&objs)?;
+        let fut = new_future(py)?;
+        let handle = fut.clone().unbind();
+        let tx = completer()?.clone();
+        let cb = Box::new(move |r| {
+            let _ = tx.send(Job::Many(handle, r));
+        });
+        // `bytes` are immutable and `objs` keeps them alive: safe without the GIL.
+        py.detach(|| self.writer.write_many(&slices, cb))?;
+        Ok(fut.unbind())
+    }
+
+    /// Write one record and wait (GIL released) until it is durable.
+    ///
+    /// Raises the write's error, or ``TimeoutError`` after ``timeout`` seconds.
+    #[pyo3(signature = (record, timeout = None))]
+    fn write_blocking(
+        &self,
+        py: Python<'_>,
+        record: &Bound<'_, PyBytes>,
+        timeout: Option<f64>,
+    ) -> BindResult<PyTxnPosition> {
+        let data = record.as_bytes();
+        let p = py.detach(|| {
+            let (tx, rx) = mpsc::sync_channel(1);
+            self.writer.write(
+                data,
+                Box::new(move |r| {
+                    let _ = tx.send(r);
+                }),
+            )?;
+            wait_for(&rx, timeout)
+        })?;
+        Ok(PyTxnPosition(p))
+    }
+
+    /// Write many records and wait (GIL released): ``list[TxnPosition]``.
+    #[pyo3(signature = (records, timeout = None))]
+    fn write_many_blocking(
+        &self,
+        py: Python<'_>,
+        records: &Bound<'_, PyAny>,
+        timeout: Option<f64>,
+    ) -> BindResult<Py<PyList>> {
+        let objs = bytes_list(records, "records")?;
+        let slices = with_slices(&objs)?;
+        let ps = py.detach(|| {
+            let (tx, rx) = mpsc::sync_channel(1);
+            self.writer.write_many(
+                &slices,
+                Box::new(move |r| {
+                    let _ = tx.send(r);
+                }),
+            )?;
+            wait_for(&rx, timeout)
+        })?;
+        Ok(positions_list(py, &ps)?.unbind())
+    }
+
+    /// Write the current batch now (counted as a forced flush).
+    fn flush(&self, py: Python<'_>) {
+        py.detach(|| self.writer.flush());
+    }
+
+    /// Switch batching on or off; takes effect for the next record.
+    fn set_batch_enabled(&self, py: Python<'_>, enabled: bool) {
+        py.detach(|| self.writer.set_batch_enabled(enabled));
+    }
+
+    /// Whether batching is on.
+    #[getter]
+    fn batch_enabled(&self) -> bool {
+        self.writer.batch_enabled()
+    }
+
+    /// Change thresholds at runtime (omitted ones keep their value).
+    #[pyo3(signature = (*, max_records = None, max_size = None, max_delay_ms = None, batch_enabled = None))]
+    fn reconfigure(
+        &self,
+        py: Python<'_>,
+        max_records: Option<i64>,
+        max_size: Option<i64>,
+        max_delay_ms: Option<f64>,
+        batch_enabled: Option<bool>,
+    ) -> BindResult<()> {
+        let cur = self.writer.config();
+        let config = config_from(
+            max_records.unwrap_or(i64::from(cur.max_records)),
+            max_size.unwrap_or(cur.max_size as i64),
+            max_delay_ms.unwrap_or(cur.max_delay.as_secs_f64() * 1000.0),
+            batch_enabled.unwrap_or(cur.batch_enabled),
+        )?;
+        py.detach(|| self.writer.reconfigure(config))?;
+        Ok(())
+    }
+
+    /// The thresholds: ``{"max_records", "max_size", "max_delay_ms", "batch_enabled"}``.
+    #[getter]
+    fn config<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let c = self.writer.config();
+        let d = PyDict::new(py);
+        d.set_item("max_records", c.max_records)?;
+        d.set_item("max_size", c.max_size)?;
+        d.set_item("max_delay_ms", c.max_delay.as_secs_f64() * 1000.0)?;
+        d.set_item("batch_enabled", c.batch_enabled)?;
+        Ok(d)
+    }
+
+    /// The writer's name (its metrics label).
+    #[getter]
+    fn name(&self) -> &str {
+        self.writer.name()
+    }
+
+    /// Whether :meth:`close` was called.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.writer.is_closed()
+    }
+
+    /// Close: unflushed records fail with ``WriterClosedError``; flushed
+    /// ones complete. Waits (GIL released, up to ``timeout`` s) until every
+    /// future of this writer is resolved; returns False on timeout.
+    #[pyo3(signature = (timeout = None))]
+    fn close(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        self.writer.close();
+        self.drain(py, timeout)
+    }
+
+    /// Wait until every entry handed to the ledger has completed and its
+    /// futures are resolved. Returns False on timeout.
+    #[pyo3(signature = (timeout = None))]
+    fn wait_idle(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        self.drain(py, timeout)
+    }
+
+    /// Counters and histograms (a snapshot; no lock taken).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        stats_dict(py, &self.writer.stats())
+    }
+
+    fn __enter__(slf: Py<Self>) -> Py<Self> {
+        slf
+    }
+
+    fn __exit__(
+        &self,
+        py: Python<'_>,
+        _t: &Bound<'_, PyAny>,
+        _v: &Bound<'_, PyAny>,
+        _tb: &Bound<'_, PyAny>,
+    ) -> PyResult<bool> {
+        self.close(py, None)?;
+        Ok(false)
+    }
+
+    fn __repr__(&self) -> String {
+        let c = self.writer.config();
+        format!(
+            "BufferedWriter(name={:?}, max_records={}, max_size={}, max_delay_ms={}, batch_enabled={})",
+            self.writer.name(),
+            c.max_records,
+            c.max_size,
+            c.max_delay.as_secs_f64() * 1000.0,
+            c.batch_enabled
+        )
+    }
+}
+
+impl PyBufferedWriter {
+    fn drain(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+        let limit = timeout.map(|t| Duration::from_secs_f64(t.max(0.0)));
+        let tx = completer()?.clone();
+        Ok(py.detach(|| {
+            let start = std::time::Instant::now();
+            if !self.writer.wait_idle(limit) {
+                return false;
+            }
+            // Futures resolve on the completion thread: wait for it to pass
+            // everything queued so far.
+            let (btx, brx) = mpsc::sync_channel(1);
+            if tx.send(Job::Barrier(btx)).is_err() {
+                return false;
+            }
+            match limit {
+                None => brx.recv().is_ok(),
+                Some(l) => brx.recv_timeout(l.saturating_sub(start.elapsed())).is_ok(),
+            }
+        }))
+    }
+}
+
+fn config_from(
+    max_records: i64,
+    max_size: i64,
+    max_delay_ms: f64,
+    batch_enabled: bool,
+) -> Result<WriterConfig> {
+    let bad = |key: &str, value: String, reason: &str| Error::Config {
+        key: key.into(),
+        value,
+        reason: reason.into(),
+    };
+    let max_records = u32::try_from(max_records)
+        .map_err(|_| bad("max_records", max_records.to_string(), "must be >= 1"))?;
+    let max_size = usize::try_from(max_size)
+        .map_err(|_| bad("max_size", max_size.to_string(), "must be >= 1"))?;
+    let config = WriterConfig {
+        max_records,
+        max_size,
+        max_delay: WriterConfig::delay_from_millis(max_delay_ms)?,
+        batch_enabled,
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+fn hist_dict<'py>(py: Python<'py>, h: &HistogramSnapshot) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("bounds", h.bounds.to_vec())?;
+    d.set_item("counts", h.counts.clone())?;
+    d.set_item("sum", h.sum)?;
+    d.set_item("count", h.count)?;
+    Ok(d)
+}
+
+/// The stats snapshot as the dict `txnstream.metrics` reads.
+pub fn stats_dict<'py>(py: Python<'py>, s: &WriterStats) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("name", &s.name)?;
+    d.set_item("batch_enabled", s.batch_enabled)?;
+    let counters = [
+        ("flush_max_records", s.flush_max_records),
+        ("flush_max_size", s.flush_max_size),
+        ("flush_max_delay", s.flush_max_delay),
+        ("flush_large_data", s.flush_large_data),
+        ("flush_forced", s.flush_forced),
+        ("entries", s.entries),
+        ("batched_entries", s.batched_entries),
+        ("records", s.records),
+        ("bytes", s.bytes),
+        ("failed_entries", s.failed_entries),
+        ("failed_records", s.failed_records),
+        ("closed_records", s.closed_records),
+        ("pending_records", s.pending_records),
+        ("in_flight_entries", s.in_flight_entries),
+    ];
+    for (k, v) in counters {
+        d.set_item(k, v)?;
+    }
+    d.set_item("batch_records", hist_dict(py, &s.batch_records)?)?;
+    d.set_item("batch_size_bytes", hist_dict(py, &s.batch_size_bytes)?)?;
+    d.set_item(
+        "oldest_record_delay_seconds",
+        hist_dict(py, &s.oldest_record_delay)?,
+    )?;
+    Ok(d)
+}

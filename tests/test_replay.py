@@ -1,0 +1,140 @@
+"""Replay of mixed batched/unbatched logs with batch-index deletion (SPEC §3.3, §4.2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from txnstream import BufferedWriter, ManagedLedger, Position, TxnPosition
+from txnstream.errors import CorruptEntryError, InvalidArgumentError
+from txnstream.replay import replay, replay_chunks
+
+HOUR_MS = 3_600_000.0
+
+
+def rec(i: int) -> bytes:
+    return b"\x08" + f"record-{i}".encode()
+
+
+def write_mixed(ml: ManagedLedger) -> list[TxnPosition]:
+    """8 batched (2 entries of 4), 3 unbatched, then 5 batched (4 + 1)."""
+    w = BufferedWriter(ml, max_records=4, max_delay_ms=HOUR_MS)
+    futs = [w.write(rec(i)) for i in range(8)]
+    w.set_batch_enabled(False)
+    futs += [w.write(rec(i)) for i in range(8, 11)]
+    w.set_batch_enabled(True)
+    futs += [w.write(rec(i)) for i in range(11, 16)]
+    w.flush()
+    ps = [f.result(timeout=10) for f in futs]
+    w.close()
+    assert [p.batch_size for p in ps] == [4] * 8 + [1] * 3 + [4] * 4 + [1]
+    return ps
+
+
+def live(ps: list[TxnPosition], deleted: set[int]) -> list[tuple[tuple[int, int, int], bytes]]:
+    return [(p.key(), rec(i)) for i, p in enumerate(ps) if i not in deleted]
+
+
+def as_pairs(ml: ManagedLedger, cursor: str) -> list[tuple[tuple[int, int, int], bytes]]:
+    return [(p.key(), r) for p, r in replay(ml, cursor)]
+
+
+def test_replay_mixed_log_with_deletions(tmp_path: Path) -> None:
+    with ManagedLedger.open(tmp_path, "__transaction_log_0") as ml:
+        ps = write_mixed(ml)
+        cur = ml.open_cursor("tc")
+        everything = replay(ml, "tc")
+        assert as_pairs(ml, "tc") == live(ps, set())
+        assert (everything.entries, everything.skipped) == (7, 0)
+        # Batch sizes and indexes come back exactly as the writer reported them.
+        assert everything.positions() == ps
+        assert [(p.batch_size, p.batch_index) for p in everything.positions()] == [
+            (p.batch_size, p.batch_index) for p in ps
+        ]
+
+        # Partial deletion of the first batch, all of the second, one unbatched
+        # record, and the lone record of the last (batched) entry.
+        deleted = {0, 2, 4, 5, 6, 7, 9, 15}
+        cur.delete([ps[i] for i in sorted(deleted)])
+        assert not cur.is_deleted(ps[0].position)
+        acks = cur.batch_ack_set(ps[0].position)
+        assert acks is not None and acks.present() == [1, 3]
+        assert cur.is_deleted(ps[4].position), "an entry is freed once all its records are"
+        assert cur.is_deleted(ps[9].position)
+        assert cur.is_deleted(ps[15].position)
+
+        got = replay(ml, "tc")
+        assert [(p.key(), r) for p, r in got] == live(ps, deleted)
+        assert got.skipped == 2  # records 0 and 2 inside the partially deleted entry
+        assert got.entries == 4
+
+        # Deleting the rest of the first entry frees it and moves the mark-delete.
+        cur.delete([ps[1], ps[3]])
+        deleted |= {1, 3}
+        assert cur.mark_delete_position == ps[7].position
+        assert as_pairs(ml, "tc") == live(ps, deleted)
+        cur.flush()
+
+    # The cursor's deletions survive a restart; replay reads the same.
+    with ManagedLedger.open(tmp_path, "__transaction_log_0") as ml:
+        assert as_pairs(ml, "tc") == live(ps, deleted)
+        # Without a cursor every record of the range is returned.
+        whole = replay(ml)
+        assert [(p.key(), r) for p, r in whole] == live(ps, set())
+        part = replay(ml, start=ps[8], end=ps[10])
+        assert part.records() == [rec(8), rec(9), rec(10)]
+        part = replay(ml, "tc", start=ps[8], end=ps[10])
+        assert part.records() == [rec(8), rec(10)]
+
+
+def test_chunks_equal_single_call(tmp_path: Path) -> None:
+    with ManagedLedger.open(tmp_path, "log") as ml:
+        ps = write_mixed(ml)
+        cur = ml.open_cursor("tc")
+        cur.delete([ps[1], ps[9], ps[12]])
+        whole = replay(ml, cur)
+        chunks = list(replay_chunks(ml, cur, chunk_entries=2))
+        assert [c.entries for c in chunks] == [2, 2, 2]  # the deleted entry is skipped
+        assert [pr for c in chunks for pr in c] == list(whole)
+        assert sum(len(c) for c in chunks) == len(whole) == 13
+
+
+def test_columns_are_numpy(tmp_path: Path) -> None:
+    with ManagedLedger.open(tmp_path, "log") as ml:
+        ps = write_mixed(ml)
+        got = replay(ml, "c")
+        assert got.ledger_id.dtype == np.uint64
+        assert got.entry_id.dtype == np.uint64
+        assert got.batch_size.dtype == np.uint32
+        assert got.batch_index.dtype == np.uint32
+        assert got.offsets.dtype == np.int64
+        assert len(got.offsets) == len(got) + 1
+        assert got.record(3) == rec(3)
+        assert got.position(10) == ps[10]
+        assert got.position(10).key() == ps[10].key()
+
+
+def test_empty_and_bad_arguments(tmp_path: Path) -> None:
+    with ManagedLedger.open(tmp_path, "log") as ml:
+        assert len(replay(ml)) == 0
+        assert len(replay(ml, "c")) == 0
+        ml.append(b"\x08\x01")
+        assert replay(ml, start=Position(99, 0)).entries == 0
+        with pytest.raises(TypeError):
+            replay(ml, 5)  # type: ignore[arg-type]
+        with pytest.raises(TypeError):
+            replay(ml, start=(1, 0))  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError):
+            list(replay_chunks(ml, "c", chunk_entries=0))
+
+
+def test_corrupt_entry_names_position(tmp_path: Path) -> None:
+    with ManagedLedger.open(tmp_path, "log") as ml:
+        good = ml.append(b"\x08\x01")
+        bad = ml.append(b"\x0e\x01\x00\x01\x0a\x05ab")  # record runs past the end
+        with pytest.raises(CorruptEntryError) as info:
+            replay(ml, "c")
+        assert info.value.position == (bad.ledger_id, bad.entry_id)
+        # Ranges before the damage still read.
+        assert replay(ml, end=good).records() == [b"\x08\x01"]

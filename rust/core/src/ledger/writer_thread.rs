@@ -176,7 +176,7 @@ impl WriterThread {
 
     fn append_group(&mut self, group: Vec<(Vec<Vec<u8>>, Done)>) {
         if let Some(e) = self.poisoned.clone() {
-            return self.fail_waiting(group.into_iter(), &e);
+            return self.fail_group(Vec::new(), group.into_iter(), &e);
         }
         let max_entries = self.shared.opts.max_entries_per_ledger;
         let max_bytes = self.shared.opts.max_bytes_per_ledger;
@@ -200,9 +200,8 @@ impl WriterThread {
             if roll {
                 let r = self.commit(&mut staged).and_then(|()| self.roll());
                 if let Err(e) = r {
-                    done.complete(Err(e.clone()));
-                    self.fail_waiting(it, &e);
-                    return;
+                    let rest = std::iter::once((entries, done)).chain(it);
+                    return self.fail_group(staged, rest, &e);
                 }
                 staged_n = 0;
             }
@@ -223,38 +222,44 @@ impl WriterThread {
             });
         }
         if let Err(e) = self.commit(&mut staged) {
-            self.fail_waiting(std::iter::empty(), &e);
+            self.fail_group(staged, std::iter::empty(), &e);
         }
     }
 
-    /// Fails `rest` and every append queued right now with `e`.
-    fn fail_waiting(&mut self, rest: impl Iterator<Item = (Vec<Vec<u8>>, Done)>, e: &Error) {
-        for (_, done) in rest {
-            done.complete(Err(e.clone()));
-        }
+    /// Fails the staged group, the rest of the batch and every append
+    /// queued right now with `e`. The queue is drained BEFORE anyone is told:
+    /// a caller that sees the error and appends again must not be failed by
+    /// this fault.
+    fn fail_group(
+        &mut self,
+        staged: Vec<Staged>,
+        rest: impl Iterator<Item = (Vec<Vec<u8>>, Done)>,
+        e: &Error,
+    ) {
+        let mut queued = Vec::new();
         let mut keep = VecDeque::new();
         while let Some(cmd) = self.try_next() {
             match cmd {
-                Command::Append { done, .. } => done.complete(Err(e.clone())),
+                Command::Append { done, .. } => queued.push(done),
                 other => keep.push_back(other),
             }
         }
         self.deferred = keep;
+        let rest: Vec<Done> = rest.map(|(_, d)| d).collect();
+        for done in staged.into_iter().map(|s| s.done).chain(rest).chain(queued) {
+            done.complete(Err(e.clone()));
+        }
     }
 
     /// Writes and syncs the staged group, publishes it, completes callers.
-    /// On failure the callers get the error and the file is cut back to the
-    /// last synced offset.
+    /// On failure the file is cut back to the last synced offset and the
+    /// group is left in `staged` for [`fail_group`](Self::fail_group).
     fn commit(&mut self, staged: &mut Vec<Staged>) -> Result<()> {
         if staged.is_empty() {
             return Ok(());
         }
         let Some(a) = self.active.as_mut() else {
-            let e = Error::invalid("no open ledger to commit to");
-            for s in staged.drain(..) {
-                s.done.complete(Err(e.clone()));
-            }
-            return Err(e);
+            return Err(Error::invalid("no open ledger to commit to"));
         };
         let res = write_and_sync(&self.shared, a, &self.buf);
         if let Err(e) = res {
@@ -265,9 +270,6 @@ impl WriterThread {
                 Err(te) => self.poisoned = Some(io_err(&a.seg, "truncating failed write in", &te)),
             }
             self.buf.clear();
-            for s in staged.drain(..) {
-                s.done.complete(Err(e.clone()));
-            }
             return Err(e);
         }
         let base = a.write_off;

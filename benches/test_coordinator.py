@@ -18,6 +18,7 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -96,7 +97,7 @@ def build_log(directory: Path, records: int) -> dict[str, int]:
     writer = BufferedWriter(ml, max_records=512, max_delay_ms=5)
     t = proto.TransactionMetadataEntry
     txns = records // 4
-    start = 1_700_000_000_000
+    start = time.time_ns() // 1_000_000  # open transactions must not time out on recovery
     futures = []
     for seq in range(txns):
         recs = [

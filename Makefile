@@ -13,11 +13,13 @@ PYSRC   := python tests benches scripts
 $(PY):
 	python3 -m venv $(VENV)
 
+# Dependencies come from pyproject.toml (runtime + dev extra), installed once per change.
 $(DEPS): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "maturin>=1.9,<2" "numpy>=1.26" "protobuf>=7.35.1,<8" \
-	  "prometheus-client>=0.20" "pytest>=8" "hypothesis>=6.100" "pytest-benchmark>=4" \
-	  "ruff>=0.6" "mypy>=1.10" "grpcio-tools==1.85.1" types-protobuf
+	$(PY) -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb')); \
+	  print('\n'.join(p['build-system']['requires'] + p['project']['dependencies'] \
+	  + p['project']['optional-dependencies']['dev']))" > $(VENV)/requirements.txt
+	$(PY) -m pip install -q -r $(VENV)/requirements.txt
 	touch $(DEPS)
 
 setup: $(DEPS)
@@ -26,7 +28,7 @@ build: $(DEPS)
 	maturin develop --release --quiet
 
 demo: build
-	$(PY) -m txnstream.demo
+	txnstream demo --data demo-data
 
 rust-check:
 	cargo fmt --all --check

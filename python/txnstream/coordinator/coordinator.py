@@ -46,7 +46,7 @@ from txnstream.coordinator.participants import (
     ParticipantResolver,
     end_participants,
 )
-from txnstream.coordinator.replay import fold
+from txnstream.coordinator.recovery import PositionColumns, PositionTable
 from txnstream.coordinator.sequence import SequenceFile, SequenceStore
 from txnstream.coordinator.status import TxnAction, TxnStatus, check_transition
 from txnstream.coordinator.terminated import TerminatedPersistence, TerminatedTxnStore
@@ -122,6 +122,7 @@ class TransactionCoordinator:
         self._closers = list(closers)
         self._lock = threading.Lock()
         self._txns: dict[int, TxnMeta] = {}
+        self._recovered: PositionTable | None = None
         self._closed = False
         self._stop = threading.Event()
         self._counts = dict.fromkeys(
@@ -207,39 +208,80 @@ class TransactionCoordinator:
             raise
 
     def _recover(self) -> None:
-        rec = fold(self._log.replay(), self.tc_id)
+        # Decoding and folding run in Rust over the whole log; here only one
+        # TxnMeta per live transaction is built, timers are armed in bulk and
+        # positions stay in one columnar table.
+        rec = self._log.fold(self.tc_id)
         mark = self._sequence.load() if self._sequence is not None else 0
         self._next_seq = max(mark, rec.max_seq + 1)
         self._reserved = self._next_seq
         self._reserve()
         self.store.restore()
-        if rec.purge:
-            self._log.delete(rec.purge)
+        if len(rec.purge):
+            self._log.delete_columns(rec.purge)
+        self._recovered = rec.positions if len(rec) else None
         resume: list[int] = []
+        armed: list[TxnMeta] = []
+        deadlines: list[int] = []
         now = self._clock()
-        for t in rec.txns:
-            meta = TxnMeta(t.seq, t.timeout_ms, t.start_time, t.client_name, t.status)
-            meta.last_modified = t.last_modified
-            meta.partitions = t.partitions or None
-            meta.subscriptions = t.subscriptions or None
-            meta.positions = t.positions
-            self._txns[t.seq] = meta
-            if t.status is TxnStatus.OPEN:
-                self._arm(meta, max(meta.deadline, now))
+        txns = self._txns
+        statuses = list(TxnStatus)
+        rows = zip(
+            rec.seq,
+            rec.status,
+            rec.timeout_ms,
+            rec.start_time,
+            rec.last_modified,
+            rec.client_name,
+            rec.partitions,
+            rec.subscriptions,
+            strict=True,
+        )
+        for span, (seq, st, timeout, start, modified, client, parts, subs) in enumerate(rows):
+            meta = TxnMeta(seq, timeout, start, client, statuses[st])
+            meta.last_modified = modified
+            meta.partitions = parts
+            meta.subscriptions = subs
+            meta.span = span
+            txns[seq] = meta
+            if st == 0:  # OPEN
+                armed.append(meta)
+                deadlines.append(max(start + timeout, now))
             else:
-                resume.append(t.seq)
-        self._counts["recovered"] = len(rec.txns)
+                resume.append(seq)
+        handles = self._timers.schedule_many(
+            deadlines, self._fire_timeout_cb, [m.seq for m in armed]
+        )
+        for meta, handle in zip(armed, handles, strict=True):
+            meta.timer = handle
+        self._counts["recovered"] = len(rec)
         self.recovery = {
             "records": rec.records,
             "live_records": rec.live_records,
             "purged_records": len(rec.purge),
             "foreign_records": rec.foreign_records,
-            "open": len(rec.txns) - len(resume),
+            "open": len(rec) - len(resume),
             "ending": len(resume),
             "next_seq": self._next_seq,
         }
         for seq in resume:
             self._executor.submit(self._resume, seq)
+
+    def _release_span(self, meta: TxnMeta) -> PositionColumns | None:
+        # Under the lock: the recovered records of an ended transaction.
+        table = self._recovered
+        if meta.span < 0 or table is None:
+            return None
+        cols = table.span(meta.span)
+        meta.span = -1
+        table.live -= 1
+        if table.live == 0:
+            self._recovered = None  # every recovered transaction ended
+        return cols
+
+    def _span_records(self, meta: TxnMeta) -> int:
+        table = self._recovered
+        return table.count(meta.span) if meta.span >= 0 and table is not None else 0
 
     def _reserve(self) -> None:
         # Called under the lock (or before any thread exists).
@@ -639,10 +681,13 @@ class TransactionCoordinator:
                 positions.append(last)
                 meta.positions = []
                 meta.partitions = meta.subscriptions = None
+                recovered = self._release_span(meta)
                 self._counts["committed" if commit else "aborted"] += 1
                 if meta.timed_out:
                     self._counts["timed_out"] += 1
             self._log.delete(positions)
+            if recovered is not None:
+                self._log.delete_columns(recovered)
         finally:
             self._release(meta)
 
@@ -685,7 +730,7 @@ class TransactionCoordinator:
         with self._lock:
             meta = self._txns.get(seq)
             if meta is not None:
-                return meta.info(self.tc_id)
+                return meta.info(self.tc_id, self._span_records(meta))
         rec = self.store.lookup(txn_id)
         if rec is None:
             raise TransactionNotFound(f"transaction {txn_id} not found", txn_id=txn_id)
@@ -705,7 +750,7 @@ class TransactionCoordinator:
         """Snapshots of every live transaction (optionally with ``status``), by id."""
         with self._lock:
             return [
-                m.info(self.tc_id)
+                m.info(self.tc_id, self._span_records(m))
                 for m in self._txns.values()
                 if status is None or m.status is status
             ]
@@ -714,7 +759,11 @@ class TransactionCoordinator:
         """Live transactions started at least ``min_age_ms`` ago (oldest first)."""
         cutoff = self._clock() - min_age_ms
         with self._lock:
-            slow = [m.info(self.tc_id) for m in self._txns.values() if m.start_time <= cutoff]
+            slow = [
+                m.info(self.tc_id, self._span_records(m))
+                for m in self._txns.values()
+                if m.start_time <= cutoff
+            ]
         slow.sort(key=lambda i: (i.start_time, i.txn_id))
         return slow
 

@@ -19,7 +19,14 @@ from typing import Any
 import numpy as np
 
 from txnstream import frame
-from txnstream._native import BufferedWriter, CompactedTopic, ManagedLedger, TxnPosition
+from txnstream._native import (
+    BufferedWriter,
+    CompactedTopic,
+    ManagedLedger,
+    TxnPosition,
+    fold_txn_log,
+)
+from txnstream.coordinator.recovery import FoldResult, PositionColumns
 from txnstream.coordinator.replay import LogChunk
 
 CURSOR = "transaction-coordinator"
@@ -74,6 +81,17 @@ class LedgerTransactionLog:
         """Delete records by position and batch index (persisted asynchronously)."""
         if positions:
             self.cursor.delete(list(positions))
+
+    def delete_columns(self, records: PositionColumns) -> None:
+        """Bulk delete (numpy columns; no object per record)."""
+        if len(records):
+            self.cursor.delete_records(
+                records.ledger_id, records.entry_id, records.batch_size, records.batch_index
+            )
+
+    def fold(self, tc_id: int) -> FoldResult:
+        """Read and fold the whole log from the cursor in Rust (GIL released)."""
+        return FoldResult.from_native(fold_txn_log(self.ml, CURSOR, tc_id))
 
     def replay(self) -> Iterator[LogChunk]:
         """Read every entry after mark-delete, decoded, with deleted records marked."""

@@ -20,7 +20,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from txnstream import frame
-from txnstream._native import TxnPosition
+from txnstream._native import TxnPosition, fold_txn_entries
+from txnstream.coordinator.recovery import FoldResult, PositionColumns
 from txnstream.coordinator.replay import LogChunk
 from txnstream.errors import WriterClosedError
 
@@ -37,8 +38,14 @@ class TransactionLog(Protocol):
     def delete(self, positions: Sequence[TxnPosition]) -> None:
         """Delete records (one batch index each); whole entries free up."""
 
+    def delete_columns(self, records: PositionColumns) -> None:
+        """Bulk :meth:`delete` of records given as columns."""
+
     def replay(self) -> Iterator[LogChunk]:
         """Every entry not yet deleted, decoded, in log order."""
+
+    def fold(self, tc_id: int) -> FoldResult:
+        """Fold the whole log into coordinator ``tc_id``'s live transactions (Rust)."""
 
     def set_batch_enabled(self, enabled: bool) -> None:
         """Switch batching of records into shared entries on or off."""
@@ -115,6 +122,25 @@ class InMemoryTransactionLog:
                 if len(gone) >= self._sizes[eid]:
                     self._entries[eid] = None
                     del self._deleted[eid]
+
+    def delete_columns(self, records: PositionColumns) -> None:
+        """Delete records given as columns."""
+        self.delete(records.to_positions())
+
+    def fold(self, tc_id: int) -> FoldResult:
+        """Fold the live entries in Rust (as the ledger log does)."""
+        with self._lock:
+            live = [(i, e) for i, e in enumerate(self._entries) if e is not None]
+            deleted = [sorted(self._deleted.get(i, ())) for i, _ in live]
+        return FoldResult.from_native(
+            fold_txn_entries(
+                [e for _, e in live],
+                [0] * len(live),
+                [i for i, _ in live],
+                deleted,
+                tc_id,
+            )
+        )
 
     def live_entries(self) -> int:
         """Return how many entries still hold a live record."""

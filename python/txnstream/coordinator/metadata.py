@@ -5,6 +5,8 @@ live record uses ``__slots__``, stores the coordinator-local sequence only,
 keeps partitions/subscriptions as ``None`` until first added, and keeps the
 log positions of its records as the writer's own ``TxnPosition`` objects
 (no copies) so they can be deleted by position and batch index at the end.
+A recovered transaction's records sit in one shared columnar table instead
+(``span``), see :mod:`.recovery`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class TxnMeta:
         "partitions",
         "positions",
         "seq",
+        "span",
         "start_time",
         "status",
         "subscriptions",
@@ -54,6 +57,9 @@ class TxnMeta:
         self.partitions: list[str] | None = None
         self.subscriptions: list[tuple[str, str]] | None = None
         self.positions: list[TxnPosition] = []
+        # Recovered transactions: index of their slice of the coordinator's
+        # recovered position table (no TxnPosition object per record); -1: none.
+        self.span = -1
         # Set while some thread drives the end; waiters block on ``done``.
         self.driver = False
         self.done: threading.Event | None = None
@@ -83,8 +89,8 @@ class TxnMeta:
         have.extend(new)
         return new
 
-    def info(self, tc_id: int) -> TransactionInfo:
-        """Return an immutable snapshot for callers."""
+    def info(self, tc_id: int, recovered_records: int = 0) -> TransactionInfo:
+        """Return an immutable snapshot (``recovered_records``: records in its span)."""
         return TransactionInfo(
             txn_id=TxnID._trusted(tc_id, self.seq),
             status=self.status,
@@ -95,7 +101,7 @@ class TxnMeta:
             client_name=self.client_name,
             partitions=tuple(self.partitions or ()),
             subscriptions=tuple(self.subscriptions or ()),
-            log_records=len(self.positions),
+            log_records=len(self.positions) + recovered_records,
         )
 
 

@@ -92,6 +92,26 @@ class TimerService:
                 self._cond.notify()
         return handle
 
+    def schedule_many(
+        self, deadlines: list[int], callback: Callable[..., None], args: list[object]
+    ) -> list[TimerHandle]:
+        """Schedule ``callback(args[i])`` at ``deadlines[i]`` for every ``i``.
+
+        One lock and one heapify for all (recovery re-arms every open
+        transaction at once); returns the handles in input order.
+        """
+        if len(deadlines) != len(args):
+            raise ValueError("deadlines and args must have the same length")
+        handles = [TimerHandle(d, callback, a) for d, a in zip(deadlines, args, strict=True)]
+        with self._cond:
+            if self._closed:
+                raise RuntimeError("timer service is closed")
+            seq = self._seq
+            self._heap.extend((d, next(seq), h) for d, h in zip(deadlines, handles, strict=True))
+            heapq.heapify(self._heap)
+            self._cond.notify()
+        return handles
+
     def cancel(self, handle: TimerHandle) -> bool:
         """Cancel ``handle``; return False if it already ran or was cancelled."""
         with self._cond:

@@ -7,6 +7,8 @@
 //! - [`ledger`]: durable managed ledgers with cursors and compacted topics.
 //! - [`writer`]: the PIP-160 `BufferedWriter` (batched log writes).
 //! - [`replay`]: live records of a mixed batched/unbatched log, columnar.
+//! - [`txnlog_record`], [`txnlog_fold`]: coordinator log records encoded from
+//!   arguments, and the recovery fold of a whole log into live transactions.
 
 pub mod ackset;
 pub mod columns;
@@ -17,6 +19,8 @@ pub mod position;
 pub mod proto;
 pub mod replay;
 pub mod sink;
+pub mod txnlog_fold;
+pub mod txnlog_record;
 pub mod wire;
 pub mod writer;
 

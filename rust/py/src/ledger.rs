@@ -499,6 +499,21 @@ impl PyCursor {
         Ok(py.detach(|| self.inner.delete_batch_indexes(&recs))?)
     }
 
+    /// Bulk :meth:`delete`: records as numpy columns (``uint64`` ledger and
+    /// entry ids, ``uint32`` batch sizes and indexes); all or nothing.
+    fn delete_records(
+        &self,
+        py: Python<'_>,
+        ledger_id: numpy::PyReadonlyArray1<'_, u64>,
+        entry_id: numpy::PyReadonlyArray1<'_, u64>,
+        batch_size: numpy::PyReadonlyArray1<'_, u32>,
+        batch_index: numpy::PyReadonlyArray1<'_, u32>,
+    ) -> BindResult<()> {
+        let recs =
+            crate::txnlog::records_from_columns(&ledger_id, &entry_id, &batch_size, &batch_index)?;
+        Ok(py.detach(|| self.inner.delete_batch_indexes(&recs))?)
+    }
+
     /// True if the whole entry at ``position`` is deleted.
     fn is_deleted(&self, py: Python<'_>, position: &Bound<'_, PyAny>) -> BindResult<bool> {
         let p = pos_arg(position, "position")?;

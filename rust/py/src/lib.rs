@@ -10,6 +10,7 @@ mod frame;
 mod ledger;
 mod position;
 mod replay;
+mod txnlog;
 mod writer;
 
 use pyo3::prelude::*;
@@ -36,5 +37,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ledger::PyCompactedTopic>()?;
     m.add_class::<writer::PyBufferedWriter>()?;
     m.add_function(wrap_pyfunction!(replay::replay_log, m)?)?;
+    m.add_function(wrap_pyfunction!(txnlog::encode_txn_new, m)?)?;
+    m.add_function(wrap_pyfunction!(txnlog::encode_txn_add_partitions, m)?)?;
+    m.add_function(wrap_pyfunction!(txnlog::encode_txn_add_subscriptions, m)?)?;
+    m.add_function(wrap_pyfunction!(txnlog::encode_txn_update, m)?)?;
+    m.add_function(wrap_pyfunction!(txnlog::fold_txn_log, m)?)?;
+    m.add_function(wrap_pyfunction!(txnlog::fold_txn_entries, m)?)?;
     Ok(())
 }

@@ -1,0 +1,192 @@
+"""Rust recovery fold and record encoders vs the Python references."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from txnstream import ManagedLedger, proto
+from txnstream._native import (
+    BufferedWriter,
+    encode_txn_add_partitions,
+    encode_txn_add_subscriptions,
+    encode_txn_new,
+    encode_txn_update,
+    fold_txn_entries,
+)
+from txnstream.coordinator import TxnID, TxnStatus
+from txnstream.coordinator.coordinator import TransactionCoordinator, log_name
+from txnstream.coordinator.ledger_log import CURSOR
+from txnstream.coordinator.log import InMemoryTransactionLog
+from txnstream.coordinator.recovery import FoldResult, PositionColumns
+from txnstream.coordinator.replay import fold
+from txnstream.errors import CorruptEntryError, InvalidArgumentError
+from txnstream.proto import Subscription, TransactionMetadataEntry
+
+E = TransactionMetadataEntry
+
+
+def test_encoders_match_protobuf() -> None:
+    new = E(
+        metadata_op=E.NEW,
+        txnid_least_bits=7,
+        txnid_most_bits=3,
+        last_modification_time=99,
+        new_status=proto.OPEN,
+        timeout_ms=1000,
+        start_time=99,
+        max_local_txn_id=7,
+        client_name="cli",
+    )
+    assert encode_txn_new(3, 7, 99, 1000, "cli") == new.SerializeToString()
+    new.ClearField("client_name")
+    assert encode_txn_new(3, 7, 99, 1000) == new.SerializeToString()
+    parts = E(
+        metadata_op=E.ADD_PARTITION,
+        txnid_least_bits=2**64 - 1,
+        txnid_most_bits=0,
+        last_modification_time=0,
+        partitions=["a", "b/c"],
+    )
+    assert encode_txn_add_partitions(0, 2**64 - 1, 0, ["a", "b/c"]) == parts.SerializeToString()
+    subs = E(
+        metadata_op=E.ADD_SUBSCRIPTION,
+        txnid_least_bits=1,
+        txnid_most_bits=0,
+        last_modification_time=5,
+        subscriptions=[Subscription(topic="t", subscription="s" * 200)],
+    )
+    got = encode_txn_add_subscriptions(0, 1, 5, [("t", "s" * 200)])
+    assert got == subs.SerializeToString()
+    upd = E(
+        metadata_op=E.UPDATE,
+        txnid_least_bits=1,
+        txnid_most_bits=0,
+        last_modification_time=5,
+        expected_status=proto.OPEN,
+        new_status=proto.OPEN,
+    )
+    assert encode_txn_update(0, 1, 5, 0, 0) == upd.SerializeToString()
+    with pytest.raises(InvalidArgumentError, match="new_status"):
+        encode_txn_update(0, 1, 5, 0, 7)
+
+
+def _same(rust: FoldResult, log: InMemoryTransactionLog, tc_id: int) -> None:
+    ref = fold(log.replay(), tc_id)
+    assert rust.seq == [t.seq for t in ref.txns]
+    assert rust.status == [int(t.status) for t in ref.txns]
+    assert rust.timeout_ms == [t.timeout_ms for t in ref.txns]
+    assert rust.start_time == [t.start_time for t in ref.txns]
+    assert rust.last_modified == [t.last_modified for t in ref.txns]
+    assert rust.client_name == [t.client_name for t in ref.txns]
+    assert [p or [] for p in rust.partitions] == [t.partitions for t in ref.txns]
+    assert [s or [] for s in rust.subscriptions] == [t.subscriptions for t in ref.txns]
+    for i, t in enumerate(ref.txns):
+        got = rust.positions.span(i).to_positions()
+        assert [p.key() for p in got] == [p.key() for p in t.positions]
+    assert sorted(p.key() for p in rust.purge.to_positions()) == sorted(p.key() for p in ref.purge)
+    assert (rust.max_seq, rust.live_records) == (ref.max_seq, ref.live_records)
+    assert rust.foreign_records == ref.foreign_records
+
+
+ops = st.lists(
+    st.tuples(
+        st.integers(0, 3),  # op
+        st.integers(0, 9),  # seq
+        st.integers(0, 4),  # status / name variant
+        st.booleans(),  # other coordinator
+        st.integers(1, 4),  # records in this entry (1 = unbatched)
+    ),
+    max_size=60,
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(ops, st.sets(st.integers(0, 80), max_size=20))
+def test_rust_fold_matches_python_reference(
+    script: list[tuple[int, int, int, bool, int]], dels: set[int]
+) -> None:
+    log = InMemoryTransactionLog()
+    futures = []
+    pending: list[bytes] = []
+    for op, seq, v, foreign, size in script:
+        most = 1 if foreign else 0
+        if op == 0:
+            rec = encode_txn_new(most, seq, 10 + seq, 100 + v, f"c{v}" if v else None)
+        elif op == 1:
+            rec = encode_txn_add_partitions(most, seq, 20 + v, [f"p{v}", f"p{v % 2}"])
+        elif op == 2:
+            rec = encode_txn_add_subscriptions(most, seq, 30 + v, [("t", f"s{v}")])
+        else:
+            rec = encode_txn_update(most, seq, 40 + v, 0, v)
+        pending.append(rec)
+        if len(pending) >= size:
+            futures.extend(log.write_many(pending) if len(pending) > 1 else [log.write(rec)])
+            pending = []
+    if pending:
+        futures.extend(log.write_many(pending))
+    log.delete([f.result() for i, f in enumerate(futures) if i in dels])
+    _same(log.fold(0), log, 0)
+
+
+def test_fold_rejects_corrupt_entries_with_position() -> None:
+    with pytest.raises(CorruptEntryError) as exc:
+        fold_txn_entries([b"\x08\x00", b"\x0e\x01\x00\x01\x0a\x09ab"], [0, 0], [0, 1], [[], []], 0)
+    assert "1" in str(exc.value)
+    with pytest.raises(TypeError):
+        fold_txn_entries([b""], [0, 0], [0], [[]], 0)
+
+
+def _full(tc: TransactionCoordinator, k: int) -> TxnID:
+    txn = tc.new_transaction(timeout_ms=3_600_000, client_name=f"c{k % 3}")
+    tc.add_produced_partitions(txn, [f"out-{k % 2}"])
+    tc.add_acked_subscriptions(txn, [("in", "sub")])
+    return txn
+
+
+def test_recovered_transactions_end_and_free_their_records(tmp_path: Path) -> None:
+    with TransactionCoordinator.open(tmp_path, 0) as tc:
+        txns = [_full(tc, k) for k in range(40)]
+        tc.commit(txns[0])
+    with TransactionCoordinator.open(tmp_path, 0) as tc:
+        assert tc.recovery["open"] == 39
+        info = tc.get_transaction(txns[5])
+        assert info.log_records == 3
+        assert info.partitions == ("out-1",)
+        assert info.client_name == "c2"
+        for k, txn in enumerate(txns[1:], start=1):
+            want = TxnStatus.COMMITTED if k % 2 else TxnStatus.ABORTED
+            assert tc.end_transaction(txn, "commit" if k % 2 else "abort") is want
+        assert tc._recovered is None  # every recovered span released
+        tc.new_transaction()  # one live record remains
+    with TransactionCoordinator.open(tmp_path, 0) as tc:
+        assert tc.recovery["live_records"] == 1
+        assert tc.recovery["purged_records"] == 0
+        assert tc.recovery["open"] == 1
+
+
+def test_cursor_delete_records_bulk(tmp_path: Path) -> None:
+    ml = ManagedLedger.open(str(tmp_path), log_name(0))
+    cur = ml.open_cursor(CURSOR)
+    w = BufferedWriter(ml, max_records=3, max_delay_ms=50)
+    pos = w.write_many_blocking([b"\x08\x00"] * 6)
+    cols = PositionColumns.from_positions(pos)
+    with pytest.raises(InvalidArgumentError, match="same length"):
+        cur.delete_records(cols.ledger_id, cols.entry_id[:2], cols.batch_size, cols.batch_index)
+    bad = cols.batch_index.copy()
+    bad[0] = 9
+    with pytest.raises(InvalidArgumentError):
+        cur.delete_records(cols.ledger_id, cols.entry_id, cols.batch_size, bad)
+    assert cur.mark_delete_position is None  # all or nothing
+    first = cols.slice(0, 4)  # entry 0 whole, index 0 of entry 1
+    cur.delete_records(first.ledger_id, first.entry_id, first.batch_size, first.batch_index)
+    assert cur.mark_delete_position == pos[0]
+    ack = cur.batch_ack_set(pos[3])
+    assert ack is not None and not ack.get(0) and ack.get(1)
+    rest = cols.slice(4, 6)
+    cur.delete_records(rest.ledger_id, rest.entry_id, rest.batch_size, rest.batch_index)
+    assert cur.mark_delete_position == pos[5]
+    w.close()
+    ml.close()

@@ -37,7 +37,13 @@ from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from txnstream._native import TxnPosition
+from txnstream._native import (
+    TxnPosition,
+    encode_txn_add_partitions,
+    encode_txn_add_subscriptions,
+    encode_txn_new,
+    encode_txn_update,
+)
 from txnstream.coordinator.config import CoordinatorConfig
 from txnstream.coordinator.log import TransactionLog
 from txnstream.coordinator.metadata import TransactionInfo, TxnMeta
@@ -61,14 +67,9 @@ from txnstream.errors import (
     TransactionNotFound,
     TransactionTimedOut,
 )
-from txnstream.proto import Subscription, TransactionMetadataEntry
+from txnstream.proto import Subscription
 
 log = logging.getLogger(__name__)
-
-_OP_NEW = TransactionMetadataEntry.NEW
-_OP_ADD_PARTITION = TransactionMetadataEntry.ADD_PARTITION
-_OP_ADD_SUBSCRIPTION = TransactionMetadataEntry.ADD_SUBSCRIPTION
-_OP_UPDATE = TransactionMetadataEntry.UPDATE
 
 #: Named steps of ending, reported to ``step_hook`` (crash tests stop there).
 STEPS = ("ending_logged", "participants_done", "terminated_stored", "final_logged")
@@ -313,27 +314,6 @@ class TransactionCoordinator:
     def _tid(self, seq: int) -> TxnID:
         return TxnID._trusted(self.tc_id, seq)
 
-    def _record(
-        self,
-        op: TransactionMetadataEntry.TransactionMetadataOp,
-        seq: int,
-        now: int,
-        **fields: Any,
-    ) -> bytes:
-        return TransactionMetadataEntry(
-            metadata_op=op,
-            txnid_least_bits=seq,
-            txnid_most_bits=self.tc_id,
-            last_modification_time=now,
-            **fields,
-        ).SerializeToString()
-
-    @staticmethod
-    def _submit(record: bytes) -> bytes:
-        # The record is decided under the lock; it is written (and waited
-        # for) outside it, so many threads share each batched entry and sync.
-        return record
-
     def _durable(self, record: bytes) -> TxnPosition:
         try:
             return self._log.write_sync(record)
@@ -422,19 +402,8 @@ class TransactionCoordinator:
             self._reserve()
             meta = TxnMeta(seq, timeout_ms, now, client)
             self._txns[seq] = meta
-            fields: dict[str, Any] = {
-                "new_status": TxnStatus.OPEN,
-                "timeout_ms": timeout_ms,
-                "start_time": now,
-                "max_local_txn_id": seq,
-            }
-            if client is not None:
-                fields["client_name"] = client
-            try:
-                fut = self._submit(self._record(_OP_NEW, seq, now, **fields))
-            except BaseException:
-                del self._txns[seq]
-                raise
+            # The record is decided under the lock, written outside it.
+            fut = encode_txn_new(self.tc_id, seq, now, timeout_ms, client)
         try:
             pos = self._durable(fut)
         except BaseException:
@@ -468,7 +437,7 @@ class TransactionCoordinator:
             if not new:
                 return
             meta.last_modified = now
-            fut = self._submit(self._record(_OP_ADD_PARTITION, seq, now, partitions=new))
+            fut = encode_txn_add_partitions(self.tc_id, seq, now, new)
         self._note_position(meta, self._durable(fut))
 
     def add_acked_subscriptions(
@@ -500,13 +469,7 @@ class TransactionCoordinator:
             if not new:
                 return
             meta.last_modified = now
-            record = self._record(
-                _OP_ADD_SUBSCRIPTION,
-                seq,
-                now,
-                subscriptions=[Subscription(topic=t, subscription=n) for t, n in new],
-            )
-            fut = self._submit(record)
+            fut = encode_txn_add_subscriptions(self.tc_id, seq, now, new)
         self._note_position(meta, self._durable(fut))
 
     def end_transaction(self, txn_id: TxnID, action: TxnAction | str) -> TxnStatus:
@@ -575,6 +538,43 @@ class TransactionCoordinator:
             )
         return self._answer(txn_id, act, rec.status, rec.timed_out)
 
+    def _claim(
+        self, seq: int, act: TxnAction, timed_out: bool
+    ) -> tuple[TxnMeta | None, bytes | None, bool, threading.Event | None]:
+        """Under the lock: decide what the caller does about ending ``seq``.
+
+        Returns ``(meta, record, drive, done)``: ``meta`` None -> not in
+        memory; ``drive`` -> the caller drives the end (``record``: the
+        ending UPDATE to log first, None when resuming); ``done`` -> another
+        thread drives, wait for it; neither -> ``meta`` is the answer.
+        """
+        meta = self._txns.get(seq)
+        if meta is None or meta.status.is_final:
+            return meta, None, False, None
+        if meta.status is TxnStatus.OPEN:
+            if timed_out and self._clock() < meta.deadline:
+                return meta, None, False, None  # fired early (clock moved back)
+            target = act.ending_status
+            check_transition(self._tid(seq), meta.status, target)
+            now = self._clock()
+            record = encode_txn_update(self.tc_id, seq, now, TxnStatus.OPEN, target)
+            meta.status = target
+            meta.timed_out = timed_out
+            meta.last_modified = now
+            if meta.timer is not None:
+                self._timers.cancel(meta.timer)  # type: ignore[arg-type]
+                meta.timer = None
+            meta.driver = True
+            return meta, record, True, None
+        if timed_out:
+            return meta, None, False, None
+        if not meta.driver:
+            meta.driver = True  # resume an end stalled by failures
+            return meta, None, True, None
+        if meta.done is None:
+            meta.done = threading.Event()
+        return meta, None, False, meta.done
+
     def _end(self, seq: int, act: TxnAction, *, timed_out: bool) -> TxnMeta | None:
         """Drive or wait for the end of ``seq``; None if it is not in memory.
 
@@ -582,45 +582,16 @@ class TransactionCoordinator:
         is still OPEN past its deadline.
         """
         while True:
-            fut: bytes | None = None
-            drive = False
-            done: threading.Event | None = None
             with self._lock:
                 self._check_open()
-                meta = self._txns.get(seq)
-                if meta is None:
-                    return None
-                if meta.status.is_final:
-                    return meta
-                if meta.status is TxnStatus.OPEN:
-                    if timed_out and self._clock() < meta.deadline:
-                        return meta  # fired early (clock moved back); re-armed below
-                    target = act.ending_status
-                    check_transition(self._tid(seq), meta.status, target)
-                    now = self._clock()
-                    record = self._record(
-                        _OP_UPDATE, seq, now, expected_status=TxnStatus.OPEN, new_status=target
-                    )
-                    fut = self._submit(record)
-                    meta.status = target
-                    meta.timed_out = timed_out
-                    meta.last_modified = now
-                    if meta.timer is not None:
-                        self._timers.cancel(meta.timer)  # type: ignore[arg-type]
-                        meta.timer = None
-                    meta.driver = drive = True
-                elif timed_out:
-                    return meta
-                elif not meta.driver:
-                    meta.driver = drive = True  # resume an end stalled by failures
-                else:
-                    if meta.done is None:
-                        meta.done = threading.Event()
-                    done = meta.done
+                meta, record, drive, done = self._claim(seq, act, timed_out)
+            if meta is None:
+                return None
             if drive:
-                self._drive(meta, fut)
+                self._drive(meta, record)
                 return meta
-            assert done is not None
+            if done is None:
+                return meta
             done.wait()
             if meta.status.is_final:
                 return meta
@@ -633,58 +604,70 @@ class TransactionCoordinator:
         if done is not None:
             done.set()
 
-    def _drive(self, meta: TxnMeta, fut: bytes | None) -> None:
-        """Run steps 1-5 of ending (see module doc) for a transaction we drive."""
+    def _ending_not_logged(self, meta: TxnMeta) -> None:
+        # The ending UPDATE failed: as far as the log knows it is still OPEN.
+        with self._lock:
+            meta.status = TxnStatus.OPEN
+            meta.timed_out = False
+            if not self._closed:
+                self._arm(meta, meta.deadline)
+
+    def _end_participants(self, meta: TxnMeta) -> tuple[bytes, int]:
+        """Run steps 2-3 once the ending UPDATE is durable; return the final record."""
         seq = meta.seq
         tid = self._tid(seq)
-        commit = meta.status in (TxnStatus.COMMITTING, TxnStatus.COMMITTED)
+        commit = meta.status is TxnStatus.COMMITTING
+        self._hook("ending_logged", seq)
+        end_participants(
+            tid,
+            commit,
+            list(meta.partitions or ()),
+            list(meta.subscriptions or ()),
+            self.participants,
+            self.config.retry,
+            self._stop,
+        )
+        self._hook("participants_done", seq)
         final = TxnStatus.COMMITTED if commit else TxnStatus.ABORTED
-        ending = TxnStatus.COMMITTING if commit else TxnStatus.ABORTING
+        self.store.record(tid, meta.client_name, final, timed_out=meta.timed_out)
+        self._hook("terminated_stored", seq)
+        now = self._clock()
+        return encode_txn_update(self.tc_id, seq, now, meta.status, final), now
+
+    def _finish_locked(
+        self, meta: TxnMeta, last: TxnPosition, now: int
+    ) -> tuple[list[TxnPosition], PositionColumns | None]:
+        # Step 5 under the lock: leave memory; return what to delete.
+        commit = meta.status is TxnStatus.COMMITTING
+        meta.status = TxnStatus.COMMITTED if commit else TxnStatus.ABORTED
+        meta.last_modified = now
+        self._txns.pop(meta.seq, None)
+        positions = meta.positions
+        positions.append(last)
+        meta.positions = []
+        meta.partitions = meta.subscriptions = None
+        self._counts["committed" if commit else "aborted"] += 1
+        if meta.timed_out:
+            self._counts["timed_out"] += 1
+        return positions, self._release_span(meta)
+
+    def _drive(self, meta: TxnMeta, record: bytes | None) -> None:
+        """Run steps 1-5 of ending (see module doc) for a transaction we drive."""
         try:
-            if fut is not None:
+            if record is not None:
                 try:
-                    pos = self._durable(fut)
+                    pos = self._durable(record)
                 except BaseException:
-                    # Not logged: the transaction is still OPEN as far as the log knows.
-                    with self._lock:
-                        meta.status = TxnStatus.OPEN
-                        meta.timed_out = False
-                        if not self._closed:
-                            self._arm(meta, meta.deadline)
+                    self._ending_not_logged(meta)
                     raise
                 self._note_position(meta, pos)
-            self._hook("ending_logged", seq)
-            end_participants(
-                tid,
-                commit,
-                list(meta.partitions or ()),
-                list(meta.subscriptions or ()),
-                self.participants,
-                self.config.retry,
-                self._stop,
-            )
-            self._hook("participants_done", seq)
-            self.store.record(tid, meta.client_name, final, timed_out=meta.timed_out)
-            self._hook("terminated_stored", seq)
-            now = self._clock()
-            record = self._record(_OP_UPDATE, seq, now, expected_status=ending, new_status=final)
+            final_record, now = self._end_participants(meta)
             with self._lock:
                 self._check_open()
-                fut2 = self._submit(record)
-            last = self._durable(fut2)
-            self._hook("final_logged", seq)
+            last = self._durable(final_record)
+            self._hook("final_logged", meta.seq)
             with self._lock:
-                meta.status = final
-                meta.last_modified = now
-                self._txns.pop(seq, None)
-                positions = meta.positions
-                positions.append(last)
-                meta.positions = []
-                meta.partitions = meta.subscriptions = None
-                recovered = self._release_span(meta)
-                self._counts["committed" if commit else "aborted"] += 1
-                if meta.timed_out:
-                    self._counts["timed_out"] += 1
+                positions, recovered = self._finish_locked(meta, last, now)
             self._log.delete(positions)
             if recovered is not None:
                 self._log.delete_columns(recovered)

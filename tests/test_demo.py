@@ -22,6 +22,12 @@ def test_main_job_passes_on_fresh_directory(
     assert "idempotent retries answered" in out
 
 
+def test_refuses_to_delete_a_foreign_directory(tmp_path: Path) -> None:
+    (tmp_path / "precious.txt").write_text("keep me")
+    assert demo.main(str(tmp_path), txns=10, threads=1) == 2
+    assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
 def test_verifier_detects_a_changed_outcome(tmp_path: Path) -> None:
     # A real workload run, then one acknowledged outcome is misreported:
     # the verification must flag it rather than pass.

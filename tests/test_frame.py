@@ -45,7 +45,7 @@ def test_constants() -> None:
     assert frame.VERSION == 0x0001
 
 
-@given(st.lists(st.binary(max_size=200), max_size=50))
+@given(st.lists(st.binary(max_size=200), min_size=1, max_size=50))
 def test_round_trip(records: list[bytes]) -> None:
     entry = frame.encode_batch(records)
     assert entry[:4] == PREFIX
@@ -99,6 +99,9 @@ def test_single_record_is_not_batched() -> None:
         (PREFIX + b"\x0b", 4, "wire type 3"),
         (PREFIX + b"\x00", 4, "field number 0"),
         (PREFIX + b"\x0a\x01x" + b"\x0a\x7f", 7, "runs past the end"),
+        (PREFIX + b"\x08\x01", 4, "not length-delimited"),
+        (PREFIX, 4, "holds no records"),
+        (PREFIX + b"\x12\x01x", 7, "holds no records"),
     ],
 )
 def test_malformed_entries(entry: bytes, offset: int, reason: str) -> None:
@@ -108,6 +111,11 @@ def test_malformed_entries(entry: bytes, offset: int, reason: str) -> None:
     assert reason in str(info.value)
     assert f"offset {offset}" in str(info.value)
     assert isinstance(info.value, ValueError)
+
+
+def test_empty_batch_is_rejected() -> None:
+    with pytest.raises(ts.InvalidArgumentError, match="at least one record"):
+        frame.encode_batch([])
 
 
 def test_wrong_magic_is_a_single_record() -> None:

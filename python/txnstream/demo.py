@@ -39,6 +39,8 @@ from txnstream.coordinator import TransactionCoordinators, TxnID, TxnStatus
 from txnstream.errors import TransactionAlreadyAborted, TransactionAlreadyCommitted
 
 COORDINATORS = 2
+#: Marks a directory the main job created, so it only ever deletes its own.
+MARKER = ".txnstream-demo"
 
 
 @dataclass
@@ -223,9 +225,16 @@ def main(
     """Run the main job on a fresh ``data`` directory; return the exit code."""
     console = Console()
     root = Path(data)
-    if root.exists():
+    if root.exists() and any(root.iterdir()):
+        if not (root / MARKER).exists():
+            console.print(
+                f"[red]{root} is not empty and was not made by the main job; "
+                "refusing to delete it. Pass a fresh directory."
+            )
+            return 2
         shutil.rmtree(root)
-    root.mkdir(parents=True)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / MARKER).touch()
     results = [
         run_mode(root / f"batching-{mode}", mode, txns, threads, kill_fraction, console)
         for mode in ("off", "on")

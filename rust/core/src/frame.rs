@@ -52,22 +52,35 @@ pub fn encoded_len<I: IntoIterator<Item = usize>>(lens: I) -> usize {
             .sum::<usize>()
 }
 
+/// Starts a batched entry in `out` (magic + version); follow with [`push_record`].
+pub fn begin_batch(out: &mut Vec<u8>) {
+    out.extend_from_slice(&MAGIC.to_be_bytes());
+    out.extend_from_slice(&VERSION.to_be_bytes());
+}
+
+/// Appends one record (field 1, length-delimited) to a batch begun by [`begin_batch`].
+#[inline]
+pub fn push_record(out: &mut Vec<u8>, record: &[u8]) {
+    out.push(RECORD_KEY);
+    put_varint(out, record.len() as u64);
+    out.extend_from_slice(record);
+}
+
 /// Appends the batched entry for `records` to `out`.
 pub fn encode_batch_into<R: AsRef<[u8]>>(records: &[R], out: &mut Vec<u8>) {
     out.reserve(encoded_len(records.iter().map(|r| r.as_ref().len())));
-    out.extend_from_slice(&MAGIC.to_be_bytes());
-    out.extend_from_slice(&VERSION.to_be_bytes());
+    begin_batch(out);
     for r in records {
-        let r = r.as_ref();
-        out.push(RECORD_KEY);
-        put_varint(out, r.len() as u64);
-        out.extend_from_slice(r);
+        push_record(out, r.as_ref());
     }
 }
 
 /// Writes the batched entry for `records` into `buf`, which must be exactly
 /// [`encoded_len`] bytes (e.g. a freshly allocated Python `bytes`).
 pub fn encode_batch_to<R: AsRef<[u8]>>(records: &[R], buf: &mut [u8]) -> Result<()> {
+    if records.is_empty() {
+        return Err(Error::invalid("a batched entry needs at least one record"));
+    }
     let need = encoded_len(records.iter().map(|r| r.as_ref().len()));
     if buf.len() != need {
         return Err(Error::invalid(format!(
@@ -96,7 +109,8 @@ pub fn encode_batch_to<R: AsRef<[u8]>>(records: &[R], buf: &mut [u8]) -> Result<
     Ok(())
 }
 
-/// Builds the batched entry for `records`.
+/// Builds the batched entry for `records` (callers never pass an empty list:
+/// an empty batch is not a valid entry, see [`for_each_record`]).
 pub fn encode_batch<R: AsRef<[u8]>>(records: &[R]) -> Vec<u8> {
     let mut out = Vec::new();
     encode_batch_into(records, &mut out);
@@ -125,12 +139,28 @@ pub fn for_each_record<'a, F: FnMut(&'a [u8])>(entry: &'a [u8], mut f: F) -> Res
     }
     let mut w = Wire::new(entry, HEADER_LEN, 0);
     let mut n = 0;
-    while let Some((field, value, _)) = w.next_field()? {
-        // Field 1 holds the records; anything else is skipped (forward compatible).
-        if let (1, Value::Bytes(data)) = (field, value) {
-            f(data);
-            n += 1;
+    while let Some((field, value, at)) = w.next_field()? {
+        // Field 1 holds the records; other fields are skipped (forward compatible).
+        match (field, value) {
+            (1, Value::Bytes(data)) => {
+                f(data);
+                n += 1;
+            }
+            (1, _) => {
+                return Err(Error::corrupt_entry(
+                    at,
+                    "field 1 (records) is not length-delimited",
+                ))
+            }
+            _ => {}
         }
+    }
+    if n == 0 {
+        // Writers never produce an empty batch; treat one as damage, not as "no records".
+        return Err(Error::corrupt_entry(
+            entry.len(),
+            "batched entry holds no records",
+        ));
     }
     Ok(n)
 }
@@ -234,6 +264,7 @@ mod tests {
         encode_batch_to(&recs, &mut buf).unwrap();
         assert_eq!(buf, e);
         assert!(encode_batch_to(&recs, &mut [0; 3]).is_err());
+        assert!(encode_batch_to::<&[u8]>(&[], &mut [0; 4]).is_err());
     }
 
     #[test]
@@ -260,6 +291,9 @@ mod tests {
             ),
             (b"\x0e\x01\x00\x01\x0b", 4),
             (b"\x0e\x01\x00\x01\x00", 4),
+            (b"\x0e\x01\x00\x01\x08\x01", 4),
+            (b"\x0e\x01\x00\x01", 4),
+            (b"\x0e\x01\x00\x01\x10\x01", 6),
         ];
         for (bytes, off) in cases {
             match decode_entry(bytes) {

@@ -10,7 +10,7 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
     #[test]
-    fn batch_round_trip(records in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..300), 0..40)) {
+    fn batch_round_trip(records in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..300), 1..40)) {
         let e = encode_batch(&records);
         prop_assert!(is_batched(&e));
         let back: Vec<Vec<u8>> = decode_entry(&e).unwrap().into_iter().map(<[u8]>::to_vec).collect();

@@ -16,6 +16,12 @@ pub fn encode_batch<'py>(
 ) -> BindResult<Bound<'py, PyBytes>> {
     let records = bytes_list(records, "records")?;
     let slices = with_slices(&records)?;
+    if slices.is_empty() {
+        return Err(txnstream_core::Error::invalid(
+            "records must hold at least one record: an empty batch is not a valid entry",
+        )
+        .into());
+    }
     let len = frame::encoded_len(slices.iter().map(|s| s.len()));
     // Encode straight into the new bytes object: no intermediate buffer.
     let out = PyBytes::new_with(py, len, |buf| {

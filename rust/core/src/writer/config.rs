@@ -51,11 +51,14 @@ impl WriterConfig {
                 reason: format!("must be in 1..={MAX_BATCH_SIZE}"),
             });
         }
-        if self.max_size < 1 {
+        // A batch may grow to almost 2 x max_size before it flushes; it must
+        // still fit one ledger entry.
+        let limit = crate::ledger::MAX_ENTRY_SIZE / 2;
+        if self.max_size < 1 || self.max_size > limit {
             return Err(Error::Config {
                 key: "max_size".into(),
                 value: self.max_size.to_string(),
-                reason: "must be at least 1 byte".into(),
+                reason: format!("must be in 1..={limit} bytes"),
             });
         }
         Ok(())

@@ -39,9 +39,6 @@ pub type RecordCallback = Box<dyn FnOnce(Result<TxnPosition>) + Send + 'static>;
 /// Completion of all records of one [`BufferedWriter::write_many`] call.
 pub type ManyCallback = Box<dyn FnOnce(Result<Vec<TxnPosition>>) + Send + 'static>;
 
-/// Field-1 key byte of a record inside a batched entry.
-const RECORD_KEY: u8 = 0x0A;
-
 /// The records of one `write_many` call, completed once all entries
 /// holding them are durable (or failed: then with the first error).
 struct ManyRequest {
@@ -166,18 +163,10 @@ impl Batch {
     fn push(&mut self, record: &[u8], capacity_hint: usize) {
         if self.records == 0 {
             self.entry.reserve(capacity_hint.max(64));
-            self.entry.extend_from_slice(&frame::MAGIC.to_be_bytes());
-            self.entry.extend_from_slice(&frame::VERSION.to_be_bytes());
+            frame::begin_batch(&mut self.entry);
             self.first_at = Some(Instant::now());
         }
-        self.entry.push(RECORD_KEY);
-        let mut v = record.len() as u64;
-        while v >= 0x80 {
-            self.entry.push((v as u8) | 0x80);
-            v >>= 7;
-        }
-        self.entry.push(v as u8);
-        self.entry.extend_from_slice(record);
+        frame::push_record(&mut self.entry, record);
         self.records += 1;
         self.bytes += record.len();
     }

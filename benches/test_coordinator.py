@@ -5,6 +5,9 @@ Run: ``.venv/bin/pytest benches/test_coordinator.py --benchmark-only``
 - ``tc-throughput-c<N>``: committed durable transactions/s (new -> add
   partition -> add subscription -> commit), N client threads, batching on vs
   off (off = baseline).
+- ``tc-throughput-c256`` also holds the bulk API (``new_transactions`` /
+  ``add_*_many`` / ``end_transactions``) at the same 256 transactions in
+  flight: 4 client threads x 64 transactions per call.
 - ``tc-recovery``: reopening a coordinator whose log holds 1M records
   (batched + unbatched entries, deleted batch indexes mixed in) vs the same
   fold with per-record Python protobuf parsing (baseline).
@@ -26,6 +29,7 @@ from typing import Any
 import pytest
 from txnstream import frame, proto
 from txnstream._native import BufferedWriter, ManagedLedger, TxnPosition
+from txnstream.coordinator import TxnStatus
 from txnstream.coordinator.coordinator import TransactionCoordinator, log_name
 from txnstream.coordinator.ledger_log import CURSOR
 
@@ -74,6 +78,52 @@ def test_commit_throughput(
         benchmark.extra_info["log"] = {
             k: v for k, v in stats["log"].items() if isinstance(v, int | float)
         }
+    finally:
+        tc.close()
+
+
+BULK_THREADS, BULK_PER_CALL = 4, 64
+
+
+def run_bulk_clients(tc: TransactionCoordinator, total: int) -> None:
+    """The same transactions through the bulk API: 4 threads x 64 per call."""
+    rounds = max(1, total // (BULK_THREADS * BULK_PER_CALL))
+    errors: list[BaseException] = []
+
+    def client(k: int) -> None:
+        try:
+            for _ in range(rounds):
+                txns = tc.new_transactions(BULK_PER_CALL, timeout_ms=60_000)
+                refused = tc.add_produced_partitions_many([(t, [f"out-{k % 8}"]) for t in txns])
+                refused += tc.add_acked_subscriptions_many(
+                    [(t, [("in", f"sub-{k % 4}")]) for t in txns]
+                )
+                assert not any(refused), refused
+                ends = tc.end_transactions([(t, "commit") for t in txns])
+                assert all(e is TxnStatus.COMMITTED for e in ends), ends
+        except BaseException as exc:
+            errors.append(exc)
+
+    ts = [threading.Thread(target=client, args=(k,)) for k in range(BULK_THREADS)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise errors[0]
+
+
+def test_commit_throughput_bulk(benchmark: Any, tmp_path: Path) -> None:
+    benchmark.group = "tc-throughput-c256"
+    per_round = BULK_THREADS * BULK_PER_CALL
+    total = 40_000 // per_round * per_round
+    benchmark.extra_info.update(items=total, concurrency=per_round, api="bulk")
+    tc = TransactionCoordinator.open(tmp_path, 0, batched_write_enabled=True)
+    try:
+        benchmark.pedantic(run_bulk_clients, args=(tc, total), rounds=3, iterations=1)
+        done = tc.stats()["committed"]
+        assert done > 0
+        assert done % total == 0
     finally:
         tc.close()
 

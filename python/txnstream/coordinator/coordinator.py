@@ -44,6 +44,12 @@ from txnstream._native import (
     encode_txn_new,
     encode_txn_update,
 )
+from txnstream.coordinator.arguments import (
+    client_arg,
+    partition_names,
+    subscription_pairs,
+    timeout_arg,
+)
 from txnstream.coordinator.config import CoordinatorConfig
 from txnstream.coordinator.log import TransactionLog
 from txnstream.coordinator.metadata import TransactionInfo, TxnMeta
@@ -64,6 +70,7 @@ from txnstream.errors import (
     InvalidTxnStatusError,
     TransactionAlreadyAborted,
     TransactionAlreadyCommitted,
+    TransactionError,
     TransactionNotFound,
     TransactionTimedOut,
 )
@@ -376,24 +383,8 @@ class TransactionCoordinator:
         """
         if timeout_ms is None:
             timeout_ms = self.config.default_timeout_ms
-        if (
-            isinstance(timeout_ms, bool)
-            or not isinstance(timeout_ms, int)
-            or not 0 < timeout_ms <= self.config.max_timeout_ms
-        ):
-            raise InvalidArgumentError(
-                f"timeout_ms must be an integer in 1..{self.config.max_timeout_ms}, "
-                f"got {timeout_ms!r}",
-                argument="timeout_ms",
-                value=timeout_ms,
-            )
-        if client_name is not None and not isinstance(client_name, str):
-            raise InvalidArgumentError(
-                f"client_name must be a string or None, got {client_name!r}",
-                argument="client_name",
-                value=client_name,
-            )
-        client = client_name or None
+        timeout_ms = timeout_arg(timeout_ms, self.config.max_timeout_ms)
+        client = client_arg(client_name)
         now = self._clock()
         with self._lock:
             self._check_open()
@@ -420,14 +411,7 @@ class TransactionCoordinator:
     def add_produced_partitions(self, txn_id: TxnID, partitions: Iterable[str]) -> None:
         """Record that the transaction produced to ``partitions`` (durably)."""
         seq = self._seq_of(txn_id)
-        names = list(partitions) if not isinstance(partitions, str) else [partitions]
-        for p in names:
-            if not isinstance(p, str) or not p:
-                raise InvalidArgumentError(
-                    f"partition names must be non-empty strings, got {p!r}",
-                    argument="partitions",
-                    value=p,
-                )
+        names = partition_names(partitions)
         now = self._clock()
         with self._lock:
             self._check_open()
@@ -445,21 +429,7 @@ class TransactionCoordinator:
     ) -> None:
         """Record that the transaction acked on ``(topic, subscription)`` pairs."""
         seq = self._seq_of(txn_id)
-        subs: list[tuple[str, str]] = []
-        for s in subscriptions:
-            pair = (s.topic, s.subscription) if isinstance(s, Subscription) else s
-            if (
-                not isinstance(pair, tuple)
-                or len(pair) != 2
-                or not all(isinstance(x, str) and x for x in pair)
-            ):
-                raise InvalidArgumentError(
-                    f"subscriptions must be (topic, subscription) pairs of non-empty strings, "
-                    f"got {s!r}",
-                    argument="subscriptions",
-                    value=s,
-                )
-            subs.append(pair)
+        subs = subscription_pairs(subscriptions)
         now = self._clock()
         with self._lock:
             self._check_open()
@@ -510,6 +480,236 @@ class TransactionCoordinator:
                 raise TransactionNotFound(f"transaction {txn_id} not found", txn_id=txn_id)
             return rec.status
         return meta.status
+
+    # ------------------------------------------------------------ bulk API
+    #
+    # The same state machine for many transactions per call: one batched
+    # write (and one wait, GIL released) per step instead of one per
+    # transaction, so a Python caller is not bound by thread handoffs.
+    # Per-transaction refusals come back in the result list as exception
+    # objects (as ``asyncio.gather(return_exceptions=True)``); bad arguments
+    # and log write failures raise.
+
+    def _durable_many(self, records: list[bytes]) -> list[TxnPosition]:
+        try:
+            return self._log.write_many_sync(records)
+        except Exception:
+            with self._lock:
+                self._counts["append_errors"] += 1
+            raise
+
+    def new_transactions(
+        self, count: int, timeout_ms: int | None = None, client_name: str | None = None
+    ) -> list[TxnID]:
+        """Start ``count`` transactions; return their ids once all NEW records are durable."""
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise InvalidArgumentError(
+                f"count must be a non-negative integer, got {count!r}",
+                argument="count",
+                value=count,
+            )
+        if timeout_ms is None:
+            timeout_ms = self.config.default_timeout_ms
+        timeout_ms = timeout_arg(timeout_ms, self.config.max_timeout_ms)
+        client = client_arg(client_name)
+        if count == 0:
+            return []
+        now = self._clock()
+        with self._lock:
+            self._check_open()
+            first = self._next_seq
+            self._next_seq += count
+            self._reserve()
+            seqs = range(first, first + count)
+            metas = [TxnMeta(seq, timeout_ms, now, client) for seq in seqs]
+            self._txns.update(zip(seqs, metas, strict=True))
+        tc = self.tc_id
+        records = [encode_txn_new(tc, seq, now, timeout_ms, client) for seq in seqs]
+        try:
+            positions = self._durable_many(records)
+        except BaseException:
+            with self._lock:
+                for seq in seqs:
+                    self._txns.pop(seq, None)
+            raise
+        with self._lock:
+            armed = []
+            for meta, pos in zip(metas, positions, strict=True):
+                meta.positions.append(pos)
+                if meta.status is TxnStatus.OPEN:
+                    armed.append(meta)
+            self._counts["created"] += count
+            if not self._closed:
+                handles = self._timers.schedule_many(
+                    [now + timeout_ms] * len(armed),
+                    self._fire_timeout_cb,
+                    [m.seq for m in armed],
+                )
+                for meta, handle in zip(armed, handles, strict=True):
+                    meta.timer = handle
+        return [self._tid(seq) for seq in seqs]
+
+    def _add_many(
+        self,
+        items: list[tuple[TxnID, list[Any]]],
+        want: str,
+        add: Callable[[TxnMeta, list[Any]], list[Any]],
+        encode: Callable[[int, int, int, list[Any]], bytes],
+    ) -> list[TransactionError | None]:
+        results: list[TransactionError | None] = [None] * len(items)
+        seqs = [self._seq_of(txn) for txn, _ in items]
+        now = self._clock()
+        todo: list[tuple[TxnMeta, bytes]] = []
+        with self._lock:
+            self._check_open()
+            for i, ((txn, values), seq) in enumerate(zip(items, seqs, strict=True)):
+                try:
+                    meta = self._live(txn, seq, want)
+                    self._require_open(txn, meta, want)
+                except TransactionError as exc:
+                    results[i] = exc
+                    continue
+                new = add(meta, values)
+                if new:
+                    meta.last_modified = now
+                    todo.append((meta, encode(self.tc_id, seq, now, new)))
+        if todo:
+            positions = self._durable_many([r for _, r in todo])
+            late: list[TxnPosition] = []
+            with self._lock:
+                for (meta, _), pos in zip(todo, positions, strict=True):
+                    if meta.status.is_final:
+                        late.append(pos)  # ended while in flight: delete now
+                    else:
+                        meta.positions.append(pos)
+            if late:
+                self._log.delete(late)
+        return results
+
+    def add_produced_partitions_many(
+        self, items: Iterable[tuple[TxnID, Iterable[str]]]
+    ) -> list[TransactionError | None]:
+        """:meth:`add_produced_partitions` for many transactions, one log write.
+
+        Returns, per item, None or the refusal (e.g. ``TransactionNotFound``).
+        """
+        checked = [(txn, partition_names(parts)) for txn, parts in items]
+        return self._add_many(
+            checked, "add partitions to", TxnMeta.add_partitions, encode_txn_add_partitions
+        )
+
+    def add_acked_subscriptions_many(
+        self, items: Iterable[tuple[TxnID, Iterable[tuple[str, str] | Subscription]]]
+    ) -> list[TransactionError | None]:
+        """:meth:`add_acked_subscriptions` for many transactions, one log write."""
+        checked = [(txn, subscription_pairs(subs)) for txn, subs in items]
+        return self._add_many(
+            checked,
+            "add subscriptions to",
+            TxnMeta.add_subscriptions,
+            encode_txn_add_subscriptions,
+        )
+
+    def end_transactions(
+        self, items: Iterable[tuple[TxnID, TxnAction | str]]
+    ) -> list[TxnStatus | TransactionError]:
+        """:meth:`end_transaction` for many transactions.
+
+        The ending UPDATEs are written together, participants are ended per
+        transaction, then the final UPDATEs are written together; a
+        transaction another thread is ending is waited for. Returns, per
+        item, the final status or the refusal
+        (``TransactionAlreadyAborted``, ``TransactionNotFound``...).
+        """
+        reqs = [(txn, self._seq_of(txn), TxnAction.parse(act)) for txn, act in items]
+        results: list[TxnStatus | TransactionError | None] = [None] * len(reqs)
+        drive: list[tuple[int, TxnMeta, bytes | None]] = []
+        later: list[int] = []
+        with self._lock:
+            self._check_open()
+            for i, (txn, seq, act) in enumerate(reqs):
+                meta, record, driving, done = self._claim(seq, act, False)
+                if driving:
+                    assert meta is not None
+                    drive.append((i, meta, record))
+                elif meta is not None and done is None:
+                    results[i] = self._answer_or_error(txn, act, meta)
+                else:
+                    later.append(i)  # not in memory, or another thread drives
+        if drive:
+            self._drive_many(drive, reqs, results)
+        for i in later:
+            txn, _, act = reqs[i]
+            try:
+                results[i] = self.end_transaction(txn, act)
+            except TransactionError as exc:
+                results[i] = exc
+        out: list[TxnStatus | TransactionError] = []
+        for r in results:
+            assert r is not None  # every item was answered above
+            out.append(r)
+        return out
+
+    def _answer_or_error(
+        self, txn: TxnID, act: TxnAction, meta: TxnMeta
+    ) -> TxnStatus | TransactionError:
+        try:
+            return self._answer(txn, act, meta.status, meta.timed_out)
+        except TransactionError as exc:
+            return exc
+
+    def _drive_many(
+        self,
+        drive: list[tuple[int, TxnMeta, bytes | None]],
+        reqs: list[tuple[TxnID, int, TxnAction]],
+        results: list[TxnStatus | TransactionError | None],
+    ) -> None:
+        """Run steps 1-5 of ending for many transactions we drive (as :meth:`_drive`)."""
+        try:
+            # Step 1: the OPEN ones log their ending UPDATE (resumed ones did).
+            fresh = [(m, r) for _, m, r in drive if r is not None]
+            if fresh:
+                try:
+                    positions = self._durable_many([r for _, r in fresh])
+                except BaseException:
+                    for m, _ in fresh:
+                        self._ending_not_logged(m)
+                    raise
+                with self._lock:
+                    for (m, _), pos in zip(fresh, positions, strict=True):
+                        m.positions.append(pos)
+            # Steps 2-3 per transaction; one refused does not stop the others.
+            finals: list[tuple[int, TxnMeta, bytes, int]] = []
+            for i, meta, _ in drive:
+                try:
+                    record, now = self._end_participants(meta)
+                except TransactionError as exc:
+                    results[i] = exc
+                    continue
+                finals.append((i, meta, record, now))
+            if not finals:
+                return
+            with self._lock:
+                self._check_open()
+            lasts = self._durable_many([r for _, _, r, _ in finals])
+            for _, meta, _, _ in finals:
+                self._hook("final_logged", meta.seq)
+            deletes: list[TxnPosition] = []
+            spans: list[PositionColumns] = []
+            with self._lock:
+                for (i, meta, _, now), last in zip(finals, lasts, strict=True):
+                    positions, recovered = self._finish_locked(meta, last, now)
+                    deletes.extend(positions)
+                    if recovered is not None:
+                        spans.append(recovered)
+                    txn, _, act = reqs[i]
+                    results[i] = self._answer_or_error(txn, act, meta)
+            self._log.delete(deletes)
+            for cols in spans:
+                self._log.delete_columns(cols)
+        finally:
+            for _, meta, _ in drive:
+                self._release(meta)
 
     @staticmethod
     def _answer(txn_id: TxnID, act: TxnAction, final: TxnStatus, timed_out: bool) -> TxnStatus:

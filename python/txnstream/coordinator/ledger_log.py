@@ -77,6 +77,10 @@ class LedgerTransactionLog:
         """Append ``record`` and wait (GIL released, no Python future) until durable."""
         return self.writer.write_blocking(record)
 
+    def write_many_sync(self, records: Sequence[bytes]) -> list[TxnPosition]:
+        """Append ``records`` contiguously and wait (GIL released) until durable."""
+        return self.writer.write_many_blocking(records)
+
     def delete(self, positions: Sequence[TxnPosition]) -> None:
         """Delete records by position and batch index (persisted asynchronously)."""
         if positions:

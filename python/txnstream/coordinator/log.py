@@ -35,6 +35,9 @@ class TransactionLog(Protocol):
     def write_sync(self, record: bytes) -> TxnPosition:
         """Append ``record`` and wait until it is durable."""
 
+    def write_many_sync(self, records: Sequence[bytes]) -> list[TxnPosition]:
+        """Append ``records`` (contiguous, in order) and wait until all are durable."""
+
     def delete(self, positions: Sequence[TxnPosition]) -> None:
         """Delete records (one batch index each); whole entries free up."""
 
@@ -109,6 +112,10 @@ class InMemoryTransactionLog:
             eid = len(self._entries) - 1
             n = len(records)
             return [self._done(TxnPosition(0, eid, n, i)) for i in range(n)]
+
+    def write_many_sync(self, records: Sequence[bytes]) -> list[TxnPosition]:
+        """Store ``records`` as one batched entry and return their positions."""
+        return [f.result() for f in self.write_many(records)]
 
     def delete(self, positions: Sequence[TxnPosition]) -> None:
         """Delete records; an entry whose records are all deleted is dropped."""

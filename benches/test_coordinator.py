@@ -7,7 +7,8 @@ Run: ``.venv/bin/pytest benches/test_coordinator.py --benchmark-only``
   off (off = baseline).
 - ``tc-throughput-c256`` also holds the bulk API (``new_transactions`` /
   ``add_*_many`` / ``end_transactions``) at the same 256 transactions in
-  flight: 4 client threads x 64 transactions per call.
+  flight: 4 client threads x 64 transactions per call; and the asyncio
+  front end (``tc.aio()``) with 256 tasks on one event loop.
 - ``tc-recovery``: reopening a coordinator whose log holds 1M records
   (batched + unbatched entries, deleted batch indexes mixed in) vs the same
   fold with per-record Python protobuf parsing (baseline).
@@ -17,6 +18,7 @@ Run: ``.venv/bin/pytest benches/test_coordinator.py --benchmark-only``
 
 from __future__ import annotations
 
+import asyncio
 import os
 import shutil
 import tempfile
@@ -124,6 +126,36 @@ def test_commit_throughput_bulk(benchmark: Any, tmp_path: Path) -> None:
         done = tc.stats()["committed"]
         assert done > 0
         assert done % total == 0
+    finally:
+        tc.close()
+
+
+def run_async_clients(tc: TransactionCoordinator, tasks: int, total: int) -> None:
+    """The same transactions as ``tasks`` asyncio tasks on one event loop."""
+    aio = tc.aio()
+    per = max(1, total // tasks)
+
+    async def client(k: int) -> None:
+        for _ in range(per):
+            txn = await aio.new_transaction(timeout_ms=60_000)
+            await aio.add_produced_partitions(txn, [f"out-{k % 8}"])
+            await aio.add_acked_subscriptions(txn, [("in", f"sub-{k % 4}")])
+            await aio.end_transaction(txn, "commit")
+
+    async def main() -> None:
+        await asyncio.gather(*(client(k) for k in range(tasks)))
+
+    asyncio.run(main())
+
+
+def test_commit_throughput_async(benchmark: Any, tmp_path: Path) -> None:
+    benchmark.group = "tc-throughput-c256"
+    total = 40_000 // 256 * 256
+    benchmark.extra_info.update(items=total, concurrency=256, api="asyncio")
+    tc = TransactionCoordinator.open(tmp_path, 0, batched_write_enabled=True)
+    try:
+        benchmark.pedantic(run_async_clients, args=(tc, 256, total), rounds=3, iterations=1)
+        assert tc.stats()["live"] == 0
     finally:
         tc.close()
 

@@ -35,7 +35,7 @@ import os
 import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from txnstream._native import (
     TxnPosition,
@@ -75,6 +75,9 @@ from txnstream.errors import (
     TransactionTimedOut,
 )
 from txnstream.proto import Subscription
+
+if TYPE_CHECKING:
+    from txnstream.coordinator.aio import AsyncCoordinator
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +134,7 @@ class TransactionCoordinator:
         self._lock = threading.Lock()
         self._txns: dict[int, TxnMeta] = {}
         self._recovered: PositionTable | None = None
+        self._aio: AsyncCoordinator | None = None
         self._closed = False
         self._stop = threading.Event()
         self._counts = dict.fromkeys(
@@ -975,6 +979,16 @@ class TransactionCoordinator:
         out["log"] = self._log.stats()
         return out
 
+    def aio(self) -> AsyncCoordinator:
+        """Return the asyncio front end (:class:`~.aio.AsyncCoordinator`), made once."""
+        with self._lock:
+            self._check_open()
+            if self._aio is None:
+                from txnstream.coordinator.aio import AsyncCoordinator
+
+                self._aio = AsyncCoordinator(self)
+            return self._aio
+
     def set_batch_enabled(self, enabled: bool) -> None:
         """Switch batched writes of the transaction log on or off at runtime."""
         self._log.set_batch_enabled(bool(enabled))
@@ -1021,6 +1035,8 @@ class TransactionCoordinator:
                 return
             self._closed = True
         self._stop.set()
+        if self._aio is not None:
+            self._aio.close()  # queued async calls are answered (or fail) first
         self._timers.close()
         self._log.close()
         self._executor.shutdown(wait=True, cancel_futures=True)

@@ -78,8 +78,16 @@ class LedgerTransactionLog:
         return self.writer.write_blocking(record)
 
     def write_many_sync(self, records: Sequence[bytes]) -> list[TxnPosition]:
-        """Append ``records`` contiguously and wait (GIL released) until durable."""
-        return self.writer.write_many_blocking(records)
+        """Append ``records`` contiguously and wait until they are durable.
+
+        The batch is written at once (a forced flush) instead of after
+        ``max_delay``: a bulk call already IS the batch its callers queued
+        (see :mod:`.aio`), and they all wait for it, so the delay would only
+        add latency. Durability is unchanged.
+        """
+        fut = self.writer.write_many(records)
+        self.writer.flush()
+        return fut.result()
 
     def delete(self, positions: Sequence[TxnPosition]) -> None:
         """Delete records by position and batch index (persisted asynchronously)."""

@@ -1,0 +1,176 @@
+"""asyncio front end of a coordinator: many awaiting tasks, few log writes.
+
+Each call is queued in a *lane* (one per operation kind). A lane's worker
+thread takes everything queued so far, runs ONE bulk coordinator call for it
+(:meth:`~.coordinator.TransactionCoordinator.end_transactions` etc.: one
+batched log write per step, GIL released while it waits), and hands all the
+answers back to the event loop with ONE ``call_soon_threadsafe``. While a
+bulk call waits for its sync, new calls queue up for the next one, so the
+batch size follows the load (group commit) and no thread per transaction
+waits for the GIL.
+
+Semantics are those of the blocking calls: an answer is given only once its
+record is durable; bad arguments raise in the caller before anything is
+queued; a refusal (``TransactionNotFound``...) raises in the awaiting task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable, Hashable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, cast
+
+from txnstream.coordinator.arguments import (
+    client_arg,
+    partition_names,
+    subscription_pairs,
+    timeout_arg,
+)
+from txnstream.coordinator.status import TxnAction, TxnStatus
+from txnstream.coordinator.txn_id import TxnID
+from txnstream.proto import Subscription
+
+if TYPE_CHECKING:
+    from txnstream.coordinator.coordinator import TransactionCoordinator
+
+# One bulk call: (key, items) -> one answer (value or exception) per item.
+Batch = Callable[[Hashable, list[Any]], list[Any]]
+
+
+def _settle(futures: list[asyncio.Future[Any]], answers: list[Any]) -> None:
+    # On the loop thread: one callback per finished batch.
+    for fut, answer in zip(futures, answers, strict=True):
+        if fut.cancelled():
+            continue
+        if isinstance(answer, BaseException):
+            fut.set_exception(answer)
+        else:
+            fut.set_result(answer)
+
+
+class _Lane:
+    """Queued calls of one kind, drained by bulk calls on a worker thread."""
+
+    def __init__(self, run: Batch, executor: ThreadPoolExecutor) -> None:
+        self._run = run
+        self._executor = executor
+        self._lock = threading.Lock()
+        self._queue: list[tuple[Hashable, Any, asyncio.Future[Any]]] = []
+        self._busy = False
+
+    def submit(
+        self, loop: asyncio.AbstractEventLoop, key: Hashable, item: Any
+    ) -> asyncio.Future[Any]:
+        fut: asyncio.Future[Any] = loop.create_future()
+        with self._lock:
+            self._queue.append((key, item, fut))
+            start = not self._busy
+            self._busy = True
+        if start:
+            self._executor.submit(self._drain, loop)
+        return fut
+
+    def _drain(self, loop: asyncio.AbstractEventLoop) -> None:
+        while True:
+            with self._lock:
+                queued, self._queue = self._queue, []
+                if not queued:
+                    self._busy = False
+                    return
+            groups: dict[Hashable, list[tuple[Any, asyncio.Future[Any]]]] = {}
+            for key, item, fut in queued:
+                groups.setdefault(key, []).append((item, fut))
+            for key, calls in groups.items():
+                futures = [f for _, f in calls]
+                try:
+                    answers = self._run(key, [i for i, _ in calls])
+                except BaseException as exc:  # e.g. a log write failure: every call fails
+                    answers = [exc] * len(calls)
+                try:
+                    loop.call_soon_threadsafe(_settle, futures, answers)
+                except RuntimeError:
+                    return  # the loop is closed: nobody awaits these any more
+
+
+class AsyncCoordinator:
+    """Awaitable calls on one :class:`~.coordinator.TransactionCoordinator`.
+
+    Get it with ``tc.aio()``; use it from one event loop at a time.
+    """
+
+    def __init__(self, tc: TransactionCoordinator, workers: int = 4) -> None:
+        self.tc = tc
+        self._executor = ThreadPoolExecutor(
+            workers, thread_name_prefix=f"txnstream-tc{tc.tc_id}-aio"
+        )
+        self._new = _Lane(self._run_new, self._executor)
+        self._partitions = _Lane(self._run_partitions, self._executor)
+        self._subscriptions = _Lane(self._run_subscriptions, self._executor)
+        self._ends = _Lane(self._run_ends, self._executor)
+
+    # Bulk calls run on the lane threads.
+
+    def _run_new(self, key: Hashable, items: list[Any]) -> list[Any]:
+        timeout_ms, client = cast("tuple[int, str | None]", key)
+        return list(self.tc.new_transactions(len(items), timeout_ms, client))
+
+    def _run_partitions(self, key: Hashable, items: list[Any]) -> list[Any]:
+        return list(self.tc.add_produced_partitions_many(items))
+
+    def _run_subscriptions(self, key: Hashable, items: list[Any]) -> list[Any]:
+        return list(self.tc.add_acked_subscriptions_many(items))
+
+    def _run_ends(self, key: Hashable, items: list[Any]) -> list[Any]:
+        return list(self.tc.end_transactions(items))
+
+    # Public API: the blocking calls' arguments and answers.
+
+    async def new_transaction(
+        self, timeout_ms: int | None = None, client_name: str | None = None
+    ) -> TxnID:
+        """Start a transaction; its id once the NEW record is durable."""
+        cfg = self.tc.config
+        timeout = timeout_arg(
+            cfg.default_timeout_ms if timeout_ms is None else timeout_ms, cfg.max_timeout_ms
+        )
+        key = (timeout, client_arg(client_name))
+        txn: TxnID = await self._new.submit(asyncio.get_running_loop(), key, None)
+        return txn
+
+    async def add_produced_partitions(self, txn_id: TxnID, partitions: Iterable[str]) -> None:
+        """Record (durably) that the transaction produced to ``partitions``."""
+        self.tc._seq_of(txn_id)  # a bad id fails this call alone, not the batch
+        names = partition_names(partitions)
+        await self._partitions.submit(asyncio.get_running_loop(), None, (txn_id, names))
+
+    async def add_acked_subscriptions(
+        self, txn_id: TxnID, subscriptions: Iterable[tuple[str, str] | Subscription]
+    ) -> None:
+        """Record (durably) that the transaction acked on these subscriptions."""
+        self.tc._seq_of(txn_id)
+        subs = subscription_pairs(subscriptions)
+        await self._subscriptions.submit(asyncio.get_running_loop(), None, (txn_id, subs))
+
+    async def end_transaction(self, txn_id: TxnID, action: TxnAction | str) -> TxnStatus:
+        """Commit or abort; the final status once it is durable (see ``end_transaction``)."""
+        self.tc._seq_of(txn_id)
+        act = TxnAction.parse(action)
+        status: TxnStatus = await self._ends.submit(asyncio.get_running_loop(), None, (txn_id, act))
+        return status
+
+    async def commit(self, txn_id: TxnID) -> TxnStatus:
+        """Shorthand for ``end_transaction(txn_id, "commit")``."""
+        return await self.end_transaction(txn_id, TxnAction.COMMIT)
+
+    async def abort(self, txn_id: TxnID) -> TxnStatus:
+        """Shorthand for ``end_transaction(txn_id, "abort")``."""
+        return await self.end_transaction(txn_id, TxnAction.ABORT)
+
+    def close(self) -> None:
+        """Stop the lane threads once queued calls are answered."""
+        self._executor.shutdown(wait=True)
+
+
+__all__ = ["AsyncCoordinator"]

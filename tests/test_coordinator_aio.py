@@ -75,6 +75,14 @@ def test_refusals_and_bad_arguments_fail_only_their_call() -> None:
     with pytest.raises(CoordinatorNotFound):
         env.tc.aio()
 
+    async def after_close() -> None:
+        with pytest.raises(CoordinatorNotFound):
+            await a.new_transaction()
+        with pytest.raises(CoordinatorNotFound):
+            await a.new_transaction()  # the lane is not left busy
+
+    asyncio.run(after_close())
+
 
 def test_async_ends_are_durable(tmp_path: Path) -> None:
     async def main(tc: TransactionCoordinator) -> list[TxnID]:

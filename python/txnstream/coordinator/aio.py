@@ -30,6 +30,7 @@ from txnstream.coordinator.arguments import (
 )
 from txnstream.coordinator.status import TxnAction, TxnStatus
 from txnstream.coordinator.txn_id import TxnID
+from txnstream.errors import CoordinatorNotFound
 from txnstream.proto import Subscription
 
 if TYPE_CHECKING:
@@ -69,7 +70,14 @@ class _Lane:
             start = not self._busy
             self._busy = True
         if start:
-            self._executor.submit(self._drain, loop)
+            try:
+                self._executor.submit(self._drain, loop)
+            except RuntimeError:  # the coordinator closed: fail what is queued
+                with self._lock:
+                    queued, self._queue = self._queue, []
+                    self._busy = False
+                err = CoordinatorNotFound("transaction coordinator is closed")
+                _settle([f for _, _, f in queued], [err] * len(queued))
         return fut
 
     def _drain(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -1,4 +1,9 @@
-"""Recovery fold: transaction-log records -> live transactions, in bulk.
+"""Recovery fold in Python: transaction-log records -> live transactions.
+
+The coordinator recovers with the Rust fold (:mod:`.recovery`,
+``rust/core/src/txnlog_fold.rs``); this module is its readable reference
+(tests compare the two on random logs) and serves tools that already hold
+:class:`LogChunk` columns.
 
 The log is decoded in Rust into columns (``frame.decode_txn_log_columns``);
 everything per *record* here is numpy (final status per transaction, which

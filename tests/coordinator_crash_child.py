@@ -5,7 +5,8 @@ Usage: python coordinator_crash_child.py DATA_DIR STEP ACTION
 Opens coordinator 0 on DATA_DIR, ends one earlier transaction normally, opens
 a bystander (left OPEN) and a victim, prints their ids as JSON, then ends the
 victim with ACTION and SIGKILLs itself when the coordinator reports STEP for
-it (see ``txnstream.coordinator.coordinator.STEPS``).
+it (see ``txnstream.coordinator.coordinator.STEPS``). ACTION ``timeout``
+gives the victim a short timeout and lets the timer abort it.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 from txnstream.coordinator import RecordingParticipants, TxnID
 from txnstream.coordinator.coordinator import TransactionCoordinator
@@ -30,16 +32,20 @@ def main() -> None:
     tc.end_transaction(earlier, "commit")
     bystander = tc.new_transaction(timeout_ms=600_000, client_name="other")
     tc.add_produced_partitions(bystander, ["out-1"])
-    victim = tc.new_transaction(timeout_ms=600_000, client_name="crash-client")
-    tc.add_produced_partitions(victim, ["out-0", "out-1"])
-    tc.add_acked_subscriptions(victim, [("in", "sub")])
+    victims: list[TxnID] = []
 
     def hook(name: str, txn: TxnID) -> None:
-        if name == step and txn == victim:
+        if name == step and txn in victims:
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)
 
     tc.step_hook = hook
+    # A timeout must not fire before the partitions are added.
+    timeout = 1_000 if action == "timeout" else 600_000
+    victim = tc.new_transaction(timeout_ms=timeout, client_name="crash-client")
+    victims.append(victim)
+    tc.add_produced_partitions(victim, ["out-0", "out-1"])
+    tc.add_acked_subscriptions(victim, [("in", "sub")])
     print(
         json.dumps(
             {
@@ -50,7 +56,10 @@ def main() -> None:
         ),
         flush=True,
     )
-    tc.end_transaction(victim, action)
+    if action == "timeout":
+        time.sleep(60)  # the timer aborts the victim; the hook kills us
+    else:
+        tc.end_transaction(victim, action)
     print("NOT KILLED", flush=True)
     tc.close()
 

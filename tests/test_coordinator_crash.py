@@ -86,3 +86,22 @@ def test_kill_at_step_then_recover(tmp_path: Path, step: str, action: str) -> No
         assert tc.get_transaction(bystander).status is TxnStatus.OPEN
     finally:
         tc.close()
+
+
+@pytest.mark.parametrize("step", STEPS)
+def test_kill_during_timeout_abort_keeps_timed_out(tmp_path: Path, step: str) -> None:
+    """A timer abort killed at any step: after restart a late commit learns it timed out."""
+    ids = run_child(tmp_path, step, "timeout")
+    victim = TxnID(0, ids["victim"])
+    for _ in range(2):  # after the crash, then after a clean restart
+        parts = RecordingParticipants()
+        tc = reopen(tmp_path, parts)
+        try:
+            with pytest.raises(TransactionAlreadyAborted) as err:
+                tc.commit(victim)
+            assert err.value.details["timed_out"] is True
+            assert tc.abort(victim) is TxnStatus.ABORTED
+            info = tc.get_transaction(victim)
+            assert (info.status, info.timed_out) == (TxnStatus.ABORTED, True)
+        finally:
+            tc.close()

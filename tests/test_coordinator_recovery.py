@@ -69,6 +69,10 @@ def test_encoders_match_protobuf() -> None:
         new_status=proto.OPEN,
     )
     assert encode_txn_update(0, 1, 5, 0, 0) == upd.SerializeToString()
+    # The timed-out flag is the txnstream field 1000, only written when set.
+    upd.expected_status, upd.new_status, upd.timed_out = proto.OPEN, proto.ABORTING, True
+    assert encode_txn_update(0, 1, 5, 0, 3, True) == upd.SerializeToString()
+    assert encode_txn_update(0, 1, 5, 0, 3).endswith(b"\x50\x05")  # ends at field 10
     with pytest.raises(InvalidArgumentError, match="new_status"):
         encode_txn_update(0, 1, 5, 0, 7)
 

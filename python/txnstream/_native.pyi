@@ -247,7 +247,12 @@ def encode_txn_add_subscriptions(
     most_bits: int, least_bits: int, now: int, subscriptions: list[tuple[str, str]]
 ) -> bytes: ...
 def encode_txn_update(
-    most_bits: int, least_bits: int, now: int, expected_status: int, new_status: int
+    most_bits: int,
+    least_bits: int,
+    now: int,
+    expected_status: int,
+    new_status: int,
+    timed_out: bool = False,
 ) -> bytes: ...
 def fold_txn_log(ml: ManagedLedger, cursor: str, tc_id: int) -> dict[str, Any]: ...
 def fold_txn_entries(

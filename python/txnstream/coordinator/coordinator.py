@@ -244,14 +244,16 @@ class TransactionCoordinator:
             rec.timeout_ms,
             rec.start_time,
             rec.last_modified,
+            rec.timed_out,
             rec.client_name,
             rec.partitions,
             rec.subscriptions,
             strict=True,
         )
-        for span, (seq, st, timeout, start, modified, client, parts, subs) in enumerate(rows):
+        for span, (seq, st, timeout, start, modified, late, client, parts, subs) in enumerate(rows):
             meta = TxnMeta(seq, timeout, start, client, statuses[st])
             meta.last_modified = modified
+            meta.timed_out = late  # logged with the ending UPDATE (field 1000)
             meta.partitions = parts
             meta.subscriptions = subs
             meta.span = span
@@ -761,7 +763,7 @@ class TransactionCoordinator:
             target = act.ending_status
             check_transition(self._tid(seq), meta.status, target)
             now = self._clock()
-            record = encode_txn_update(self.tc_id, seq, now, TxnStatus.OPEN, target)
+            record = encode_txn_update(self.tc_id, seq, now, TxnStatus.OPEN, target, timed_out)
             meta.status = target
             meta.timed_out = timed_out
             meta.last_modified = now
@@ -836,7 +838,8 @@ class TransactionCoordinator:
         self.store.record(tid, meta.client_name, final, timed_out=meta.timed_out)
         self._hook("terminated_stored", seq)
         now = self._clock()
-        return encode_txn_update(self.tc_id, seq, now, meta.status, final), now
+        record = encode_txn_update(self.tc_id, seq, now, meta.status, final, meta.timed_out)
+        return record, now
 
     def _finish_locked(
         self, meta: TxnMeta, last: TxnPosition, now: int

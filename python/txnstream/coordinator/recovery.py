@@ -104,6 +104,7 @@ class FoldResult:
     timeout_ms: list[int]
     start_time: list[int]
     last_modified: list[int]
+    timed_out: list[bool]
     client_name: list[str | None]
     partitions: list[list[str] | None]
     subscriptions: list[list[tuple[str, str]] | None]
@@ -127,6 +128,7 @@ class FoldResult:
             timeout_ms=d["timeout_ms"].tolist(),
             start_time=d["start_time"].tolist(),
             last_modified=d["last_modified"].tolist(),
+            timed_out=d["timed_out"].tolist(),
             client_name=d["client_name"],
             partitions=d["partitions"],
             subscriptions=d["subscriptions"],

@@ -29,7 +29,7 @@ class Subscription(_message.Message):
     def __init__(self, topic: _Optional[str] = ..., subscription: _Optional[str] = ...) -> None: ...
 
 class TransactionMetadataEntry(_message.Message):
-    __slots__ = ("metadata_op", "txnid_least_bits", "txnid_most_bits", "expected_status", "new_status", "partitions", "subscriptions", "timeout_ms", "start_time", "last_modification_time", "max_local_txn_id", "owner", "client_name")
+    __slots__ = ("metadata_op", "txnid_least_bits", "txnid_most_bits", "expected_status", "new_status", "partitions", "subscriptions", "timeout_ms", "start_time", "last_modification_time", "max_local_txn_id", "owner", "client_name", "timed_out")
     class TransactionMetadataOp(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         NEW: _ClassVar[TransactionMetadataEntry.TransactionMetadataOp]
@@ -53,6 +53,7 @@ class TransactionMetadataEntry(_message.Message):
     MAX_LOCAL_TXN_ID_FIELD_NUMBER: _ClassVar[int]
     OWNER_FIELD_NUMBER: _ClassVar[int]
     CLIENT_NAME_FIELD_NUMBER: _ClassVar[int]
+    TIMED_OUT_FIELD_NUMBER: _ClassVar[int]
     metadata_op: TransactionMetadataEntry.TransactionMetadataOp
     txnid_least_bits: int
     txnid_most_bits: int
@@ -66,7 +67,8 @@ class TransactionMetadataEntry(_message.Message):
     max_local_txn_id: int
     owner: str
     client_name: str
-    def __init__(self, metadata_op: _Optional[_Union[TransactionMetadataEntry.TransactionMetadataOp, str]] = ..., txnid_least_bits: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., expected_status: _Optional[_Union[TxnStatus, str]] = ..., new_status: _Optional[_Union[TxnStatus, str]] = ..., partitions: _Optional[_Iterable[str]] = ..., subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ..., timeout_ms: _Optional[int] = ..., start_time: _Optional[int] = ..., last_modification_time: _Optional[int] = ..., max_local_txn_id: _Optional[int] = ..., owner: _Optional[str] = ..., client_name: _Optional[str] = ...) -> None: ...
+    timed_out: bool
+    def __init__(self, metadata_op: _Optional[_Union[TransactionMetadataEntry.TransactionMetadataOp, str]] = ..., txnid_least_bits: _Optional[int] = ..., txnid_most_bits: _Optional[int] = ..., expected_status: _Optional[_Union[TxnStatus, str]] = ..., new_status: _Optional[_Union[TxnStatus, str]] = ..., partitions: _Optional[_Iterable[str]] = ..., subscriptions: _Optional[_Iterable[_Union[Subscription, _Mapping]]] = ..., timeout_ms: _Optional[int] = ..., start_time: _Optional[int] = ..., last_modification_time: _Optional[int] = ..., max_local_txn_id: _Optional[int] = ..., owner: _Optional[str] = ..., client_name: _Optional[str] = ..., timed_out: _Optional[bool] = ...) -> None: ...
 
 class BatchedTransactionMetadataEntry(_message.Message):
     __slots__ = ("transaction_log",)

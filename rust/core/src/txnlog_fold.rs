@@ -16,7 +16,8 @@
 //! purged. Timeout, start time and client name come from the NEW record;
 //! partitions and subscriptions are the union in first-seen order;
 //! `last_modified` is the largest of the start time and the non-NEW
-//! records' modification times.
+//! records' modification times; `timed_out` is set when any UPDATE record
+//! carries the txnstream `timed_out` extension (an abort by the timer).
 
 use crate::ackset::AckSet;
 use crate::error::{Error, Result};
@@ -54,6 +55,8 @@ pub struct LiveTxn {
     pub subscriptions: Vec<u32>,
     /// Positions of its live records, in log order.
     pub positions: Vec<TxnPosition>,
+    /// Its end was caused by the timeout (ABORTING by the timer).
+    pub timed_out: bool,
 }
 
 /// The result of folding a whole log.
@@ -89,6 +92,7 @@ struct Acc {
     partitions: Vec<u32>,
     subscriptions: Vec<u32>,
     positions: Vec<TxnPosition>,
+    timed_out: bool,
 }
 
 impl Acc {
@@ -103,6 +107,7 @@ impl Acc {
             partitions: Vec::new(),
             subscriptions: Vec::new(),
             positions: Vec::new(),
+            timed_out: false,
         }
     }
 }
@@ -215,7 +220,10 @@ impl TxnLogFolder {
                     }
                 }
             }
-            OP_UPDATE => acc.status = acc.status.max(r.new_status),
+            OP_UPDATE => {
+                acc.status = acc.status.max(r.new_status);
+                acc.timed_out |= r.timed_out;
+            }
             _ => {}
         }
         acc.last_modified = acc.last_modified.max(r.last_modification_time);
@@ -274,6 +282,7 @@ impl TxnLogFolder {
                 partitions: a.partitions,
                 subscriptions: a.subscriptions,
                 positions: a.positions,
+                timed_out: a.timed_out,
             });
         }
         txns.sort_unstable_by_key(|t| t.seq);
@@ -335,6 +344,7 @@ mod tests {
         name: u8,
         time: u64,
         deleted: bool,
+        timed_out: bool,
     }
 
     fn gen() -> impl Strategy<Value = Gen> {
@@ -346,16 +356,20 @@ mod tests {
             0u8..4,
             0u64..1000,
             prop::bool::weighted(0.15),
+            prop::bool::weighted(0.2),
         )
-            .prop_map(|(op, seq, most, status, name, time, deleted)| Gen {
-                op,
-                seq,
-                most,
-                status,
-                name,
-                time,
-                deleted,
-            })
+            .prop_map(
+                |(op, seq, most, status, name, time, deleted, timed_out)| Gen {
+                    op,
+                    seq,
+                    most,
+                    status,
+                    name,
+                    time,
+                    deleted,
+                    timed_out,
+                },
+            )
     }
 
     fn encode(g: &Gen) -> Vec<u8> {
@@ -379,7 +393,10 @@ mod tests {
             }
             OP_ADD_PARTITION => e.partitions = &parts,
             OP_ADD_SUBSCRIPTION => e.subscriptions = &subs,
-            _ => e.new_status = (g.status >= 0).then_some(g.status),
+            _ => {
+                e.new_status = (g.status >= 0).then_some(g.status);
+                e.timed_out = g.timed_out;
+            }
         }
         e.encode()
     }
@@ -393,6 +410,7 @@ mod tests {
         Vec<String>,
         Vec<(String, String)>,
         usize,
+        bool,
     );
 
     /// The obvious fold over prost-decoded messages.
@@ -427,6 +445,9 @@ mod tests {
                 continue;
             }
             let new = news[news.len() - 1];
+            let timed_out = ms
+                .iter()
+                .any(|m| m.metadata_op == Some(3) && m.timed_out == Some(true));
             let mut parts: Vec<String> = Vec::new();
             let mut subs: Vec<(String, String)> = Vec::new();
             let mut modified = 0;
@@ -460,6 +481,7 @@ mod tests {
                     parts,
                     subs,
                     ms.len(),
+                    timed_out,
                 ),
             );
         }
@@ -492,7 +514,7 @@ mod tests {
                     let (a, b) = f.pairs[p as usize];
                     (s(a), s(b))
                 }).collect();
-                (t.seq, (t.status, t.timeout_ms, t.start_time, t.last_modified, client, parts, subs, t.positions.len()))
+                (t.seq, (t.status, t.timeout_ms, t.start_time, t.last_modified, client, parts, subs, t.positions.len(), t.timed_out))
             }).collect();
             prop_assert_eq!(got, want);
             prop_assert!(f.txns.windows(2).all(|w| w[0].seq < w[1].seq));

@@ -20,6 +20,11 @@ pub const OP_ADD_SUBSCRIPTION: i8 = 2;
 /// A status change.
 pub const OP_UPDATE: i8 = 3;
 
+/// Field number of the txnstream `timed_out` extension (far above Pulsar's).
+pub const FIELD_TIMED_OUT: u32 = 1000;
+/// Its key, field 1000 wire type varint: `1000 << 3 = 8000` as a varint.
+const KEY_TIMED_OUT: [u8; 2] = [0xC0, 0x3E];
+
 /// `TxnStatus` values.
 pub const STATUS_OPEN: i8 = 0;
 /// Committing.
@@ -61,6 +66,8 @@ pub struct TxnRecord<'a> {
     pub owner: &'a str,
     /// PIP-255 client name.
     pub client_name: &'a str,
+    /// txnstream field 1000: the abort was caused by the timeout.
+    pub timed_out: bool,
 }
 
 impl Default for TxnRecord<'_> {
@@ -79,6 +86,7 @@ impl Default for TxnRecord<'_> {
             max_local_txn_id: 0,
             owner: "",
             client_name: "",
+            timed_out: false,
         }
     }
 }
@@ -127,7 +135,8 @@ pub fn decode(r: &[u8]) -> Result<TxnRecord<'_>> {
             (11, Value::Varint(v)) => out.max_local_txn_id = v,
             (12, Value::Bytes(b)) => out.owner = text(b, at)?,
             (13, Value::Bytes(b)) => out.client_name = text(b, at)?,
-            (1..=13, _) => return Err(wrong_type(field, at)),
+            (FIELD_TIMED_OUT, Value::Varint(v)) => out.timed_out = v != 0,
+            (1..=13 | FIELD_TIMED_OUT, _) => return Err(wrong_type(field, at)),
             _ => {}
         }
     }
@@ -163,6 +172,9 @@ pub struct Encode<'a> {
     pub owner: Option<&'a str>,
     /// PIP-255 client name.
     pub client_name: Option<&'a str>,
+    /// The abort was caused by the timeout (written only when true, so
+    /// every other record is byte-identical to Pulsar's).
+    pub timed_out: bool,
 }
 
 fn varint(out: &mut Vec<u8>, mut v: u64) {
@@ -241,6 +253,10 @@ impl Encode<'_> {
         if let Some(c) = self.client_name {
             bytes_field(out, 0x6A, c.as_bytes());
         }
+        if self.timed_out {
+            out.extend_from_slice(&KEY_TIMED_OUT);
+            out.push(1);
+        }
     }
 
     /// The serialized record.
@@ -280,6 +296,7 @@ mod tests {
             max_local_txn_id: e.max_local_txn_id,
             owner: e.owner.map(str::to_owned),
             client_name: e.client_name.map(str::to_owned),
+            timed_out: e.timed_out.then_some(true),
         }
     }
 
@@ -296,6 +313,7 @@ mod tests {
             ints in proptest::collection::vec(proptest::option::of(any::<u64>()), 4),
             owner in proptest::option::of("[a-z]{0,5}"),
             client in proptest::option::of("[a-zA-Z0-9]{0,20}"),
+            timed_out in any::<bool>(),
         ) {
             let part_refs: Vec<&str> = parts.iter().map(String::as_str).collect();
             let sub_refs: Vec<(&str, &str)> =
@@ -307,6 +325,7 @@ mod tests {
                 timeout_ms: ints[0], start_time: ints[1],
                 last_modification_time: ints[2], max_local_txn_id: ints[3],
                 owner: owner.as_deref(), client_name: client.as_deref(),
+                timed_out,
             };
             let bytes = e.encode();
             prop_assert_eq!(&bytes, &as_proto(&e).encode_to_vec());
@@ -320,6 +339,7 @@ mod tests {
             prop_assert_eq!(d.timeout_ms, ints[0].unwrap_or(0));
             prop_assert_eq!(d.max_local_txn_id, ints[3].unwrap_or(0));
             prop_assert_eq!(d.client_name, client.as_deref().unwrap_or(""));
+            prop_assert_eq!(d.timed_out, timed_out);
         }
     }
 
@@ -333,5 +353,40 @@ mod tests {
             );
         }
         assert_eq!(decode(b"").unwrap(), TxnRecord::default());
+        // The timed_out extension with a wrong wire type is rejected too.
+        assert!(matches!(
+            decode(b"\xC2\x3E\x00"),
+            Err(Error::CorruptEntry { .. })
+        ));
+    }
+
+    #[test]
+    fn timed_out_is_skipped_by_readers_without_the_field() {
+        // A reader built from Pulsar's schema (fields 1..13) sees the same
+        // record with or without the extension: protobuf skips unknown fields.
+        let base = Encode {
+            op: OP_UPDATE,
+            least_bits: 7,
+            expected_status: Some(STATUS_ABORTING),
+            new_status: Some(STATUS_ABORTED),
+            last_modification_time: Some(5),
+            ..Encode::default()
+        };
+        let plain = base.encode();
+        let flagged = Encode {
+            timed_out: true,
+            ..base
+        }
+        .encode();
+        assert_eq!(&flagged[..plain.len()], &plain[..]);
+        assert_eq!(&flagged[plain.len()..], &[0xC0, 0x3E, 0x01]);
+        let mut pulsar = TransactionMetadataEntry::decode(flagged.as_slice()).unwrap();
+        pulsar.timed_out = None; // what a reader without field 1000 keeps
+        assert_eq!(
+            pulsar,
+            TransactionMetadataEntry::decode(plain.as_slice()).unwrap()
+        );
+        assert!(decode(&flagged).unwrap().timed_out);
+        assert!(!decode(&plain).unwrap().timed_out);
     }
 }

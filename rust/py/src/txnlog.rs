@@ -104,8 +104,11 @@ pub fn encode_txn_add_subscriptions<'py>(
     )
 }
 
-/// An UPDATE record ``expected_status -> new_status``.
+/// An UPDATE record ``expected_status -> new_status``; ``timed_out`` marks
+/// an abort caused by the timeout (txnstream field 1000, written only when
+/// true).
 #[pyfunction]
+#[pyo3(signature = (most_bits, least_bits, now, expected_status, new_status, timed_out = false))]
 pub fn encode_txn_update<'py>(
     py: Python<'py>,
     most_bits: u64,
@@ -113,6 +116,7 @@ pub fn encode_txn_update<'py>(
     now: u64,
     expected_status: i64,
     new_status: i64,
+    timed_out: bool,
 ) -> BindResult<Bound<'py, PyBytes>> {
     Ok(bytes(
         py,
@@ -123,6 +127,7 @@ pub fn encode_txn_update<'py>(
             expected_status: Some(status_arg(expected_status, "expected_status")?),
             new_status: Some(status_arg(new_status, "new_status")?),
             last_modification_time: Some(now),
+            timed_out,
             ..Encode::default()
         },
     ))
@@ -144,6 +149,7 @@ fn folded_dict<'py>(py: Python<'py>, f: Folded) -> PyResult<Bound<'py, PyDict>> 
     let mut timeout = Vec::with_capacity(n);
     let mut start = Vec::with_capacity(n);
     let mut modified = Vec::with_capacity(n);
+    let mut timed_out = Vec::with_capacity(n);
     let mut offsets = Vec::with_capacity(n + 1);
     offsets.push(0i64);
     let none = py.None();
@@ -159,6 +165,7 @@ fn folded_dict<'py>(py: Python<'py>, f: Folded) -> PyResult<Bound<'py, PyDict>> 
         timeout.push(t.timeout_ms);
         start.push(t.start_time);
         modified.push(t.last_modified);
+        timed_out.push(t.timed_out);
         if t.client_name == NO_NAME {
             clients.append(&none)?;
         } else {
@@ -194,6 +201,7 @@ fn folded_dict<'py>(py: Python<'py>, f: Folded) -> PyResult<Bound<'py, PyDict>> 
     d.set_item("timeout_ms", timeout.into_pyarray(py))?;
     d.set_item("start_time", start.into_pyarray(py))?;
     d.set_item("last_modified", modified.into_pyarray(py))?;
+    d.set_item("timed_out", timed_out.into_pyarray(py))?;
     d.set_item("client_name", clients)?;
     d.set_item("partitions", parts)?;
     d.set_item("subscriptions", subs)?;

@@ -1,11 +1,11 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 import pytest
 from txnstream.coordinator.status import TxnStatus
-from txnstream.coordinator.terminated import TerminatedTxnStore
+from txnstream.coordinator.terminated import COMPACT_SLACK, TerminatedTxnStore, txn_key
 from txnstream.coordinator.txn_id import TxnID
 from txnstream.errors import CorruptEntryError, InvalidArgumentError
 from txnstream.proto import TerminatedTxnState
@@ -22,23 +22,47 @@ class FakeClock:
 
 
 class MemoryTopic:
-    """Compacted-topic semantics in memory: newest value per key, None deletes."""
+    """Compacted-topic semantics in memory: newest value per key, None deletes.
+
+    ``entries`` counts records as a log holds them until ``compact``;
+    ``before_put`` (if set) runs before each ``put_many`` is applied.
+    """
 
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}
         self.puts: list[tuple[str, bytes | None]] = []
+        self.entries = 0
+        self.max_entries = 0
+        self.compactions = 0
+        self.before_put: Callable[[Sequence[tuple[str, bytes | None]]], None] | None = None
         self.lock = threading.Lock()
 
-    def put(self, key: str, value: bytes | None) -> None:
+    def put_many(self, records: Sequence[tuple[str, bytes | None]]) -> None:
+        if self.before_put is not None:
+            self.before_put(records)
         with self.lock:
-            self.puts.append((key, value))
-            if value is None:
-                self.data.pop(key, None)
-            else:
-                self.data[key] = value
+            for key, value in records:
+                self.puts.append((key, value))
+                self.entries += 1
+                if value is None:
+                    self.data.pop(key, None)
+                else:
+                    self.data[key] = value
+            self.max_entries = max(self.max_entries, self.entries)
 
     def items(self) -> Iterable[tuple[str, bytes]]:
         return list(self.data.items())
+
+    def compact(self) -> None:
+        with self.lock:
+            self.entries = len(self.data)
+            self.compactions += 1
+
+
+def state_of(topic: MemoryTopic, txn: TxnID) -> TerminatedTxnState:
+    state = TerminatedTxnState()
+    state.ParseFromString(topic.data[txn_key(txn)])
+    return state
 
 
 def t(i: int) -> TxnID:
@@ -72,17 +96,23 @@ def test_count_expiry_keeps_newest_per_client() -> None:
     assert rec.timed_out
     assert rec.client_name == "b"
     assert len(store) == 6
-    state = TerminatedTxnState()
-    state.ParseFromString(topic.data["a"])
-    assert [x.txnid_least_bits for x in state.txns] == [7, 8, 9]
+    # One key per transaction; pushed-out transactions are deleted.
+    assert sorted(topic.data) == sorted(txn_key(t(i)) for i in (7, 8, 9, 107, 108, 109))
+    state = state_of(topic, t(108))
+    assert state.client_name == "b"
+    assert [(x.txnid_least_bits, x.status, x.timed_out) for x in state.txns] == [
+        (108, TxnStatus.ABORTED, True)
+    ]
 
 
 def test_record_is_idempotent_and_rejects_open() -> None:
     topic = MemoryTopic()
     store = TerminatedTxnStore(3, persistence=topic)
     store.record(t(1), "a", TxnStatus.COMMITTED)
-    store.record(t(1), "a", TxnStatus.COMMITTED)
-    assert topic.puts.count(("a", topic.data["a"])) == 1
+    first = topic.data[txn_key(t(1))]
+    store.record(t(1), "a", TxnStatus.ABORTED)  # the first outcome stays
+    assert topic.data == {txn_key(t(1)): first}
+    assert len(store) == 1
     with pytest.raises(InvalidArgumentError, match="OPEN"):
         store.record(t(2), "a", TxnStatus.OPEN)
 
@@ -103,11 +133,11 @@ def test_age_expiry_by_sweep_deletes_forgotten_client() -> None:
     assert store.sweep() == 2
     assert store.clients() == []
     assert topic.data == {}
-    assert ("old", None) in topic.puts
-    assert ("new", None) in topic.puts
-    # Bookkeeping for deleted clients is gone too (memory stays bounded).
-    assert store._version == {}
-    assert store._persisted == {}
+    assert (txn_key(t(2)), None) in topic.puts
+    assert (txn_key(t(3)), None) in topic.puts
+    # The sweep compacted the topic: nothing but live keys remain.
+    assert topic.entries == 0
+    assert store.topic_entries() == 0
 
 
 def test_restore_after_restart_drops_expired() -> None:
@@ -156,7 +186,7 @@ def test_memory_bounded_by_count_times_clients() -> None:
     assert len(store._index) == 200
 
 
-def test_concurrent_ends_of_one_client_coalesce_puts() -> None:
+def test_concurrent_ends_of_one_client_all_persisted() -> None:
     topic = MemoryTopic()
     store = TerminatedTxnStore(1_000, persistence=topic)
     threads = [
@@ -172,7 +202,69 @@ def test_concurrent_ends_of_one_client_coalesce_puts() -> None:
     for th in threads:
         th.join()
     assert len(store) == 1_000
-    state = TerminatedTxnState()
-    state.ParseFromString(topic.data["shared"])
-    # The last persisted value covers the final in-memory state.
-    assert len(state.txns) == 1_000
+    # The topic holds exactly the remembered transactions.
+    ended = [t(k * 1000 + i) for k in range(8) for i in range(200)]
+    assert {txn_key(x) for x in ended if store.lookup(x) is not None} == set(topic.data)
+
+
+def test_each_end_writes_constant_bytes() -> None:
+    """An end costs O(1) bytes, not a rewrite of the client's whole list."""
+    topic = MemoryTopic()
+    store = TerminatedTxnStore(500, persistence=topic)
+    sizes: list[int] = []
+    for i in range(2_000):
+        n = len(topic.puts)
+        store.record(t(i), "client", TxnStatus.COMMITTED)
+        new = topic.puts[n:]
+        assert len(new) == (1 if i < 500 else 2)  # the record (+ a tombstone once full)
+        sizes.append(sum(len(v or b"") for _, v in new))
+    assert max(sizes) < 64
+    assert len(store) == 500
+
+
+def test_topic_is_compacted_and_stays_bounded() -> None:
+    topic = MemoryTopic()
+    store = TerminatedTxnStore(10, persistence=topic)
+    for i in range(20_000):
+        store.record(t(i), f"c{i % 7}", TxnStatus.COMMITTED)
+    assert topic.compactions >= 1
+    assert topic.max_entries <= 2 * 70 + COMPACT_SLACK + 2
+    assert store.sweep() == 0  # nothing expired, but the garbage is compacted away
+    assert topic.entries == len(topic.data) == 70
+
+
+def test_late_record_after_eviction_is_deleted() -> None:
+    """A record that lands after its transaction was pushed out is deleted again."""
+    topic = MemoryTopic()
+    store = TerminatedTxnStore(1, persistence=topic)
+
+    def race(records: Sequence[tuple[str, bytes | None]]) -> None:
+        if records[0][0] == txn_key(t(1)):
+            topic.before_put = None
+            store.record(t(2), "a", TxnStatus.COMMITTED)  # pushes t(1) out first
+
+    topic.before_put = race
+    store.record(t(1), "a", TxnStatus.COMMITTED)
+    assert store.lookup(t(1)) is None
+    assert set(topic.data) == {txn_key(t(2))}
+
+
+def test_restore_reads_per_client_values_and_rewrites_them() -> None:
+    clock = FakeClock()
+    topic = MemoryTopic()
+    legacy = TerminatedTxnState(client_name="a")
+    for i in (1, 2, 3):
+        legacy.txns.add(
+            txnid_least_bits=i, txnid_most_bits=0, status=4, end_time=clock.now + i, timed_out=True
+        )
+    topic.data["a"] = legacy.SerializeToString()
+    store = TerminatedTxnStore(2, persistence=topic, clock=clock)
+    assert store.restore() == 2
+    assert store.lookup(t(1)) is None
+    rec = store.lookup(t(3))
+    assert rec is not None
+    assert (rec.status, rec.timed_out, rec.client_name) == (TxnStatus.ABORTED, True, "a")
+    assert set(topic.data) == {txn_key(t(2)), txn_key(t(3))}
+    again = TerminatedTxnStore(2, persistence=topic, clock=clock)
+    assert again.restore() == 2
+    assert state_of(topic, t(2)).txns[0].end_time == clock.now + 2

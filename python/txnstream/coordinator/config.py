@@ -17,7 +17,10 @@ class CoordinatorConfig:
     ``transaction_meta_persist_*`` are PIP-255's three settings (count 0 =
     idempotent end off). ``batched_write_*`` configure the log's
     BufferedWriter (PIP-160). ``sequence_reserve_block`` is how many ids one
-    durable reservation of the sequence mark covers.
+    durable reservation of the sequence mark covers. ``end_workers`` threads
+    run background ends (timeouts, recovery resumes); each run makes at most
+    ``background_end_attempts`` attempts on failing participants, then the
+    end is rescheduled with backoff (``retry``) so the pool keeps moving.
     """
 
     default_timeout_ms: int = 60_000
@@ -31,6 +34,7 @@ class CoordinatorConfig:
     transaction_meta_expire_check_interval_in_second: float = 300
     sequence_reserve_block: int = 1 << 16
     end_workers: int = 4
+    background_end_attempts: int = 3
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def __post_init__(self) -> None:
@@ -41,6 +45,7 @@ class CoordinatorConfig:
             "batched_write_max_size",
             "sequence_reserve_block",
             "end_workers",
+            "background_end_attempts",
         )
         for key in positive_ints:
             value = getattr(self, key)

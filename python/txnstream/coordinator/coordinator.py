@@ -30,6 +30,7 @@ are purged.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -56,6 +57,7 @@ from txnstream.coordinator.metadata import TransactionInfo, TxnMeta
 from txnstream.coordinator.participants import (
     NullParticipants,
     ParticipantResolver,
+    ParticipantsFailed,
     end_participants,
 )
 from txnstream.coordinator.recovery import PositionColumns, PositionTable
@@ -85,6 +87,9 @@ log = logging.getLogger(__name__)
 STEPS = ("ending_logged", "participants_done", "terminated_stored", "final_logged")
 
 StepHook = Callable[[str, TxnID], None]
+
+#: Shortest delay before a background end whose participants failed runs again.
+BACKGROUND_RETRY_MIN_MS = 20
 
 
 def log_name(tc_id: int) -> str:
@@ -148,9 +153,22 @@ class TransactionCoordinator:
         )
         self._timers = TimerService(clock, name=f"txnstream-tc{tc_id}-timer")
         self._fire_timeout_cb = self._fire_timeout
+        self._fire_resume_cb = self._fire_resume
+        # Background ends (timeouts, recovery resumes, retries) make at most
+        # this many attempts per run, then reschedule through the timer, so a
+        # participant that never answers cannot occupy the pool.
+        retry = self.config.retry
+        attempts = self.config.background_end_attempts
+        if retry.max_attempts is not None:
+            attempts = min(attempts, retry.max_attempts)
+        self._bg_retry = dataclasses.replace(retry, max_attempts=attempts)
         self._executor = ThreadPoolExecutor(
             self.config.end_workers, thread_name_prefix=f"txnstream-tc{tc_id}-end"
         )
+        # The sweep and compactions of the terminated store never queue
+        # behind ends.
+        self._maintenance = ThreadPoolExecutor(1, thread_name_prefix=f"txnstream-tc{tc_id}-maint")
+        self.store.schedule_compaction = self._schedule_compaction
         try:
             self._recover()
         except BaseException:
@@ -280,6 +298,18 @@ class TransactionCoordinator:
         }
         for seq in resume:
             self._executor.submit(self._resume, seq)
+
+    def _schedule_compaction(self) -> None:
+        # RuntimeError: the pool is shut down, the coordinator is closing.
+        with contextlib.suppress(RuntimeError):
+            self._maintenance.submit(self._compact_store)
+
+    def _compact_store(self) -> None:
+        try:
+            self.store.compact()
+        except Exception:
+            if not self._closed:
+                log.exception("compacting the terminated-transaction topic failed")
 
     def _release_span(self, meta: TxnMeta) -> PositionColumns | None:
         # Under the lock: the recovered records of an ended transaction.
@@ -781,11 +811,15 @@ class TransactionCoordinator:
             meta.done = threading.Event()
         return meta, None, False, meta.done
 
-    def _end(self, seq: int, act: TxnAction, *, timed_out: bool) -> TxnMeta | None:
+    def _end(
+        self, seq: int, act: TxnAction, *, timed_out: bool, background: bool = False
+    ) -> TxnMeta | None:
         """Drive or wait for the end of ``seq``; None if it is not in memory.
 
         With ``timed_out`` (the timer) nothing happens unless the transaction
-        is still OPEN past its deadline.
+        is still OPEN past its deadline. ``background`` (a pool thread):
+        participants get a bounded number of attempts (``ParticipantsFailed``
+        then), and an end another thread drives is not waited for.
         """
         while True:
             with self._lock:
@@ -794,9 +828,9 @@ class TransactionCoordinator:
             if meta is None:
                 return None
             if drive:
-                self._drive(meta, record)
+                self._drive(meta, record, background)
                 return meta
-            if done is None:
+            if done is None or background:
                 return meta
             done.wait()
             if meta.status.is_final:
@@ -818,7 +852,7 @@ class TransactionCoordinator:
             if not self._closed:
                 self._arm(meta, meta.deadline)
 
-    def _end_participants(self, meta: TxnMeta) -> tuple[bytes, int]:
+    def _end_participants(self, meta: TxnMeta, background: bool = False) -> tuple[bytes, int]:
         """Run steps 2-3 once the ending UPDATE is durable; return the final record."""
         seq = meta.seq
         tid = self._tid(seq)
@@ -830,7 +864,7 @@ class TransactionCoordinator:
             list(meta.partitions or ()),
             list(meta.subscriptions or ()),
             self.participants,
-            self.config.retry,
+            self._bg_retry if background else self.config.retry,
             self._stop,
         )
         self._hook("participants_done", seq)
@@ -853,12 +887,15 @@ class TransactionCoordinator:
         positions.append(last)
         meta.positions = []
         meta.partitions = meta.subscriptions = None
+        if meta.timer is not None:  # a pending background retry
+            self._timers.cancel(meta.timer)  # type: ignore[arg-type]
+            meta.timer = None
         self._counts["committed" if commit else "aborted"] += 1
         if meta.timed_out:
             self._counts["timed_out"] += 1
         return positions, self._release_span(meta)
 
-    def _drive(self, meta: TxnMeta, record: bytes | None) -> None:
+    def _drive(self, meta: TxnMeta, record: bytes | None, background: bool = False) -> None:
         """Run steps 1-5 of ending (see module doc) for a transaction we drive."""
         try:
             if record is not None:
@@ -868,7 +905,7 @@ class TransactionCoordinator:
                     self._ending_not_logged(meta)
                     raise
                 self._note_position(meta, pos)
-            final_record, now = self._end_participants(meta)
+            final_record, now = self._end_participants(meta, background)
             with self._lock:
                 self._check_open()
             last = self._durable(final_record)
@@ -882,15 +919,44 @@ class TransactionCoordinator:
             self._release(meta)
 
     def _resume(self, seq: int) -> None:
-        meta = self._txns.get(seq)
-        if meta is None or self._closed:
-            return
-        act = TxnAction.COMMIT if meta.status is TxnStatus.COMMITTING else TxnAction.ABORT
+        # A background run finishing an end decided earlier (recovery, retry).
+        with self._lock:
+            meta = self._txns.get(seq)
+            if meta is None or self._closed or not meta.status.is_ending:
+                return
+            meta.timer = None  # this run is the scheduled retry
+            act = TxnAction.COMMIT if meta.status is TxnStatus.COMMITTING else TxnAction.ABORT
+        self._background_end(seq, act, timed_out=False)
+
+    def _background_end(self, seq: int, act: TxnAction, *, timed_out: bool) -> TxnMeta | None:
         try:
-            self._end(seq, act, timed_out=False)
+            return self._end(seq, act, timed_out=timed_out, background=True)
+        except ParticipantsFailed:
+            self._retry_later(seq)
         except Exception:
             if not self._closed:
-                log.exception("finishing transaction %s after recovery failed", self._tid(seq))
+                log.exception("ending transaction %s in the background failed", self._tid(seq))
+        return None
+
+    def _retry_later(self, seq: int) -> None:
+        """Reschedule a background end whose participants kept failing (backoff)."""
+        with self._lock:
+            meta = self._txns.get(seq)
+            if meta is None or self._closed or not meta.status.is_ending:
+                return
+            if meta.timer is not None:
+                return  # a retry is already scheduled
+            meta.retries += 1
+            policy = self._bg_retry
+            attempt = meta.retries * (policy.max_attempts or 1)
+            delay = max(BACKGROUND_RETRY_MIN_MS, policy.backoff_ms(attempt))
+            meta.timer = self._timers.schedule(
+                self._clock() + int(delay), self._fire_resume_cb, seq
+            )
+
+    def _fire_resume(self, seq: int) -> None:
+        with contextlib.suppress(RuntimeError):
+            self._executor.submit(self._resume, seq)
 
     def _arm(self, meta: TxnMeta, deadline: int) -> None:
         # Shared bound callback + the sequence as argument: no closure per transaction.
@@ -902,15 +968,11 @@ class TransactionCoordinator:
             self._executor.submit(self._on_timeout, seq)
 
     def _on_timeout(self, seq: int) -> None:
-        try:
-            meta = self._end(seq, TxnAction.ABORT, timed_out=True)
-            if meta is not None:
-                with self._lock:
-                    if meta.status is TxnStatus.OPEN and not self._closed:
-                        self._arm(meta, meta.deadline)
-        except Exception:
-            if not self._closed:
-                log.exception("aborting timed-out transaction %s failed", self._tid(seq))
+        meta = self._background_end(seq, TxnAction.ABORT, timed_out=True)
+        if meta is not None:
+            with self._lock:
+                if meta.status is TxnStatus.OPEN and not self._closed:
+                    self._arm(meta, meta.deadline)
 
     # ------------------------------------------------------------ queries
 
@@ -1006,7 +1068,7 @@ class TransactionCoordinator:
 
         def fire() -> None:
             with contextlib.suppress(RuntimeError):
-                self._executor.submit(sweep)
+                self._maintenance.submit(sweep)
 
         def sweep() -> None:
             try:
@@ -1027,6 +1089,7 @@ class TransactionCoordinator:
         self._stop.set()
         self._timers.close()
         self._executor.shutdown(wait=True, cancel_futures=True)
+        self._maintenance.shutdown(wait=True, cancel_futures=True)
 
     def close(self) -> None:
         """Stop timers and background ends, close the log and the store topic.
@@ -1043,6 +1106,7 @@ class TransactionCoordinator:
         self._timers.close()
         self._log.close()
         self._executor.shutdown(wait=True, cancel_futures=True)
+        self._maintenance.shutdown(wait=True, cancel_futures=True)
         for close in reversed(self._closers):
             try:
                 close()

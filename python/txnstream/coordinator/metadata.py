@@ -29,6 +29,7 @@ class TxnMeta:
         "last_modified",
         "partitions",
         "positions",
+        "retries",
         "seq",
         "span",
         "start_time",
@@ -63,8 +64,11 @@ class TxnMeta:
         # Set while some thread drives the end; waiters block on ``done``.
         self.driver = False
         self.done: threading.Event | None = None
-        # Cancellation handle of the armed timeout (see timeouts.TimerService).
+        # Cancellation handle of the armed timeout (OPEN) or of the next
+        # background retry of a stalled end (COMMITTING/ABORTING).
         self.timer: object | None = None
+        # Background runs of the end that failed on participants (backoff).
+        self.retries = 0
 
     @property
     def deadline(self) -> int:

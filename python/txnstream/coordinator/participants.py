@@ -77,7 +77,10 @@ class RetryPolicy:
 
     ``max_attempts=None`` retries until the coordinator closes (an ended
     transaction's outcome is decided; giving up is never correct, only
-    pausing until recovery or the next end request resumes it).
+    pausing until recovery or the next end request resumes it). That
+    applies to a client's end request; background ends (timeouts, recovery)
+    make at most ``CoordinatorConfig.background_end_attempts`` attempts per
+    run and then reschedule themselves, so they never hold a pool thread.
     """
 
     initial_backoff_ms: float = 5.0

@@ -1,23 +1,34 @@
 """TerminatedTxnStore (PIP-255): remembers how recent transactions ended.
 
 Per client name the store keeps the newest ``persist_count`` terminated
-transactions (id, final status, end time, timed-out flag). Each change is
-persisted -- the client's whole list, keyed by client name, in a compacted
-topic -- *before* the coordinator logs the final COMMITTED/ABORTED record, so
-a crash cannot lose it. Entries older than ``persist_time_ms`` are dropped by
-:meth:`TerminatedTxnStore.sweep`, which the coordinator runs every
-``expire_check_interval`` (clients left with nothing are deleted from the
-topic). Memory is bounded by ``persist_count`` x clients.
+transactions (id, final status, end time, timed-out flag) in memory; memory
+is bounded by ``persist_count`` x clients. Each end is persisted *before*
+the coordinator logs the final COMMITTED/ABORTED record, so a crash cannot
+lose it.
 
-Concurrent ends of one client are coalesced: each change bumps the client's
-version and a flush that persists version *v* satisfies every waiter at or
-below *v* (PIP-255's append/flush split).
+Layout of the compacted topic (``__terminated_txn_state_<tc_id>``): one key
+**per transaction**, ``"<most>:<least>"``, whose value is a
+``TerminatedTxnState`` holding that client's name and the one transaction.
+Pulsar keys its topic by client name and rewrites the client's whole list
+on every end; that costs O(``persist_count``) bytes per end and makes the
+topic grow by that much each time. With a key per transaction an end costs
+O(1) bytes: one record for the new transaction plus a tombstone for the one
+it pushes out of the client's newest ``persist_count`` (both in one group
+commit). "Newest ``count`` per client" is rebuilt on :meth:`restore` by
+grouping the values by client name (a value written under the older
+per-client layout is read too and rewritten per transaction).
+
+Tombstones and overwritten values are garbage until the topic is
+compacted: :meth:`sweep` (run every ``expire_check_interval``) drops entries
+older than ``persist_time_ms`` and compacts when a quarter of the records
+are garbage, and writes request a compaction once the topic holds more than
+about twice the live keys, so the topic stays O(live keys).
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -27,40 +38,63 @@ from txnstream.coordinator.txn_id import TxnID
 from txnstream.errors import CorruptEntryError, InvalidArgumentError
 from txnstream.proto import TerminatedTxnState
 
-_STRIPES = 64
+#: Writes request a compaction once garbage exceeds the live keys plus this.
+COMPACT_SLACK = 1024
 
 
 class TerminatedPersistence(Protocol):
     """Durable key/value storage for the store (a compacted topic)."""
 
-    def put(self, key: str, value: bytes | None) -> object:
-        """Store ``value`` under ``key`` durably; ``None`` deletes the key."""
+    def put_many(self, records: Sequence[tuple[str, bytes | None]]) -> object:
+        """Store every ``(key, value)`` durably, in order; a ``None`` value deletes."""
 
     def items(self) -> Iterable[tuple[str, bytes]]:
         """Every live key and its newest value."""
 
+    def compact(self) -> object:
+        """Drop everything but the newest value of each live key."""
+
 
 class InMemoryTerminatedPersistence:
-    """Compacted-topic semantics in memory (newest value per key; None deletes)."""
+    """Compacted-topic semantics in memory (newest value per key; None deletes).
+
+    ``entries`` counts records as a topic would hold them (tombstones and
+    overwritten values included) until :meth:`compact`.
+    """
 
     def __init__(self) -> None:
         self.data: dict[str, bytes] = {}
         self.puts = 0
+        self.entries = 0
+        self.compactions = 0
         self._lock = threading.Lock()
 
     def put(self, key: str, value: bytes | None) -> None:
         """Store or delete ``key``."""
+        self.put_many([(key, value)])
+
+    def put_many(self, records: Sequence[tuple[str, bytes | None]]) -> None:
+        """Store or delete every key, in order."""
         with self._lock:
-            self.puts += 1
-            if value is None:
-                self.data.pop(key, None)
-            else:
-                self.data[key] = value
+            for key, value in records:
+                self.puts += 1
+                self.entries += 1
+                if value is None:
+                    self.data.pop(key, None)
+                else:
+                    self.data[key] = value
 
     def items(self) -> list[tuple[str, bytes]]:
         """Return every key and value."""
         with self._lock:
             return list(self.data.items())
+
+    def compact(self) -> dict[str, int]:
+        """Forget garbage: only the live keys remain."""
+        with self._lock:
+            before, self.entries = self.entries, len(self.data)
+            self.compactions += 1
+            return {"entries_before": before, "entries_after": self.entries}
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +106,11 @@ class TerminatedRecord:
     status: TxnStatus
     end_time: int
     timed_out: bool
+
+
+def txn_key(txn_id: TxnID) -> str:
+    """Topic key of one terminated transaction: ``"<most>:<least>"``."""
+    return f"{txn_id.most_bits}:{txn_id.least_bits}"
 
 
 def _final(status: TxnStatus) -> TxnStatus:
@@ -87,8 +126,25 @@ def _final(status: TxnStatus) -> TxnStatus:
     )
 
 
+def _encode(client: str, txn_id: TxnID, status: TxnStatus, end_time: int, timed_out: bool) -> bytes:
+    state = TerminatedTxnState(client_name=client)
+    state.txns.add(
+        txnid_least_bits=txn_id.least_bits,
+        txnid_most_bits=txn_id.most_bits,
+        status=int(status),
+        end_time=end_time,
+        timed_out=timed_out,
+    )
+    return state.SerializeToString()
+
+
 class TerminatedTxnStore:
-    """Per-client memory of terminated transactions, persisted and expiring."""
+    """Per-client memory of terminated transactions, persisted and expiring.
+
+    ``schedule_compaction``, when set, is called (without locks held) when
+    writes have left enough garbage in the topic; it should arrange for
+    :meth:`compact` to run in the background. Unset, writes compact inline.
+    """
 
     def __init__(
         self,
@@ -118,16 +174,21 @@ class TerminatedTxnStore:
             )
         self.persist_count = persist_count
         self.persist_time_ms = persist_time_ms
+        self.schedule_compaction: Callable[[], None] | None = None
         self._persistence = persistence
         self._clock = clock
         self._lock = threading.Lock()
         # client -> {txn_id: (status, end_time, timed_out)} in end order (oldest first).
         self._clients: dict[str, dict[TxnID, tuple[TxnStatus, int, bool]]] = {}
         self._index: dict[TxnID, str] = {}
-        self._version: dict[str, int] = {}
-        self._persisted: dict[str, int] = {}
-        self._flush_locks = [threading.Lock() for _ in range(_STRIPES)]
+        # Records in the topic (live + garbage) as far as this process knows;
+        # ``_unknown``: the topic may hold garbage from before the restore.
+        self._entries = 0
+        self._unknown = False
+        self._compaction_due = False
+        self._compact_lock = threading.Lock()
         self.puts = 0
+        self.compactions = 0
 
     @property
     def enabled(self) -> bool:
@@ -143,6 +204,11 @@ class TerminatedTxnStore:
         """Client names with at least one remembered transaction."""
         with self._lock:
             return list(self._clients)
+
+    def topic_entries(self) -> int:
+        """Return the records in the topic (live keys + garbage not yet compacted)."""
+        with self._lock:
+            return self._entries
 
     def lookup(self, txn_id: TxnID) -> TerminatedRecord | None:
         """How ``txn_id`` ended, or None if the store does not remember it."""
@@ -165,8 +231,10 @@ class TerminatedTxnStore:
         """Remember that ``txn_id`` ended with ``status`` and persist it durably.
 
         Returns False (nothing stored) when the store is disabled or the
-        transaction has no client name. Recording the same transaction again
-        is a no-op apart from waiting until it is durable.
+        transaction has no client name. Writes one record (plus a tombstone
+        for the client's transaction it pushes out); recording the same
+        transaction again rewrites its record, so it returns only once that
+        record is durable too.
         """
         if not self.enabled or not client_name:
             return False
@@ -175,128 +243,172 @@ class TerminatedTxnStore:
             entries = self._clients.get(client_name)
             if entries is None:
                 entries = self._clients[client_name] = {}
-            if txn_id not in entries:
-                entries[txn_id] = (
-                    final,
-                    self._clock() if end_time is None else end_time,
-                    timed_out,
-                )
+            row = entries.get(txn_id)
+            if row is None:
+                row = (final, self._clock() if end_time is None else end_time, timed_out)
+                entries[txn_id] = row
                 self._index[txn_id] = client_name
-                while len(entries) > self.persist_count:
-                    oldest = next(iter(entries))
-                    del entries[oldest]
-                    del self._index[oldest]
-                self._version[client_name] = self._version.get(client_name, 0) + 1
-            version = self._version.get(client_name, 0)
-        self._flush(client_name, version)
+            writes: list[tuple[str, bytes | None]] = [
+                (txn_key(txn_id), _encode(client_name, txn_id, *row))
+            ]
+            while len(entries) > self.persist_count:
+                oldest = next(iter(entries))
+                del entries[oldest]
+                del self._index[oldest]
+                writes.append((txn_key(oldest), None))
+        self._write(writes)
+        self._forget_if_gone([txn_id])
         return True
 
-    def _encode(self, client: str) -> bytes | None:
-        entries = self._clients.get(client)
-        if not entries:
-            return None
-        state = TerminatedTxnState(client_name=client)
-        for tid, (status, end_time, timed_out) in entries.items():
-            state.txns.add(
-                txnid_least_bits=tid.least_bits,
-                txnid_most_bits=tid.most_bits,
-                status=int(status),
-                end_time=end_time,
-                timed_out=timed_out,
-            )
-        return state.SerializeToString()
+    def _write(self, writes: list[tuple[str, bytes | None]]) -> None:
+        if self._persistence is None or not writes:
+            return
+        self._persistence.put_many(writes)
+        with self._lock:
+            self.puts += len(writes)
+            self._entries += len(writes)
+            due = not self._compaction_due and self._entries > 2 * len(self._index) + COMPACT_SLACK
+            if due:
+                self._compaction_due = True
+        if due:
+            if self.schedule_compaction is not None:
+                self.schedule_compaction()
+            else:
+                self.compact()
 
-    def _flush(self, client: str, version: int) -> None:
+    def _forget_if_gone(self, txn_ids: Iterable[TxnID]) -> None:
+        # A record that became durable after its transaction was pushed out
+        # or expired by another thread (whose tombstone may have landed
+        # first) must not stay live in the topic.
         if self._persistence is None:
             return
-        with self._flush_locks[hash(client) % _STRIPES]:
+        with self._lock:
+            gone: list[tuple[str, bytes | None]] = [
+                (txn_key(t), None) for t in txn_ids if t not in self._index
+            ]
+        if gone:
+            self._write(gone)
+
+    def compact(self, min_garbage_ratio: float = 0.0) -> bool:
+        """Compact the topic if garbage exceeds ``min_garbage_ratio`` x live keys.
+
+        Returns True when it compacted. Any garbage at all counts with the
+        default ratio 0; garbage from before the last restore is unknown and
+        always counts.
+        """
+        if self._persistence is None:
+            return False
+        with self._compact_lock:
             with self._lock:
-                if self._persisted.get(client, 0) >= version:
-                    return  # a concurrent flush already covered this change
-                current = self._version.get(client, 0)
-                value = self._encode(client)
-            self._persistence.put(client, value)
+                live = len(self._index)
+                garbage = self._entries - live
+                wanted = self._unknown or (garbage > 0 and garbage >= min_garbage_ratio * live)
+                if not wanted:
+                    self._compaction_due = False
+                    return False
+            self._persistence.compact()
             with self._lock:
-                self.puts += 1
-                if value is None and self._version.get(client) == current:
-                    # Deleted for good: forget the bookkeeping too (bounded memory).
-                    self._version.pop(client, None)
-                    self._persisted.pop(client, None)
-                else:
-                    self._persisted[client] = current
+                self._entries = len(self._index)
+                self._unknown = False
+                self._compaction_due = False
+                self.compactions += 1
+            return True
 
     def sweep(self) -> int:
-        """Drop entries older than ``persist_time_ms``; return how many went."""
+        """Drop entries older than ``persist_time_ms``; return how many went.
+
+        Their keys are deleted from the topic, which is then compacted when
+        at least a quarter of its records are garbage.
+        """
         cutoff = self._clock() - self.persist_time_ms
-        changed: list[tuple[str, int]] = []
-        dropped = 0
+        writes: list[tuple[str, bytes | None]] = []
         with self._lock:
             for client in list(self._clients):
                 entries = self._clients[client]
-                n = 0
                 # Entries are in end order; stop at the first one still young.
                 for tid, (_, end_time, _) in list(entries.items()):
                     if end_time > cutoff:
                         break
                     del entries[tid]
                     del self._index[tid]
-                    n += 1
-                if n:
-                    dropped += n
-                    if not entries:
-                        del self._clients[client]
-                    self._version[client] = self._version.get(client, 0) + 1
-                    changed.append((client, self._version[client]))
-        for client, version in changed:
-            self._flush(client, version)
-        return dropped
+                    writes.append((txn_key(tid), None))
+                if not entries:
+                    del self._clients[client]
+        self._write(writes)
+        self.compact(min_garbage_ratio=0.25)
+        return len(writes)
 
     def restore(self) -> int:
         """Load the persisted state (recovery); expired entries are dropped.
 
         Returns the number of transactions restored. A value that is not a
-        ``TerminatedTxnState`` raises :class:`CorruptEntryError` naming the key.
+        ``TerminatedTxnState`` raises :class:`CorruptEntryError` naming the
+        key. Keys of dropped transactions, and values of the per-client
+        layout (rewritten per transaction), are deleted from the topic.
         """
         if self._persistence is None:
             return 0
         cutoff = self._clock() - self.persist_time_ms
-        stale: list[str] = []
+        # client -> txn -> (status, end_time, timed_out, key it is stored under)
+        # ("" for a row read from a per-client value).
+        found: dict[str, dict[TxnID, tuple[TxnStatus, int, bool, str]]] = {}
+        writes: list[tuple[str, bytes | None]] = []
+        per_client_keys: list[str] = []
+        keys = 0
+        for key, value in self._persistence.items():
+            keys += 1
+            state = TerminatedTxnState()
+            try:
+                state.ParseFromString(value)
+                rows = [
+                    (
+                        TxnID(t.txnid_most_bits, t.txnid_least_bits),
+                        _final(TxnStatus(t.status)),
+                        t.end_time,
+                        t.timed_out,
+                    )
+                    for t in state.txns
+                ]
+            except Exception as exc:
+                raise CorruptEntryError(
+                    f"terminated-transaction state under key {key!r} is corrupt: {exc}",
+                    key=key,
+                ) from exc
+            per_txn = len(rows) == 1 and key == txn_key(rows[0][0])
+            client = found.setdefault(state.client_name, {})
+            for tid, status, end_time, timed_out in rows:
+                # A per-transaction key wins over an older per-client value.
+                if per_txn or tid not in client:
+                    client[tid] = (status, end_time, timed_out, key if per_txn else "")
+            if not per_txn:
+                per_client_keys.append(key)  # deleted once its rows are rewritten
         with self._lock:
             self._clients.clear()
             self._index.clear()
-            for key, value in self._persistence.items():
-                state = TerminatedTxnState()
-                try:
-                    state.ParseFromString(value)
-                    rows = [
-                        (
-                            TxnID(t.txnid_most_bits, t.txnid_least_bits),
-                            _final(TxnStatus(t.status)),
-                            t.end_time,
-                            t.timed_out,
-                        )
-                        for t in state.txns
-                    ]
-                except Exception as exc:
-                    raise CorruptEntryError(
-                        f"terminated-transaction state for client {key!r} is corrupt: {exc}",
-                        key=key,
-                    ) from exc
-                rows = [r for r in rows if r[2] > cutoff]
-                rows.sort(key=lambda r: r[2])
-                rows = rows[-self.persist_count :] if self.persist_count else []
-                if not rows:
-                    stale.append(key)
+            for name, txns in found.items():
+                ordered = sorted(txns.items(), key=lambda kv: kv[1][1])
+                keep = ordered[-self.persist_count :] if self.persist_count else []
+                keep = [kv for kv in keep if kv[1][1] > cutoff]
+                kept = {tid for tid, _ in keep}
+                for tid, (_, _, _, key) in ordered:
+                    if tid not in kept and key:
+                        writes.append((key, None))
+                if not keep:
                     continue
-                entries = self._clients[key] = {}
-                for tid, status, end_time, timed_out in rows:
+                entries = self._clients[name] = {}
+                for tid, (status, end_time, timed_out, key) in keep:
                     entries[tid] = (status, end_time, timed_out)
-                    self._index[tid] = key
-                self._version[key] = self._persisted[key] = 1
+                    self._index[tid] = name
+                    if not key:  # from a per-client value: rewrite per transaction
+                        writes.append(
+                            (txn_key(tid), _encode(name, tid, status, end_time, timed_out))
+                        )
+            # After the rewrites, so a torn write cannot lose a transaction.
+            writes.extend((key, None) for key in per_client_keys)
             restored = len(self._index)
-        for key in stale:
-            # Expired (or feature switched off) while we were down.
-            self._persistence.put(key, None)
+            self._entries = keys
+            self._unknown = True  # garbage written before the restart is not counted
+        self._write(writes)
         return restored
 
 
@@ -305,4 +417,5 @@ __all__ = [
     "TerminatedPersistence",
     "TerminatedRecord",
     "TerminatedTxnStore",
+    "txn_key",
 ]

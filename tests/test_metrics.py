@@ -144,3 +144,15 @@ def test_real_writer_export_matches_stats(tmp_path: Path) -> None:
         assert got[(base + "batch_size_bytes_sum", lbl)] == 3 * 234 + 1216
         assert got[(base + "batch_oldest_record_delay_seconds_count", lbl)] == 4
         w.close()
+
+
+def test_unregister_with_writer_leaves_a_replacement() -> None:
+    """Closing an old log must not drop the metrics of a new one with the same name."""
+    registry = CollectorRegistry()
+    old, new = FakeWriter("same"), FakeWriter("same", scale=2)
+    register_writer(old, "transaction_log", registry=registry)
+    register_writer(new, "transaction_log", registry=registry)  # replaces the old one
+    unregister_writer("same", "transaction_log", registry, writer=old)
+    assert collector_for("transaction_log", registry).names() == ["same"]
+    unregister_writer("same", "transaction_log", registry, writer=new)
+    assert collector_for("transaction_log", registry).names() == []

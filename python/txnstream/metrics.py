@@ -16,6 +16,20 @@ with ``<prefix>`` = ``txnstream_txn_tc`` for transaction logs and
 ``txnstream_txn_pending_ack_store`` for pending-ack logs, and a ``writer``
 label naming each writer. (prometheus-client exposes counter samples with
 the conventional ``_total`` suffix.)
+
+Transaction coordinators (SPEC §4.10) are exported the same way: their
+counters live in the coordinator and are read at scrape time by
+:class:`CoordinatorCollector`, label ``coordinator`` = the TC id::
+
+    txnstream_txn_tc_active_count          gauge   live transactions (open or ending)
+    txnstream_txn_tc_open_count            gauge   transactions OPEN
+    txnstream_txn_tc_created               counter transactions started
+    txnstream_txn_tc_committed             counter transactions committed
+    txnstream_txn_tc_aborted               counter transactions aborted (timed out included)
+    txnstream_txn_tc_timed_out             counter transactions aborted by their timeout
+    txnstream_txn_tc_append_log_errors     counter failed transaction-log writes
+    txnstream_txn_tc_end_latency_seconds   histogram from the end decision (ending
+                                           UPDATE) to the final record
 """
 
 from __future__ import annotations
@@ -25,17 +39,29 @@ import weakref
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Final, Literal, Protocol
 
-from prometheus_client.core import REGISTRY, CounterMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    REGISTRY,
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector, CollectorRegistry
 
 __all__ = [
+    "END_LATENCY_BOUNDS_MS",
     "PENDING_ACK_PREFIX",
     "TC_PREFIX",
     "BufferedWriterCollector",
+    "CoordinatorCollector",
+    "CoordinatorSource",
     "StatsSource",
     "WriterKind",
     "collector_for",
+    "coordinator_collector",
+    "register_coordinator",
     "register_writer",
+    "unregister_coordinator",
     "unregister_writer",
 ]
 
@@ -102,10 +128,19 @@ class BufferedWriterCollector(Collector):
         with self._lock:
             self._writers[name] = ref
 
-    def remove(self, name: str) -> None:
-        """Stop exporting the writer labelled ``name`` (no error if absent)."""
+    def remove(self, name: str, writer: StatsSource | None = None) -> None:
+        """Stop exporting the writer labelled ``name`` (no error if absent).
+
+        With ``writer``, only if that is the one registered under ``name``
+        (another may have replaced it since).
+        """
         with self._lock:
-            self._writers.pop(name, None)
+            ref = self._writers.get(name)
+            if ref is None:
+                return
+            current = ref() if isinstance(ref, weakref.ref) else ref
+            if writer is None or current is writer or current is None:
+                del self._writers[name]
 
     def names(self) -> list[str]:
         """Return the label values of live registered writers."""
@@ -196,7 +231,127 @@ def register_writer(
 
 
 def unregister_writer(
-    name: str, kind: WriterKind = "transaction_log", registry: CollectorRegistry = REGISTRY
+    name: str,
+    kind: WriterKind = "transaction_log",
+    registry: CollectorRegistry = REGISTRY,
+    writer: StatsSource | None = None,
 ) -> None:
-    """Stop exporting the writer labelled ``name``."""
-    collector_for(kind, registry).remove(name)
+    """Stop exporting the writer labelled ``name`` (with ``writer``: only if it is that one)."""
+    collector_for(kind, registry).remove(name, writer)
+
+
+#: Upper bounds (ms) of the coordinator's end-latency histogram buckets.
+END_LATENCY_BOUNDS_MS: Final = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000, 60000)
+
+_TC_GAUGES: Final = (
+    ("active_count", "active", "Live transactions (open or ending)."),
+    ("open_count", "open", "Transactions in status OPEN."),
+)
+_TC_COUNTERS: Final = (
+    ("created", "created", "Transactions started."),
+    ("committed", "committed", "Transactions committed."),
+    ("aborted", "aborted", "Transactions aborted (timed out included)."),
+    ("timed_out", "timed_out", "Transactions aborted because they timed out."),
+    ("append_log_errors", "append_errors", "Transaction-log writes that failed."),
+)
+
+
+class CoordinatorSource(Protocol):
+    """A coordinator's scrape-time snapshot (``TransactionCoordinator.metrics``)."""
+
+    def metrics(self) -> Mapping[str, Any]:
+        """Return counters, gauges and the end-latency bucket counts."""
+        ...
+
+
+class CoordinatorCollector(Collector):
+    """Collects the metrics of every registered transaction coordinator."""
+
+    def __init__(self, prefix: str = TC_PREFIX, label: str = "coordinator") -> None:
+        """Create an empty collector for metric names starting with ``prefix``."""
+        self.prefix = prefix
+        self.label = label
+        self._sources = BufferedWriterCollector(prefix, label)  # reuse its weak registry
+
+    def add(self, name: str, source: CoordinatorSource) -> None:
+        """Export ``source`` under label value ``name`` (held weakly)."""
+        self._sources.add(name, source)  # type: ignore[arg-type]
+
+    def remove(self, name: str, source: CoordinatorSource | None = None) -> None:
+        """Stop exporting ``name`` (with ``source``: only if it is that one)."""
+        self._sources.remove(name, source)  # type: ignore[arg-type]
+
+    def names(self) -> list[str]:
+        """Return the label values of live registered coordinators."""
+        return self._sources.names()
+
+    def _families(
+        self,
+    ) -> tuple[list[GaugeMetricFamily], list[CounterMetricFamily], HistogramMetricFamily]:
+        p = self.prefix
+        gauges = [
+            GaugeMetricFamily(f"{p}_{m}", doc, labels=[self.label]) for m, _, doc in _TC_GAUGES
+        ]
+        counters = [
+            CounterMetricFamily(f"{p}_{m}", doc, labels=[self.label]) for m, _, doc in _TC_COUNTERS
+        ]
+        latency = HistogramMetricFamily(
+            f"{p}_end_latency_seconds",
+            "Time from the end decision (ending UPDATE) to the final COMMITTED/ABORTED record.",
+            labels=[self.label],
+        )
+        return gauges, counters, latency
+
+    def describe(self) -> Iterable[Metric]:
+        """Return the metric families (without samples), for duplicate-name checks."""
+        gauges, counters, latency = self._families()
+        return [*gauges, *counters, latency]
+
+    def collect(self) -> Iterator[Metric]:
+        """Read one snapshot per coordinator and yield every family."""
+        gauges, counters, latency = self._families()
+        for name, source in self._sources._live():
+            snap = source.metrics()  # type: ignore[attr-defined]
+            for family, (_, key, _) in zip(gauges, _TC_GAUGES, strict=True):
+                family.add_metric([name], float(snap[key]))
+            for counter, (_, key, _) in zip(counters, _TC_COUNTERS, strict=True):
+                counter.add_metric([name], float(snap[key]))
+            hist = snap["end_latency_ms"]
+            bounds = [b / 1000.0 for b in hist["bounds"]]
+            latency.add_metric(
+                [name],
+                _buckets({"bounds": bounds, "counts": hist["counts"]}),
+                float(hist["sum"]) / 1000.0,
+            )
+        yield from gauges
+        yield from counters
+        yield latency
+
+
+_coordinator_collectors: dict[int, CoordinatorCollector] = {}
+
+
+def coordinator_collector(registry: CollectorRegistry = REGISTRY) -> CoordinatorCollector:
+    """Return the coordinator collector of ``registry``, registering it on first use."""
+    with _collectors_lock:
+        collector = _coordinator_collectors.get(id(registry))
+        if collector is None:
+            collector = CoordinatorCollector()
+            registry.register(collector)
+            _coordinator_collectors[id(registry)] = collector
+        return collector
+
+
+def register_coordinator(
+    coordinator: CoordinatorSource, name: str, registry: CollectorRegistry = REGISTRY
+) -> str:
+    """Export a coordinator's metrics under label ``coordinator=name``; returns ``name``."""
+    coordinator_collector(registry).add(name, coordinator)
+    return name
+
+
+def unregister_coordinator(
+    name: str, coordinator: CoordinatorSource | None = None, registry: CollectorRegistry = REGISTRY
+) -> None:
+    """Stop exporting coordinator ``name`` (with ``coordinator``: only if it is that one)."""
+    coordinator_collector(registry).remove(name, coordinator)

@@ -29,6 +29,7 @@ are purged.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import dataclasses
 import logging
@@ -37,6 +38,8 @@ import threading
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
+
+from prometheus_client.registry import REGISTRY, CollectorRegistry
 
 from txnstream._native import (
     TxnPosition,
@@ -76,6 +79,7 @@ from txnstream.errors import (
     TransactionNotFound,
     TransactionTimedOut,
 )
+from txnstream.metrics import END_LATENCY_BOUNDS_MS, register_coordinator, unregister_coordinator
 from txnstream.proto import Subscription
 
 if TYPE_CHECKING:
@@ -107,7 +111,8 @@ class TransactionCoordinator:
 
     Build with :meth:`open` on a data directory; the constructor takes
     ready-made parts (a log, a sequence file, a store persistence) and runs
-    recovery from the log. Thread-safe.
+    recovery from the log; with a ``registry`` its metrics are exported
+    there (label ``coordinator=<tc_id>``) until :meth:`close`. Thread-safe.
     """
 
     def __init__(
@@ -121,6 +126,7 @@ class TransactionCoordinator:
         terminated: TerminatedPersistence | None = None,
         clock: Clock = wall_clock_ms,
         closers: Iterable[Callable[[], None]] = (),
+        registry: CollectorRegistry | None = None,
     ) -> None:
         if isinstance(tc_id, bool) or not isinstance(tc_id, int) or not 0 <= tc_id < 1 << 64:
             raise InvalidArgumentError(
@@ -145,6 +151,9 @@ class TransactionCoordinator:
         self._counts = dict.fromkeys(
             ("created", "committed", "aborted", "timed_out", "recovered", "append_errors"), 0
         )
+        # End latency (ms) histogram: one bucket count per bound, last = +Inf.
+        self._latency = [0] * (len(END_LATENCY_BOUNDS_MS) + 1)
+        self._latency_sum = 0
         self.store = TerminatedTxnStore(
             self.config.transaction_meta_persist_count,
             self.config.persist_time_ms,
@@ -175,6 +184,9 @@ class TransactionCoordinator:
             self._shutdown_threads()
             raise
         self._schedule_sweep()
+        self._registry = registry
+        if registry is not None:
+            register_coordinator(self, str(tc_id), registry)
 
     # ------------------------------------------------------------------ open
 
@@ -188,6 +200,7 @@ class TransactionCoordinator:
         participants: ParticipantResolver | None = None,
         clock: Clock = wall_clock_ms,
         log_options: dict[str, Any] | None = None,
+        registry: CollectorRegistry | None = REGISTRY,
         **settings: Any,
     ) -> TransactionCoordinator:
         """Open (recovering) coordinator ``tc_id`` on data directory ``directory``.
@@ -196,7 +209,9 @@ class TransactionCoordinator:
         terminated store the compacted topic ``__terminated_txn_state_<tc_id>``.
         Keyword ``settings`` override fields of ``config``
         (:class:`~.config.CoordinatorConfig`); ``log_options`` go to
-        ``ManagedLedger.open`` (e.g. ``max_entries_per_ledger``).
+        ``ManagedLedger.open`` (e.g. ``max_entries_per_ledger``). Metrics of
+        the coordinator and of its log's writer are exported to ``registry``
+        (prometheus-client; None: not exported) until :meth:`close`.
         """
         from txnstream.coordinator.ledger_log import (
             LedgerTransactionLog,
@@ -212,6 +227,7 @@ class TransactionCoordinator:
             max_records=cfg.batched_write_max_records,
             max_size=cfg.batched_write_max_size,
             max_delay_ms=cfg.batched_write_max_delay_ms,
+            registry=registry,
             **(log_options or {}),
         )
         closers: list[Callable[[], None]] = []
@@ -227,6 +243,7 @@ class TransactionCoordinator:
                 terminated=topic,
                 clock=clock,
                 closers=closers,
+                registry=registry,
             )
         except BaseException:
             closers.append(txn_log.close)
@@ -881,6 +898,10 @@ class TransactionCoordinator:
         # Step 5 under the lock: leave memory; return what to delete.
         commit = meta.status is TxnStatus.COMMITTING
         meta.status = TxnStatus.COMMITTED if commit else TxnStatus.ABORTED
+        # last_modified is still the time of the ending UPDATE.
+        latency = max(0, now - meta.last_modified)
+        self._latency[bisect.bisect_left(END_LATENCY_BOUNDS_MS, latency)] += 1
+        self._latency_sum += latency
         meta.last_modified = now
         self._txns.pop(meta.seq, None)
         positions = meta.positions
@@ -1044,6 +1065,20 @@ class TransactionCoordinator:
         out["log"] = self._log.stats()
         return out
 
+    def metrics(self) -> dict[str, Any]:
+        """Scrape-time snapshot for :class:`txnstream.metrics.CoordinatorCollector`."""
+        with self._lock:
+            ending = sum(1 for m in self._txns.values() if m.status.is_ending)
+            out: dict[str, Any] = dict(self._counts)
+            out["active"] = len(self._txns)
+            out["open"] = len(self._txns) - ending
+            out["end_latency_ms"] = {
+                "bounds": END_LATENCY_BOUNDS_MS,
+                "counts": list(self._latency),
+                "sum": self._latency_sum,
+            }
+        return out
+
     def aio(self) -> AsyncCoordinator:
         """Return the asyncio front end (:class:`~.aio.AsyncCoordinator`), made once."""
         with self._lock:
@@ -1101,6 +1136,8 @@ class TransactionCoordinator:
                 return
             self._closed = True
         self._stop.set()
+        if self._registry is not None:
+            unregister_coordinator(str(self.tc_id), self, self._registry)
         if self._aio is not None:
             self._aio.close()  # queued async calls are answered (or fail) first
         self._timers.close()

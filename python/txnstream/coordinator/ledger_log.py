@@ -17,6 +17,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import numpy as np
+from prometheus_client.registry import REGISTRY, CollectorRegistry
 
 from txnstream import frame
 from txnstream._native import (
@@ -28,6 +29,7 @@ from txnstream._native import (
 )
 from txnstream.coordinator.recovery import FoldResult, PositionColumns
 from txnstream.coordinator.replay import LogChunk
+from txnstream.metrics import register_writer, unregister_writer
 
 CURSOR = "transaction-coordinator"
 READ_CHUNK = 4096
@@ -36,11 +38,23 @@ READ_CHUNK = 4096
 class LedgerTransactionLog:
     """:class:`~.log.TransactionLog` over a managed ledger + BufferedWriter."""
 
-    def __init__(self, ml: ManagedLedger, writer: BufferedWriter) -> None:
+    def __init__(
+        self,
+        ml: ManagedLedger,
+        writer: BufferedWriter,
+        *,
+        name: str | None = None,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
         self.ml = ml
         self.writer = writer
         self.cursor = ml.open_cursor(CURSOR)
         self._closed = False
+        #: ``writer`` label of the exported writer metrics (None: not exported).
+        self.metrics_name = name if registry is not None else None
+        self._registry = registry
+        if registry is not None and name is not None:
+            register_writer(writer, "transaction_log", name=name, registry=registry)
 
     @classmethod
     def open(
@@ -52,9 +66,14 @@ class LedgerTransactionLog:
         max_records: int = 512,
         max_size: int = 4 << 20,
         max_delay_ms: float = 1,
+        registry: CollectorRegistry | None = REGISTRY,
         **ledger_options: Any,
     ) -> LedgerTransactionLog:
-        """Open (creating) the log ``name`` under ``directory``."""
+        """Open (creating) the log ``name`` under ``directory``.
+
+        Its BufferedWriter's metrics are exported to ``registry`` (SPEC
+        §4.2, label ``writer=name``; None: not exported) until :meth:`close`.
+        """
         ml = ManagedLedger.open(os.fspath(directory), name, **ledger_options)
         try:
             writer = BufferedWriter(
@@ -64,7 +83,7 @@ class LedgerTransactionLog:
                 max_delay_ms=max_delay_ms,
                 batch_enabled=batch_enabled,
             )
-            return cls(ml, writer)
+            return cls(ml, writer, name=name, registry=registry)
         except BaseException:
             ml.close()
             raise
@@ -153,6 +172,8 @@ class LedgerTransactionLog:
         if self._closed:
             return
         self._closed = True
+        if self._registry is not None and self.metrics_name is not None:
+            unregister_writer(self.metrics_name, "transaction_log", self._registry, self.writer)
         try:
             self.writer.close()
         finally:

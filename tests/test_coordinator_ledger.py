@@ -9,7 +9,7 @@ import pytest
 from txnstream import ManagedLedger
 from txnstream.coordinator import RecordingParticipants, TxnID, TxnStatus
 from txnstream.coordinator.coordinator import TransactionCoordinator, log_name
-from txnstream.coordinator.ledger_log import CURSOR
+from txnstream.coordinator.ledger_log import CURSOR, LedgerTransactionLog
 from txnstream.errors import TransactionAlreadyAborted, TransactionNotFound
 
 HOUR = 3_600_000
@@ -145,3 +145,18 @@ def test_terminated_store_expires_by_age_across_restart(tmp_path: Path) -> None:
         with pytest.raises(TransactionNotFound):
             tc.abort(young)
         assert tc.store.clients() == []
+
+
+def test_log_stats_keep_writer_entries_and_ledger_entries_apart(tmp_path: Path) -> None:
+    """``entries`` is the writer's counter; what the ledger holds is ``ledger_entries``."""
+    with TransactionCoordinator.open(tmp_path, 0, batched_write_enabled=True) as tc:
+        txns = tc.new_transactions(20)  # one batched entry
+        for txn in txns[:5]:
+            tc.commit(txn)  # 2 unbatched-or-batched entries each
+        log = tc.stats()["log"]
+        assert isinstance(tc._log, LedgerTransactionLog)
+        assert log["entries"] == tc._log.writer.stats()["entries"] >= 1 + 5
+        assert log["records"] == 20 + 5 * 2
+        assert "ledger_entries" in log
+        # Mark-delete cannot pass the open transactions' entry: nothing trimmed yet.
+        assert log["ledger_entries"] == log["entries"]

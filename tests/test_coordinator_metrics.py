@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from txnstream.config import BatchedWriteConfig
 from txnstream.coordinator import TransactionCoordinator, TxnStatus
 from txnstream.errors import TransactionAlreadyAborted
 
@@ -30,7 +31,11 @@ def tc_value(samples: Samples, name: str, tc: str = "0", **labels: str) -> float
 def test_coordinator_and_writer_metrics_are_scraped(tmp_path: Path) -> None:
     registry = CollectorRegistry()
     tc = TransactionCoordinator.open(
-        tmp_path, 0, registry=registry, transaction_meta_persist_count=10
+        tmp_path,
+        0,
+        registry=registry,
+        transaction_meta_persist_count=10,
+        batched_write=BatchedWriteConfig(enabled=True),
     )
     closed = False
     try:

@@ -174,3 +174,38 @@ def test_config_from_broker_config_and_validation() -> None:
     bad = BrokerConfig.from_dict({"transactionMetaPersistCount": "many"})
     with pytest.raises(ConfigError, match="many"):
         CoordinatorConfig.from_broker_config(bad)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf"), 1e-12, 0, -1])
+@pytest.mark.parametrize(
+    "key",
+    ["transaction_meta_persist_time_in_hour", "transaction_meta_expire_check_interval_in_second"],
+)
+def test_config_rejects_non_finite_durations(key: str, bad: float) -> None:
+    from txnstream.coordinator import CoordinatorConfig
+    from txnstream.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        CoordinatorConfig().replace(**{key: bad})
+    assert err.value.details["key"] == key
+    assert err.value.details["value"] == str(bad)
+
+
+def test_batched_write_has_one_definition() -> None:
+    from txnstream.config import BatchedWriteConfig, BrokerConfig
+    from txnstream.coordinator import CoordinatorConfig
+    from txnstream.errors import ConfigError
+
+    cfg = CoordinatorConfig()
+    # Pulsar's default: transactionLogBatchedWriteEnabled=false, same object type as the broker's.
+    assert cfg.batched_write == BatchedWriteConfig() == BrokerConfig().transaction_log_batched_write
+    assert not cfg.batched_write_enabled
+    on = cfg.replace(batched_write_enabled=True, batched_write_max_records=64)
+    assert on.batched_write == BatchedWriteConfig(enabled=True, max_records=64)
+    with pytest.raises(ConfigError) as err:
+        cfg.replace(batched_write_max_records=0)
+    assert err.value.details["key"] == "batched_write_max_records"
+    with pytest.raises(ConfigError, match="nan"):
+        cfg.replace(batched_write_max_delay_ms=float("nan"))
+    with pytest.raises(ConfigError, match="batched_write"):
+        CoordinatorConfig(batched_write={"enabled": True})  # type: ignore[arg-type]

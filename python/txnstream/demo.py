@@ -35,6 +35,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from txnstream.config import BatchedWriteConfig
 from txnstream.coordinator import TransactionCoordinators, TxnID, TxnStatus
 from txnstream.errors import TransactionAlreadyAborted, TransactionAlreadyCommitted
 
@@ -145,7 +146,12 @@ def run_mode(
     res.log.update(last.get("stats", {}))
 
     t0 = time.perf_counter()
-    tcs = TransactionCoordinators.open(data, COORDINATORS, transaction_meta_persist_count=100_000)
+    tcs = TransactionCoordinators.open(
+        data,
+        COORDINATORS,
+        transaction_meta_persist_count=100_000,
+        batched_write=BatchedWriteConfig(enabled=mode == "on"),  # as the crashed run
+    )
     res.recovery_seconds = time.perf_counter() - t0
     try:
         for tc_id in range(COORDINATORS):

@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from txnstream.config import BatchedWriteConfig
 from txnstream.coordinator import TransactionCoordinators, TxnID
 from txnstream.errors import TransactionAlreadyAborted, TransactionTimedOut
 
@@ -30,16 +31,12 @@ SHORT_TIMEOUT_MS = 30
 
 
 def log_stats(tcs: TransactionCoordinators) -> dict[str, int]:
-    """Sum the writer statistics of every coordinator's transaction log."""
-    out = {"entries": 0, "records": 0, "bytes": 0, "batched_entries": 0}
+    """Sum the writer statistics (entries written, records, bytes) of every transaction log."""
+    keys = ("entries", "records", "bytes", "batched_entries")
+    out = dict.fromkeys(keys, 0)
     for s in tcs.stats():
-        log = s["log"]
-        out["entries"] += (
-            int(log["batched_entries"]) + int(log["records"]) - int(log["batch_records"]["sum"])
-        )
-        out["records"] += int(log["records"])
-        out["bytes"] += int(log["bytes"])
-        out["batched_entries"] += int(log["batched_entries"])
+        for key in keys:
+            out[key] += int(s["log"][key])
     return out
 
 
@@ -99,7 +96,7 @@ def run(args: argparse.Namespace) -> None:
     tcs = TransactionCoordinators.open(
         args.data,
         args.coordinators,
-        batched_write_enabled=args.batch == "on",
+        batched_write=BatchedWriteConfig(enabled=args.batch == "on"),
         transaction_meta_persist_count=args.persist_count,
     )
     kinds = plan(args.txns, args.seed)

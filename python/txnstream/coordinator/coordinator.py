@@ -223,10 +223,7 @@ class TransactionCoordinator:
         txn_log = LedgerTransactionLog.open(
             directory,
             log_name(tc_id),
-            batch_enabled=cfg.batched_write_enabled,
-            max_records=cfg.batched_write_max_records,
-            max_size=cfg.batched_write_max_size,
-            max_delay_ms=cfg.batched_write_max_delay_ms,
+            batched_write=cfg.batched_write,
             registry=registry,
             **(log_options or {}),
         )

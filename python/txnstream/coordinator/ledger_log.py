@@ -27,6 +27,7 @@ from txnstream._native import (
     TxnPosition,
     fold_txn_log,
 )
+from txnstream.config import BatchedWriteConfig
 from txnstream.coordinator.recovery import FoldResult, PositionColumns
 from txnstream.coordinator.replay import LogChunk
 from txnstream.metrics import register_writer, unregister_writer
@@ -62,27 +63,20 @@ class LedgerTransactionLog:
         directory: str | os.PathLike[str],
         name: str,
         *,
-        batch_enabled: bool = True,
-        max_records: int = 512,
-        max_size: int = 4 << 20,
-        max_delay_ms: float = 1,
+        batched_write: BatchedWriteConfig | None = None,
         registry: CollectorRegistry | None = REGISTRY,
         **ledger_options: Any,
     ) -> LedgerTransactionLog:
         """Open (creating) the log ``name`` under ``directory``.
 
-        Its BufferedWriter's metrics are exported to ``registry`` (SPEC
+        ``batched_write`` sets the BufferedWriter's thresholds (default
+        :class:`~txnstream.config.BatchedWriteConfig`: batching off, as in
+        Pulsar). Its BufferedWriter's metrics are exported to ``registry`` (SPEC
         §4.2, label ``writer=name``; None: not exported) until :meth:`close`.
         """
         ml = ManagedLedger.open(os.fspath(directory), name, **ledger_options)
         try:
-            writer = BufferedWriter(
-                ml,
-                max_records=max_records,
-                max_size=max_size,
-                max_delay_ms=max_delay_ms,
-                batch_enabled=batch_enabled,
-            )
+            writer = BufferedWriter(ml, **(batched_write or BatchedWriteConfig()).writer_kwargs())
             return cls(ml, writer, name=name, registry=registry)
         except BaseException:
             ml.close()
@@ -158,9 +152,12 @@ class LedgerTransactionLog:
         self.writer.set_batch_enabled(enabled)
 
     def stats(self) -> dict[str, Any]:
-        """Writer statistics plus the ledger's entry count."""
+        """Writer statistics (``entries``: entries it wrote) plus ``ledger_entries``.
+
+        ``ledger_entries`` is what the ledger holds now (trimmed ledgers gone).
+        """
         out: dict[str, Any] = dict(self.writer.stats())
-        out["entries"] = self.ml.entry_count()
+        out["ledger_entries"] = self.ml.entry_count()
         return out
 
     def flush(self) -> None:

@@ -77,8 +77,8 @@ class Env:
         self.tc = self.open(self.log)
         return self.tc
 
-    def fire_timeouts(self) -> None:
-        self.tc._timers.run_due()
+    def fire_timeouts(self) -> int:
+        return self.tc._timers.run_due()
 
 
 @pytest.fixture
@@ -259,8 +259,12 @@ def test_commit_races_timeout_in_flight_store_off() -> None:
 
     th = threading.Thread(target=commit)
     th.start()
-    time.sleep(0.05)
-    assert th.is_alive()  # waits for the abort to finish
+    # The commit registers as a waiter on the abort's driver (observable:
+    # the transaction's done event appears) and stays blocked there.
+    meta = e.tc._txns[txn.least_bits]
+    wait_for(lambda: meta.done is not None)
+    assert th.is_alive()
+    assert not result
     gate.set()
     th.join(10)
     assert len(result) == 1
@@ -283,8 +287,12 @@ def test_timeout_after_commit_started_does_nothing(env: Env) -> None:
     th.start()
     assert entered.wait(10)
     env.clock.now += 20_000
-    env.fire_timeouts()
-    time.sleep(0.02)
+    assert env.fire_timeouts() == 0  # claiming the commit cancelled the timer
+    # A timer that fired just before the claim still runs its handler: it
+    # returns (without waiting for the commit) and changes nothing.
+    env.tc._on_timeout(txn.least_bits)
+    info = env.tc.get_transaction(txn)
+    assert (info.status, info.timed_out) == (TxnStatus.COMMITTING, False)
     gate.set()
     th.join(10)
     assert env.tc.get_transaction(txn).status is TxnStatus.COMMITTED

@@ -5,6 +5,8 @@ from __future__ import annotations
 import itertools
 import pickle
 import threading
+from pathlib import Path
+from typing import Any
 
 import pytest
 from txnstream.coordinator.participants import (
@@ -209,3 +211,39 @@ def test_batched_write_has_one_definition() -> None:
         cfg.replace(batched_write_max_delay_ms=float("nan"))
     with pytest.raises(ConfigError, match="batched_write"):
         CoordinatorConfig(batched_write={"enabled": True})  # type: ignore[arg-type]
+
+
+def test_sequence_file_fsyncs_every_directory_it_creates(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mark must survive power loss: each created directory's parent is fsynced."""
+    import os
+
+    from txnstream.coordinator.sequence import SequenceFile
+
+    opened: dict[int, str] = {}
+    synced: list[str] = []
+    real_open, real_fsync = os.open, os.fsync
+
+    def spy_open(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        fd = real_open(path, flags, *args, **kwargs)
+        opened[fd] = os.fspath(path)
+        return fd
+
+    def spy_fsync(fd: int) -> None:
+        synced.append(opened.get(fd, "?"))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "open", spy_open)
+    monkeypatch.setattr(os, "fsync", spy_fsync)
+    data = tmp_path / "fresh" / "data"
+    seq = SequenceFile(data, 3)
+    created = [data.parent, data, data / "coordinators", data / "coordinators" / "3"]
+    assert [str(d.parent) for d in created] == synced  # parents, outermost first
+    synced.clear()
+    seq.store(42)
+    assert synced == [str(data / "coordinators" / "3" / "max_local_txn_id.tmp"), str(seq.dir)]
+    synced.clear()
+    SequenceFile(data, 3)  # nothing new to create, nothing to sync
+    assert synced == []
+    assert SequenceFile(data, 3).load() == 42

@@ -9,7 +9,10 @@ forward but never repeat.
 
 The mark lives in ``<data_dir>/coordinators/<tc_id>/max_local_txn_id`` as
 ASCII digits, replaced atomically (write temp, fsync, rename, fsync dir), so
-other processes (Spark readers) can read it too.
+other processes (Spark readers) can read it too. Every directory created on
+the way is made durable by fsyncing its parent: otherwise a power loss could
+drop the directory, and with it the mark, and ids would repeat once the log
+is trimmed.
 """
 
 from __future__ import annotations
@@ -19,6 +22,33 @@ from pathlib import Path
 from typing import Protocol
 
 from txnstream.errors import CorruptEntryError, StorageError
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the entries of directory ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def make_dirs_durable(path: Path) -> None:
+    """Create ``path`` and missing parents, fsyncing the parent of each one created."""
+    missing: list[Path] = []
+    at = path
+    while not at.is_dir():
+        missing.append(at)
+        if at.parent == at:
+            break
+        at = at.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            if not d.is_dir():
+                raise
+        fsync_dir(d.parent)
 
 
 class SequenceStore(Protocol):
@@ -55,7 +85,7 @@ class SequenceFile:
         self.dir = Path(directory) / "coordinators" / str(tc_id)
         self.path = self.dir / "max_local_txn_id"
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
+            make_dirs_durable(self.dir)
         except OSError as exc:
             raise StorageError(
                 f"cannot create {self.dir}: {exc}", path=str(self.dir), errno=exc.errno
@@ -91,11 +121,7 @@ class SequenceFile:
             finally:
                 os.close(fd)
             os.replace(tmp, self.path)
-            dfd = os.open(self.dir, os.O_RDONLY)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            fsync_dir(self.dir)
         except OSError as exc:
             raise StorageError(
                 f"cannot persist sequence mark to {self.path}: {exc}",
@@ -104,4 +130,4 @@ class SequenceFile:
             ) from exc
 
 
-__all__ = ["InMemorySequence", "SequenceFile", "SequenceStore"]
+__all__ = ["InMemorySequence", "SequenceFile", "SequenceStore", "fsync_dir", "make_dirs_durable"]

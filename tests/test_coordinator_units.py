@@ -247,3 +247,17 @@ def test_sequence_file_fsyncs_every_directory_it_creates(
     SequenceFile(data, 3)  # nothing new to create, nothing to sync
     assert synced == []
     assert SequenceFile(data, 3).load() == 42
+
+
+def test_public_api_is_exported_with_docstrings() -> None:
+    import inspect
+
+    import txnstream.coordinator as pkg
+
+    for name in ("AsyncCoordinator", "LedgerTransactionLog", "InMemoryTerminatedPersistence"):
+        assert name in pkg.__all__
+    for name in pkg.__all__:
+        obj = getattr(pkg, name)
+        if inspect.isclass(obj) or inspect.isfunction(obj):
+            assert (obj.__doc__ or "").strip(), name
+    assert pkg.AsyncCoordinator.end_transaction.__doc__

@@ -4,15 +4,26 @@ Modules: :mod:`.txn_id` (``TxnID``), :mod:`.status` (``TxnStatus`` and the
 transition table), :mod:`.metadata` (live per-transaction state),
 :mod:`.timeouts` (one timer over a heap), :mod:`.participants` (partitions and
 subscriptions a transaction ends on), :mod:`.terminated` (``TerminatedTxnStore``),
-:mod:`.replay` (bulk recovery fold), :mod:`.log` / :mod:`.ledger_log` (the log),
-:mod:`.coordinator` (``TransactionCoordinator``), :mod:`.coordinators` (N per broker).
+:mod:`.recovery` (the Rust recovery fold's columnar result), :mod:`.replay`
+(its Python reference), :mod:`.log` / :mod:`.ledger_log` (the log),
+:mod:`.sequence` (the durable id mark), :mod:`.coordinator`
+(``TransactionCoordinator``), :mod:`.aio` (``AsyncCoordinator``, its asyncio
+front end), :mod:`.coordinators` (N per broker).
 """
 
 from __future__ import annotations
 
+from txnstream.coordinator.aio import AsyncCoordinator
 from txnstream.coordinator.config import CoordinatorConfig
-from txnstream.coordinator.coordinator import TransactionCoordinator
+from txnstream.coordinator.coordinator import (
+    STEPS,
+    TransactionCoordinator,
+    log_name,
+    terminated_topic_name,
+)
 from txnstream.coordinator.coordinators import TransactionCoordinators
+from txnstream.coordinator.ledger_log import LedgerTransactionLog, open_terminated_topic
+from txnstream.coordinator.log import InMemoryTransactionLog, TransactionLog
 from txnstream.coordinator.metadata import TransactionInfo
 from txnstream.coordinator.participants import (
     NullParticipants,
@@ -24,13 +35,25 @@ from txnstream.coordinator.participants import (
     RetryPolicy,
     TransientParticipantError,
 )
+from txnstream.coordinator.sequence import InMemorySequence, SequenceFile, SequenceStore
 from txnstream.coordinator.status import TxnAction, TxnStatus
-from txnstream.coordinator.terminated import TerminatedRecord, TerminatedTxnStore
+from txnstream.coordinator.terminated import (
+    InMemoryTerminatedPersistence,
+    TerminatedPersistence,
+    TerminatedRecord,
+    TerminatedTxnStore,
+)
 from txnstream.coordinator.timeouts import TimerService
 from txnstream.coordinator.txn_id import TxnID
 
 __all__ = [
+    "STEPS",
+    "AsyncCoordinator",
     "CoordinatorConfig",
+    "InMemorySequence",
+    "InMemoryTerminatedPersistence",
+    "InMemoryTransactionLog",
+    "LedgerTransactionLog",
     "NullParticipants",
     "Participant",
     "ParticipantResolver",
@@ -38,14 +61,21 @@ __all__ = [
     "RecordingParticipant",
     "RecordingParticipants",
     "RetryPolicy",
+    "SequenceFile",
+    "SequenceStore",
+    "TerminatedPersistence",
     "TerminatedRecord",
     "TerminatedTxnStore",
     "TimerService",
     "TransactionCoordinator",
     "TransactionCoordinators",
     "TransactionInfo",
+    "TransactionLog",
     "TransientParticipantError",
     "TxnAction",
     "TxnID",
     "TxnStatus",
+    "log_name",
+    "open_terminated_topic",
+    "terminated_topic_name",
 ]

@@ -444,9 +444,9 @@ class TransactionCoordinator:
             meta = TxnMeta(seq, timeout_ms, now, client)
             self._txns[seq] = meta
             # The record is decided under the lock, written outside it.
-            fut = encode_txn_new(self.tc_id, seq, now, timeout_ms, client)
+            record = encode_txn_new(self.tc_id, seq, now, timeout_ms, client)
         try:
-            pos = self._durable(fut)
+            pos = self._durable(record)
         except BaseException:
             with self._lock:
                 self._txns.pop(seq, None)
@@ -471,8 +471,8 @@ class TransactionCoordinator:
             if not new:
                 return
             meta.last_modified = now
-            fut = encode_txn_add_partitions(self.tc_id, seq, now, new)
-        self._note_position(meta, self._durable(fut))
+            record = encode_txn_add_partitions(self.tc_id, seq, now, new)
+        self._note_position(meta, self._durable(record))
 
     def add_acked_subscriptions(
         self, txn_id: TxnID, subscriptions: Iterable[tuple[str, str] | Subscription]
@@ -489,8 +489,8 @@ class TransactionCoordinator:
             if not new:
                 return
             meta.last_modified = now
-            fut = encode_txn_add_subscriptions(self.tc_id, seq, now, new)
-        self._note_position(meta, self._durable(fut))
+            record = encode_txn_add_subscriptions(self.tc_id, seq, now, new)
+        self._note_position(meta, self._durable(record))
 
     def end_transaction(self, txn_id: TxnID, action: TxnAction | str) -> TxnStatus:
         """Commit or abort; return the final status once it is durable.

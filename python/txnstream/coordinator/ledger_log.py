@@ -5,21 +5,19 @@ durable cursor. Records go through a PIP-160 ``BufferedWriter``: many share
 an entry and a sync. A finished transaction's records are deleted on the
 cursor by position + batch index (an AckSet per partially deleted entry), so
 mark-delete advances and old ledgers are trimmed once every record in them
-ended. Replay reads from the cursor, decodes entries into columns in bulk
-(Rust) and marks batch indexes the cursor already deleted.
+ended. Recovery reads and folds the log from the cursor in Rust
+(:meth:`LedgerTransactionLog.fold`), skipping batch indexes already deleted.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import Future
 from typing import Any
 
-import numpy as np
 from prometheus_client.registry import REGISTRY, CollectorRegistry
 
-from txnstream import frame
 from txnstream._native import (
     BufferedWriter,
     CompactedTopic,
@@ -29,11 +27,9 @@ from txnstream._native import (
 )
 from txnstream.config import BatchedWriteConfig
 from txnstream.coordinator.recovery import FoldResult, PositionColumns
-from txnstream.coordinator.replay import LogChunk
 from txnstream.metrics import register_writer, unregister_writer
 
 CURSOR = "transaction-coordinator"
-READ_CHUNK = 4096
 
 
 class LedgerTransactionLog:
@@ -117,35 +113,6 @@ class LedgerTransactionLog:
     def fold(self, tc_id: int) -> FoldResult:
         """Read and fold the whole log from the cursor in Rust (GIL released)."""
         return FoldResult.from_native(fold_txn_log(self.ml, CURSOR, tc_id))
-
-    def replay(self) -> Iterator[LogChunk]:
-        """Read every entry after mark-delete, decoded, with deleted records marked."""
-        self.cursor.rewind()
-        while True:
-            got = self.cursor.read_next(READ_CHUNK)
-            if not got:
-                break
-            live = [(p, e) for p, e in got if not self.cursor.is_deleted(p)]
-            if not live:
-                continue
-            cols = frame.decode_txn_log_columns([e for _, e in live])
-            ent = cols["entry_index"]
-            deleted = np.zeros(len(ent), np.bool_)
-            # Entry -> first row: records of one entry are consecutive rows.
-            starts = np.searchsorted(ent, np.arange(len(live), dtype=ent.dtype))
-            for i, (p, _) in enumerate(live):
-                acks = self.cursor.batch_ack_set(p)
-                if acks is None:
-                    continue
-                n = acks.batch_size
-                bits = np.array([not acks.get(j) for j in range(n)], dtype=np.bool_)
-                deleted[starts[i] : starts[i] + n] = bits
-            yield LogChunk(
-                cols,
-                np.array([p.ledger_id for p, _ in live], dtype=np.uint64),
-                np.array([p.entry_id for p, _ in live], dtype=np.uint64),
-                deleted,
-            )
 
     def set_batch_enabled(self, enabled: bool) -> None:
         """Switch batching on/off for the next record."""

@@ -3,11 +3,13 @@
 :class:`TransactionLog` is what the coordinator needs from its log: durable
 writes (through a PIP-160 ``BufferedWriter``, so many records share an entry
 and a sync), deletion of a finished transaction's records by position and
-batch index, and a bulk replay as :class:`~.replay.LogChunk` columns.
+batch index, and recovery: :meth:`TransactionLog.fold` (in Rust).
 
 :class:`InMemoryTransactionLog` keeps the same records (same framing and
 codec) in memory: for tests of the state machine and for tools; it is not
-durable. The managed-ledger implementation lives in :mod:`.ledger_log`.
+durable; its :meth:`InMemoryTransactionLog.replay` feeds the Python
+reference fold (:mod:`.replay`) in tests. The managed-ledger
+implementation lives in :mod:`.ledger_log`.
 """
 
 from __future__ import annotations
@@ -43,9 +45,6 @@ class TransactionLog(Protocol):
 
     def delete_columns(self, records: PositionColumns) -> None:
         """Bulk :meth:`delete` of records given as columns."""
-
-    def replay(self) -> Iterator[LogChunk]:
-        """Every entry not yet deleted, decoded, in log order."""
 
     def fold(self, tc_id: int) -> FoldResult:
         """Fold the whole log into coordinator ``tc_id``'s live transactions (Rust)."""

@@ -54,6 +54,7 @@ def test_spec_field_numbers() -> None:
         "max_local_txn_id": 11,
         "owner": 12,
         "client_name": 13,
+        "timed_out": 1000,  # txnstream extension, far above Pulsar's numbers
     }
     assert fields(proto.BatchedTransactionMetadataEntry) == {"transaction_log": 1}
     assert fields(proto.BatchedPendingAckMetadataEntry) == {"pending_ack_log": 1}

@@ -58,12 +58,12 @@ def test_participants_failing_forever_do_not_block_timeouts_or_sweep() -> None:
         healthy = tc.new_transaction(timeout_ms=10, client_name="c")
         tc.add_produced_partitions(healthy, ["ok"])
 
-        def healthy_aborted() -> bool:
-            info = tc.get_transaction(healthy)
-            return info.status is TxnStatus.ABORTED and info.timed_out
-
-        assert wait_until(healthy_aborted)
-        assert parts.partition("ok").outcomes == {healthy: False}
+        # (Its remembered outcome may already have expired: judge by effects.)
+        assert wait_until(
+            lambda: (
+                parts.partition("ok").outcomes == {healthy: False} and tc.stats()["timed_out"] == 1
+            )
+        )
 
         # The sweep runs too: the remembered outcome expires after 200 ms.
         def forgotten() -> bool:

@@ -13,6 +13,7 @@ use crate::proto::{BatchDeletion, CursorState, DeletedRange};
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 /// In-memory state of one cursor.
@@ -164,7 +165,14 @@ impl CursorData {
 #[derive(Debug)]
 pub(crate) struct CursorInner {
     pub name: String,
+    /// Held only briefly, never across I/O: `persist` takes it under the
+    /// META lock, which rollover needs.
     pub data: Mutex<CursorData>,
+    /// Serialises `read_next` calls (held across their reads) so two
+    /// readers of one cursor never get the same entries.
+    pub reading: Mutex<()>,
+    /// Bumped by `rewind`, so a read finishing after one keeps it.
+    pub rewinds: AtomicU64,
 }
 
 /// A named, durable reader of a managed ledger. Cheap to clone; clones
@@ -216,26 +224,38 @@ impl Cursor {
     /// [`batch_ack_set`](Self::batch_ack_set).
     pub fn read_next(&self, max: usize) -> Result<Vec<(Position, Vec<u8>)>> {
         self.shared.check_open()?;
-        let mut d = self.inner.data.lock();
-        let mut cur = d.read_after.max(d.mark_delete);
-        let mut picks = Vec::new();
-        while picks.len() < max {
-            let Some(n) = self.shared.next_after(cur) else {
-                break;
-            };
-            cur = Some(n);
-            if !d.is_deleted(n) {
-                picks.push(n);
+        let _reading = self.inner.reading.lock();
+        // Pick under the lock, read without it, then advance.
+        let (picks, cur, rewinds) = {
+            let d = self.inner.data.lock();
+            let rewinds = self.inner.rewinds.load(Ordering::Acquire);
+            let mut cur = d.read_after.max(d.mark_delete);
+            let mut picks = Vec::new();
+            while picks.len() < max {
+                let Some(n) = self.shared.next_after(cur) else {
+                    break;
+                };
+                cur = Some(n);
+                if !d.is_deleted(n) {
+                    picks.push(n);
+                }
             }
-        }
+            (picks, cur, rewinds)
+        };
         let data = self.shared.read_positions(&picks)?;
-        d.read_after = cur;
+        let mut d = self.inner.data.lock();
+        // A rewind during the read wins (these entries come again); a
+        // mark-delete may have moved the read position past them already.
+        if self.inner.rewinds.load(Ordering::Acquire) == rewinds {
+            d.read_after = d.read_after.max(cur);
+        }
         Ok(picks.into_iter().zip(data).collect())
     }
 
     /// Moves the read position back to just after the mark-delete.
     pub fn rewind(&self) {
         let mut d = self.inner.data.lock();
+        self.inner.rewinds.fetch_add(1, Ordering::AcqRel);
         d.read_after = d.mark_delete;
     }
 

@@ -1,10 +1,14 @@
-//! Fault injection for tests: make the next N writes, syncs or
+//! Fault injection for tests: make the next N writes, syncs, reads or
 //! preallocations fail with a chosen `errno`, exactly where a real disk
-//! failure (EIO, ENOSPC) would surface.
+//! failure (EIO, ENOSPC) would surface; or hold every call of a kind at a
+//! gate until released, to observe what happens while, say, a sync is
+//! still in progress.
 
-use parking_lot::Mutex;
+use parking_lot::{Condvar, Mutex};
+use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 /// Which storage call fails.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -16,18 +20,29 @@ pub enum FaultKind {
     Sync,
     /// `fallocate` of a segment's reserved space (disk full at rollover).
     Preallocate,
+    /// A read of entries (by position, range or cursor).
+    Read,
 }
 
 impl FaultKind {
-    /// Parses `"write"`, `"sync"` or `"preallocate"`.
+    /// Parses `"write"`, `"sync"`, `"preallocate"` or `"read"`.
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "write" => Some(Self::Write),
             "sync" => Some(Self::Sync),
             "preallocate" => Some(Self::Preallocate),
+            "read" => Some(Self::Read),
             _ => None,
         }
     }
+}
+
+/// A gate on one kind of call: while closed, calls wait at it.
+#[derive(Debug, Default)]
+struct Gate {
+    closed: bool,
+    /// Calls waiting at the gate now.
+    waiting: usize,
 }
 
 #[derive(Debug)]
@@ -42,6 +57,8 @@ struct Armed {
 pub struct FaultInjector {
     any: AtomicBool,
     armed: Mutex<Vec<Armed>>,
+    gates: Mutex<HashMap<FaultKind, Gate>>,
+    gates_cv: Condvar,
 }
 
 impl FaultInjector {
@@ -61,17 +78,68 @@ impl FaultInjector {
         self.any.store(true, Ordering::Release);
     }
 
-    /// Disarms everything.
+    /// Disarms every injected error and opens every gate.
     pub fn clear(&self) {
         self.armed.lock().clear();
+        self.gates.lock().clear();
+        self.gates_cv.notify_all();
         self.any.store(false, Ordering::Release);
     }
 
-    /// Returns the injected error if a fault of `kind` is armed.
+    /// Closes the gate of `kind`: every later call of it waits until
+    /// [`release`](Self::release).
+    pub fn hold(&self, kind: FaultKind) {
+        self.gates.lock().entry(kind).or_default().closed = true;
+        self.any.store(true, Ordering::Release);
+    }
+
+    /// Opens the gate of `kind`, letting waiting calls go on.
+    pub fn release(&self, kind: FaultKind) {
+        if let Some(g) = self.gates.lock().get_mut(&kind) {
+            g.closed = false;
+        }
+        self.gates_cv.notify_all();
+    }
+
+    /// Waits until a call of `kind` is held at its gate; false on timeout.
+    pub fn wait_held(&self, kind: FaultKind, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut gates = self.gates.lock();
+        loop {
+            if gates.get(&kind).is_some_and(|g| g.waiting > 0) {
+                return true;
+            }
+            if self.gates_cv.wait_until(&mut gates, deadline).timed_out() {
+                return gates.get(&kind).is_some_and(|g| g.waiting > 0);
+            }
+        }
+    }
+
+    fn pass_gate(&self, kind: FaultKind) {
+        let mut gates = self.gates.lock();
+        let Some(g) = gates.get_mut(&kind) else {
+            return;
+        };
+        if !g.closed {
+            return;
+        }
+        g.waiting += 1;
+        self.gates_cv.notify_all();
+        while gates.get(&kind).is_some_and(|g| g.closed) {
+            self.gates_cv.wait(&mut gates);
+        }
+        if let Some(g) = gates.get_mut(&kind) {
+            g.waiting -= 1;
+        }
+    }
+
+    /// Waits at the gate of `kind` if it is closed, then returns the
+    /// injected error if a fault of `kind` is armed.
     pub(crate) fn check(&self, kind: FaultKind) -> io::Result<()> {
         if !self.any.load(Ordering::Acquire) {
             return Ok(());
         }
+        self.pass_gate(kind);
         let mut armed = self.armed.lock();
         let hit = armed
             .iter_mut()
@@ -81,7 +149,13 @@ impl FaultInjector {
                 a.errno
             });
         armed.retain(|a| a.remaining > 0);
-        if armed.is_empty() {
+        if armed.is_empty()
+            && self
+                .gates
+                .lock()
+                .values()
+                .all(|g| !g.closed && g.waiting == 0)
+        {
             self.any.store(false, Ordering::Release);
         }
         match hit {

@@ -5,9 +5,12 @@
 //! `<data_dir>/ledgers/<escaped name>/` (see [`meta::escape_name`]):
 //!
 //! ```text
-//! <ledger_id>.log   one ledger (segment file)
-//! META              ManagedLedgerMeta protobuf: ledgers, cursors, next id
-//! LOCK              flock'ed by the one writer process
+//! <ledger_id>.log     one ledger (segment file)
+//! <ledger_id>.synced  open ledger only: its synced end offset, for readers
+//!                     in other processes ([u64][u32 crc32c][u32 0], a hint,
+//!                     never fsynced; removed when the ledger is sealed)
+//! META                ManagedLedgerMeta protobuf: ledgers, cursors, next id
+//! LOCK                flock'ed by the one writer process
 //! ```
 //!
 //! # Segment file format (version 1, little-endian)
@@ -28,24 +31,33 @@
 //! # Durability
 //!
 //! A dedicated writer thread takes every queued append, writes them with one
-//! `pwrite` and one `fdatasync` (group commit), publishes them to readers and
-//! only then completes the callers, in append order. A failed write or sync
-//! fails every caller waiting at that moment, and the file is truncated back
-//! to the last synced offset so unacknowledged bytes never resurface.
+//! `pwrite` and one `fdatasync` (group commit), publishes them to readers
+//! (its own index, and the `.synced` hint for other processes) and only then
+//! completes the callers, in append order. A failed write or sync fails
+//! every caller waiting at that moment, and the file is truncated back to the
+//! last synced offset so unacknowledged bytes never resurface.
 //!
 //! # Recovery
 //!
 //! On open every ledger is scanned and every checksum verified. A torn or
 //! checksum-failing tail of the open ledger is truncated (only unacknowledged
 //! data can be there); a bad record followed by any valid record is a
-//! `CorruptLedger` error naming the position, never a silent loss. A sealed
-//! ledger must hold exactly its recorded number of entries.
+//! `CorruptLedger` error naming the position, never a silent loss. Telling
+//! the two apart costs time linear in the rest of the file, however large
+//! the damaged record (see `segment::valid_record_after`). A sealed ledger
+//! must hold exactly its recorded number of entries. Ledger files without a
+//! META are a `CorruptLedger` error; of the files META does not list, only
+//! provable leftovers are removed (ids at or past `next_ledger_id`: created,
+//! never listed; ids below the lowest listed one: trimmed, not yet unlinked).
 //!
 //! A read-only open takes no lock and writes nothing, so another process can
 //! read a live ledger; it stops at the last complete record (the crc guards
-//! against half-written ones) and [`ManagedLedger::refresh`] catches up.
+//! against half-written ones) and never passes the open ledger's `.synced`
+//! offset, so it serves no bytes a failing sync could still take back;
+//! [`ManagedLedger::refresh`] catches up.
 
 pub mod compacted;
+mod crc_range;
 pub mod cursor;
 pub mod fault;
 pub mod meta;
@@ -212,8 +224,16 @@ impl Shared {
             .ok_or_else(|| self.not_found(p))
     }
 
+    /// The test hook in front of every read (a held gate or an injected error).
+    fn read_fault(&self) -> Result<()> {
+        self.faults
+            .check(FaultKind::Read)
+            .map_err(|e| Error::io(format!("reading managed ledger {:?}", self.name), &e))
+    }
+
     pub fn read(&self, p: Position) -> Result<Vec<u8>> {
         self.check_open()?;
+        self.read_fault()?;
         let seg = self.segment(p)?;
         if p.entry_id >= seg.count() {
             return Err(self.not_found(p));
@@ -224,6 +244,9 @@ impl Shared {
 
     /// Reads existing positions (ascending), one `pread` per contiguous run.
     pub fn read_positions(&self, ps: &[Position]) -> Result<Vec<Vec<u8>>> {
+        if !ps.is_empty() {
+            self.read_fault()?;
+        }
         let mut out = Vec::with_capacity(ps.len());
         let mut i = 0;
         while i < ps.len() {
@@ -253,6 +276,7 @@ impl Shared {
             Some(l) if start <= l => {}
             _ => return Err(self.not_found(start)),
         }
+        self.read_fault()?;
         let segs: Vec<Arc<Segment>> = self
             .ledgers
             .read()
@@ -383,6 +407,7 @@ impl Shared {
             for id in &drop_ids {
                 // A file left behind is unlisted and removed on the next open.
                 let _ = fs::remove_file(segment_path(&self.dir, *id));
+                let _ = fs::remove_file(segment::synced_path(&self.dir, *id));
             }
         }
         Ok(())
@@ -486,6 +511,11 @@ fn create_dirs(data_dir: &Path, dir: &Path) -> Result<()> {
 
 /// Ids of `<id>.log` files in `dir`.
 fn ledger_files(dir: &Path) -> Result<Vec<u64>> {
+    files_with_suffix(dir, ".log")
+}
+
+/// Ids of `<id><suffix>` files in `dir`, ascending.
+fn files_with_suffix(dir: &Path, suffix: &str) -> Result<Vec<u64>> {
     let rd = fs::read_dir(dir)
         .map_err(|e| Error::io(format!("listing directory {}", dir.display()), &e))?;
     let mut out = Vec::new();
@@ -494,12 +524,13 @@ fn ledger_files(dir: &Path) -> Result<Vec<u64>> {
         let name = ent.file_name();
         if let Some(id) = name
             .to_str()
-            .and_then(|n| n.strip_suffix(".log"))
+            .and_then(|n| n.strip_suffix(suffix))
             .and_then(|n| n.parse::<u64>().ok())
         {
             out.push(id);
         }
     }
+    out.sort_unstable();
     Ok(out)
 }
 
@@ -596,6 +627,22 @@ impl ManagedLedger {
     fn recover(shared: &Arc<Shared>) -> Result<()> {
         let dir = &shared.dir;
         let meta = read_meta(dir)?;
+        let files = ledger_files(dir)?;
+        if meta.is_none() && !files.is_empty() {
+            // META is written before the first ledger file is created, so
+            // ledger files without it mean META was lost: never guess.
+            let names: Vec<String> = files.iter().map(|id| format!("{id}.log")).collect();
+            return Err(Error::CorruptLedger {
+                path: dir.join(meta::META_FILE).display().to_string(),
+                position: Position::default(),
+                offset: 0,
+                reason: format!(
+                    "META is missing but {} holds ledger files ({}); nothing was removed",
+                    dir.display(),
+                    names.join(", ")
+                ),
+            });
+        }
         let mut m = shared.meta.lock();
         let mut ledgers = BTreeMap::new();
         if let Some(meta) = &meta {
@@ -623,14 +670,25 @@ impl ManagedLedger {
                 ledgers.insert(info.ledger_id, Arc::new(seg));
             }
         }
-        for id in ledger_files(dir)? {
-            if !ledgers.contains_key(&id) {
-                // Left by a rollover or compaction that never reached META,
-                // or by a trim that did: never acknowledged, or no longer needed.
+        let lowest = ledgers.keys().next().copied();
+        for id in files {
+            if ledgers.contains_key(&id) {
+                continue;
+            }
+            // Only provable leftovers go: an id at or past next_ledger_id was
+            // created by a rollover or compaction that never reached META
+            // (never acknowledged); one below the lowest listed id was
+            // trimmed from META but not yet unlinked. Anything else is
+            // unexplained and stays on disk (it is not read either way).
+            if id >= m.next_ledger_id || lowest.is_some_and(|lo| id < lo) {
                 let p = segment_path(dir, id);
                 fs::remove_file(&p)
                     .map_err(|e| Error::io(format!("removing {}", p.display()), &e))?;
             }
+        }
+        // Every recovered ledger is sealed now: synced-offset hints are stale.
+        for id in files_with_suffix(dir, segment::SYNCED_SUFFIX)? {
+            let _ = fs::remove_file(segment::synced_path(dir, id));
         }
         let _ = fs::remove_file(dir.join("META.tmp"));
         *shared.ledgers.write() = ledgers;
@@ -685,7 +743,12 @@ impl ManagedLedger {
             };
             let mode = match info.entries {
                 Some(n) => ScanMode::Sealed(n),
-                None => ScanMode::Live,
+                // Never past what the writer has synced: bytes beyond may
+                // belong to a group whose sync fails and is rewritten.
+                None => ScanMode::Live {
+                    synced: segment::read_synced(&sh.dir, info.ledger_id)?
+                        .map(|hint| hint.unwrap_or(end)),
+                },
             };
             let needs_scan = match mode {
                 ScanMode::Sealed(n) => have < n,
@@ -897,6 +960,8 @@ impl ManagedLedger {
         let inner = Arc::new(CursorInner {
             name: name.to_owned(),
             data: Mutex::new(data),
+            reading: Mutex::new(()),
+            rewinds: std::sync::atomic::AtomicU64::new(0),
         });
         cursors.insert(name.to_owned(), Arc::clone(&inner));
         drop(cursors);

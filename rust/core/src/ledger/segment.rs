@@ -2,6 +2,7 @@
 //!
 //! See the module documentation of [`super`] for the byte layout.
 
+use super::crc_range::RangeCrc;
 use super::options::MAX_ENTRY_SIZE;
 use crate::error::{Error, Result};
 use crate::position::Position;
@@ -68,6 +69,39 @@ pub fn segment_path(dir: &Path, id: u64) -> PathBuf {
     dir.join(format!("{id}.log"))
 }
 
+/// Suffix of the synced-offset hint of the open ledger (`<id>.synced`).
+pub const SYNCED_SUFFIX: &str = ".synced";
+
+/// Path of ledger `id`'s synced-offset hint.
+pub fn synced_path(dir: &Path, id: u64) -> PathBuf {
+    dir.join(format!("{id}{SYNCED_SUFFIX}"))
+}
+
+/// The synced-offset hint: `[u64 end][u32 crc32c(end bytes)][u32 0]`.
+pub fn encode_synced(end: u64) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[..8].copy_from_slice(&end.to_le_bytes());
+    let crc = crc32c::crc32c(&b[..8]);
+    b[8..12].copy_from_slice(&crc.to_le_bytes());
+    b
+}
+
+/// Reads ledger `id`'s synced-offset hint: `Ok(None)` if there is no hint
+/// file (a sealed ledger, or one written before hints existed), `Ok(Some(None))`
+/// if it is unreadable right now (a torn read: make no progress).
+pub fn read_synced(dir: &Path, id: u64) -> Result<Option<Option<u64>>> {
+    let path = synced_path(dir, id);
+    let b = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(Error::io(format!("reading {}", path.display()), &e)),
+    };
+    if b.len() < 12 || crc32c::crc32c(&b[..8]) != le_u32(&b[8..]) {
+        return Ok(Some(None));
+    }
+    Ok(Some(Some(le_u64(&b[..8]))))
+}
+
 /// Where each published (durable, readable) entry lives in the file.
 #[derive(Debug, Default)]
 pub struct SegmentIndex {
@@ -106,8 +140,13 @@ pub enum ScanMode {
     Sealed(u64),
     /// The writer's crashed active ledger: a torn tail is cut off.
     Recover,
-    /// Another process's live ledger: stop at the first incomplete record.
-    Live,
+    /// Another process's live ledger: stop at the first incomplete record
+    /// and never read past `synced`, the durable end the writer published
+    /// (`None`: no hint, read every complete record).
+    Live {
+        /// Offset up to which the writer has synced the file.
+        synced: Option<u64>,
+    },
 }
 
 /// Outcome of scanning a file from some offset.
@@ -209,30 +248,85 @@ fn valid_record_at(chunks: &mut Chunks<'_>, off: u64) -> io::Result<Option<u32>>
     }
 }
 
-/// Looks for any valid record starting after `from` — its presence means
-/// the bad bytes at `from` are not a tail but damage in the middle.
-fn valid_record_after(chunks: &mut Chunks<'_>, from: u64) -> io::Result<Option<u64>> {
-    // The common case, a flipped payload bit, leaves the length intact:
-    // try the record boundary it names first.
-    if let Some(h) = chunks.get(from, RECORD_HEADER_LEN)? {
-        let next = from + RECORD_HEADER_LEN as u64 + u64::from(le_u32(h));
-        if valid_record_at(chunks, next)?.is_some() {
-            return Ok(Some(next));
+/// Offset of the first non-zero byte at or after `off`, if any.
+fn next_nonzero(chunks: &mut Chunks<'_>, mut off: u64) -> io::Result<Option<u64>> {
+    while off < chunks.file_len {
+        let n = (SCAN_CHUNK as u64).min(chunks.file_len - off) as usize;
+        let Some(b) = chunks.get(off, n)? else {
+            return Ok(None);
+        };
+        if let Some(i) = b.iter().position(|&x| x != 0) {
+            return Ok(Some(off + i as u64));
         }
+        off += n as u64;
     }
-    let mut off = from + 1;
-    while off + RECORD_HEADER_LEN as u64 <= chunks.file_len {
-        // Skip zero runs (preallocated space) eight bytes at a time.
-        if let Some(h) = chunks.get(off, RECORD_HEADER_LEN)? {
-            if h.iter().all(|&b| b == 0) {
-                off += RECORD_HEADER_LEN as u64;
-                continue;
+    Ok(None)
+}
+
+/// Where the record at `off` claims the next one starts, if its length is
+/// plausible.
+fn claimed_next(chunks: &mut Chunks<'_>, off: u64) -> io::Result<Option<u64>> {
+    let Some(h) = chunks.get(off, RECORD_HEADER_LEN)? else {
+        return Ok(None);
+    };
+    let len = le_u32(h) as usize;
+    Ok((len <= MAX_ENTRY_SIZE).then(|| off + (RECORD_HEADER_LEN + len) as u64))
+}
+
+/// Looks for any valid record starting after `from` (a bad record): its
+/// presence means the damage is not a tail but in the middle.
+///
+/// Cost bound: one sequential pass reads the rest of the file and keeps
+/// crc checkpoints every [`crc_range::STEP`](super::crc_range::STEP) bytes
+/// (4 bytes of memory per 256 bytes). A second pass visits every offset
+/// once, skipping zero runs in bulk; only a non-zero header with a length
+/// of at most [`MAX_ENTRY_SIZE`] whose record fits in the file is a
+/// candidate, and a candidate costs two reads of < 256 bytes, < 512 bytes
+/// of crc and two 32-bit carry-less shifts — never a read of its payload.
+/// So the search is O(rest of file + candidates), candidates <= non-zero
+/// bytes after `from`, whatever the lengths the garbage claims.
+fn valid_record_after(chunks: &mut Chunks<'_>, file: &File, from: u64) -> io::Result<Option<u64>> {
+    let base = from + 1;
+    let mut crcs = RangeCrc::new(base);
+    let mut off = base;
+    while off < chunks.file_len {
+        let n = (SCAN_CHUNK as u64).min(chunks.file_len - off) as usize;
+        let Some(b) = chunks.get(off, n)? else { break };
+        crcs.feed(b);
+        off += n as u64;
+    }
+    let end = crcs.end();
+    let mut c = base;
+    while c + RECORD_HEADER_LEN as u64 <= end {
+        let Some(h) = chunks.get(c, RECORD_HEADER_LEN)? else {
+            break;
+        };
+        if h.iter().all(|&b| b == 0) {
+            // A header needs a non-zero byte: the earliest one that can
+            // hold the next non-zero byte starts 7 bytes before it.
+            match next_nonzero(chunks, c + RECORD_HEADER_LEN as u64)? {
+                Some(q) => {
+                    c = (q - (RECORD_HEADER_LEN as u64 - 1)).max(c + 1);
+                    continue;
+                }
+                None => break,
             }
         }
-        if valid_record_at(chunks, off)?.is_some() {
-            return Ok(Some(off));
+        let mut len_bytes = [0u8; 4];
+        len_bytes.copy_from_slice(&h[..4]);
+        let len = u32::from_le_bytes(len_bytes);
+        let crc = le_u32(&h[4..]);
+        let payload = c + RECORD_HEADER_LEN as u64;
+        if (len as usize) <= MAX_ENTRY_SIZE && payload + u64::from(len) <= end {
+            if let Some(pc) = crcs.range(file, payload, payload + u64::from(len))? {
+                let whole =
+                    super::crc_range::combine(crc32c::crc32c(&len_bytes), pc, u64::from(len));
+                if whole == crc {
+                    return Ok(Some(c));
+                }
+            }
         }
-        off += 1;
+        c += 1;
     }
     Ok(None)
 }
@@ -300,67 +394,98 @@ pub fn scan(
     first_entry: u64,
     mode: ScanMode,
 ) -> Result<ScanResult> {
-    let file_len = file.metadata().map_err(|e| read_err(path, &e))?.len();
+    let mut file_len = file.metadata().map_err(|e| read_err(path, &e))?.len();
+    if let ScanMode::Live { synced: Some(s) } = mode {
+        // Bytes past the writer's synced offset may still be rewritten.
+        file_len = file_len.min(s);
+    }
     let mut chunks = Chunks::new(file, file_len);
     let mut out = ScanResult {
         end: start,
         ..ScanResult::default()
     };
     let mut off = start;
+    let rerr = |e: io::Error| read_err(path, &e);
     loop {
         let entry = first_entry + out.entries.len() as u64;
         if let ScanMode::Sealed(n) = mode {
             if entry == n {
-                if !chunks.zeros_from(off).map_err(|e| read_err(path, &e))? {
+                if !chunks.zeros_from(off).map_err(rerr)? {
                     return Err(corrupt(path, id, entry, off, "data after the sealed end"));
                 }
                 return Ok(out);
             }
         }
-        match valid_record_at(&mut chunks, off).map_err(|e| read_err(path, &e))? {
-            Some(len) => {
-                out.entries.push((off, len));
-                off += RECORD_HEADER_LEN as u64 + u64::from(len);
-                out.end = off;
+        if let Some(len) = valid_record_at(&mut chunks, off).map_err(rerr)? {
+            out.entries.push((off, len));
+            off += RECORD_HEADER_LEN as u64 + u64::from(len);
+            out.end = off;
+            continue;
+        }
+        if chunks.zeros_from(off).map_err(rerr)? {
+            if let ScanMode::Sealed(n) = mode {
+                return Err(corrupt(
+                    path,
+                    id,
+                    entry,
+                    off,
+                    format!("ledger ends after {entry} of {n} entries"),
+                ));
             }
-            None => {
-                if chunks.zeros_from(off).map_err(|e| read_err(path, &e))? {
-                    if let ScanMode::Sealed(n) = mode {
-                        return Err(corrupt(
-                            path,
-                            id,
-                            entry,
-                            off,
-                            format!("ledger ends after {entry} of {n} entries"),
-                        ));
-                    }
-                    return Ok(out);
-                }
-                let reason = describe_bad_record(&mut chunks, off);
-                if let Some(at) =
-                    valid_record_after(&mut chunks, off).map_err(|e| read_err(path, &e))?
-                {
-                    return Err(corrupt(
-                        path,
-                        id,
-                        entry,
-                        off,
-                        format!("{reason}, followed by a valid record at offset {at}"),
-                    ));
-                }
-                if let ScanMode::Sealed(n) = mode {
-                    return Err(corrupt(
-                        path,
-                        id,
-                        entry,
-                        off,
-                        format!("{reason} in a sealed ledger of {n} entries"),
-                    ));
-                }
-                out.torn = Some(reason);
-                return Ok(out);
+            return Ok(out);
+        }
+        let reason = describe_bad_record(&mut chunks, off);
+        if let ScanMode::Live { synced } = mode {
+            // Below the published synced offset every record is complete
+            // and durable, so a bad one there is damage; past it (or with
+            // no hint) the writer may be mid-write: stop, look again later.
+            if synced.is_some() {
+                return Err(corrupt(
+                    path,
+                    id,
+                    entry,
+                    off,
+                    format!("{reason} before the synced offset {file_len}"),
+                ));
+            }
+            out.torn = Some(reason);
+            return Ok(out);
+        }
+        // A flipped payload bit leaves the length intact: the record it
+        // names next is the first place to look, and a valid one there
+        // proves damage in the middle at the cost of one record.
+        if let Some(next) = claimed_next(&mut chunks, off).map_err(rerr)? {
+            if valid_record_at(&mut chunks, next).map_err(rerr)?.is_some() {
+                return Err(corrupt(
+                    path,
+                    id,
+                    entry,
+                    off,
+                    format!("{reason}, followed by a valid record at offset {next}"),
+                ));
             }
         }
+        if let ScanMode::Sealed(n) = mode {
+            return Err(corrupt(
+                path,
+                id,
+                entry,
+                off,
+                format!("{reason} in a sealed ledger of {n} entries"),
+            ));
+        }
+        // Recover: cut only a tail proven to hold no valid record.
+        if let Some(at) = valid_record_after(&mut chunks, file, off).map_err(rerr)? {
+            return Err(corrupt(
+                path,
+                id,
+                entry,
+                off,
+                format!("{reason}, followed by a valid record at offset {at}"),
+            ));
+        }
+        out.torn = Some(reason);
+        return Ok(out);
     }
 }
 

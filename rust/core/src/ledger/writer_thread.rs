@@ -8,8 +8,8 @@
 
 use super::fault::FaultKind;
 use super::segment::{
-    datasync, encode_header, encode_record, preallocate, segment_path, sync_dir, Segment,
-    SegmentIndex, HEADER_LEN, RECORD_HEADER_LEN,
+    datasync, encode_header, encode_record, encode_synced, preallocate, segment_path, sync_dir,
+    synced_path, Segment, SegmentIndex, HEADER_LEN, RECORD_HEADER_LEN,
 };
 use super::Shared;
 use crate::error::{Error, Result};
@@ -88,6 +88,11 @@ struct Active {
     /// End of the preallocated region.
     alloc_end: u64,
     entries: u64,
+    /// `<id>.synced`: where read-only readers in other processes learn
+    /// how far the file is durable (they must not serve bytes a failed
+    /// sync may still take back). A hint only, never synced itself: after
+    /// a crash the ledger is sealed and the hint removed.
+    synced_hint: File,
 }
 
 /// An append staged in the current group: its done and first entry id.
@@ -288,6 +293,9 @@ impl WriterThread {
             idx.end = base + self.buf.len() as u64;
         }
         a.write_off += self.buf.len() as u64;
+        // Publish the durable end before anyone is acknowledged; a failed
+        // hint write only makes readers lag.
+        let _ = a.synced_hint.write_all_at(&encode_synced(a.write_off), 0);
         let id = a.seg.id;
         for s in staged.drain(..) {
             a.entries += s.n;
@@ -315,7 +323,10 @@ impl WriterThread {
             .file
             .set_len(a.write_off)
             .and_then(|()| a.seg.file.sync_all())
-            .map_err(|e| io_err(&a.seg, "sealing", &e))
+            .map_err(|e| io_err(&a.seg, "sealing", &e))?;
+        // The file now ends at its last synced record: readers need no hint.
+        let _ = fs::remove_file(synced_path(&self.shared.dir, a.seg.id));
+        Ok(())
     }
 
     /// Creates ledger file `id` holding `records` (framed), preallocating
@@ -379,6 +390,24 @@ impl WriterThread {
         self.seal_active()?;
         let id = self.shared.meta.lock().next_ledger_id;
         let (seg, alloc_end) = self.create_segment(id, &[], self.shared.opts.preallocate_bytes)?;
+        // The hint exists before META lists the ledger, so a reader that
+        // sees it open always finds one.
+        let hint_path = synced_path(&self.shared.dir, id);
+        let hint = OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&hint_path)
+            .and_then(|f| f.write_all_at(&encode_synced(HEADER_LEN), 0).map(|()| f))
+            .map_err(|e| Error::io(format!("creating {}", hint_path.display()), &e));
+        let hint = match hint {
+            Ok(f) => f,
+            Err(e) => {
+                let _ = fs::remove_file(&hint_path);
+                let _ = fs::remove_file(&seg.path);
+                return Err(e);
+            }
+        };
         let mut m = self.shared.meta.lock();
         self.shared.ledgers.write().insert(id, Arc::clone(&seg));
         m.active = Some(id);
@@ -386,8 +415,12 @@ impl WriterThread {
         if let Err(e) = self.shared.write_meta_locked(&m) {
             self.shared.ledgers.write().remove(&id);
             m.active = None;
+            // The id is reused by the next attempt (its file is recreated),
+            // so a file left behind stays a provable leftover (>= next id).
+            m.next_ledger_id = id;
             drop(m);
             let _ = fs::remove_file(&seg.path);
+            let _ = fs::remove_file(&hint_path);
             return Err(e);
         }
         self.active = Some(Active {
@@ -395,6 +428,7 @@ impl WriterThread {
             write_off: HEADER_LEN,
             alloc_end,
             entries: 0,
+            synced_hint: hint,
         });
         Ok(())
     }
@@ -427,6 +461,7 @@ impl WriterThread {
         m.next_ledger_id = id + 1;
         m.active = None;
         if let Err(e) = self.shared.write_meta_locked(&m) {
+            m.next_ledger_id = id;
             *self.shared.ledgers.write() = old;
             drop(m);
             let _ = fs::remove_file(&seg.path);

@@ -79,60 +79,75 @@ impl LiveRecords {
     }
 
     /// Appends the live records of the entry at `pos`. `acks` is the
-    /// cursor's ack set for it (`None`: every record is live).
+    /// cursor's ack set for it (`None`: every record is live). A damaged
+    /// entry changes nothing (see [`entry_records`]).
     pub fn push_entry(&mut self, pos: Position, entry: &[u8], acks: Option<&AckSet>) -> Result<()> {
-        let first = self.len();
-        let data_start = self.data.len();
-        let mut index = 0u32;
-        let mut skipped = 0u64;
-        let counted = for_each_record(entry, |rec| {
-            let live = acks.is_none_or(|a| a.get(i64::from(index)).unwrap_or(true));
-            if live {
-                self.data.extend_from_slice(rec);
-                self.offsets.push(self.data.len() as i64);
-                self.batch_index.push(index);
-            } else {
-                skipped += 1;
+        for rec in entry_records(pos, entry, acks)? {
+            if rec.deleted {
+                self.skipped += 1;
+                continue;
             }
-            index += 1;
-        });
-        let n = match counted {
-            Ok(n) => n,
-            Err(e) => {
-                self.truncate(first, data_start);
-                return Err(e.at(pos));
-            }
-        };
-        let size = u32::try_from(n).map_err(|_| Error::invalid("entry holds over 4G records"))?;
-        if let Some(a) = acks {
-            if a.batch_size() != size {
-                self.truncate(first, data_start);
-                return Err(Error::CorruptEntry {
-                    position: Some(pos),
-                    offset: 0,
-                    reason: format!(
-                        "cursor ack set covers {} records but the entry holds {size}",
-                        a.batch_size()
-                    ),
-                });
-            }
+            self.data.extend_from_slice(rec.data);
+            self.offsets.push(self.data.len() as i64);
+            self.ledger_id.push(pos.ledger_id);
+            self.entry_id.push(pos.entry_id);
+            self.batch_size.push(rec.position.batch_size);
+            self.batch_index.push(rec.position.batch_index);
         }
-        let live = self.len() - first;
-        self.ledger_id
-            .extend(std::iter::repeat_n(pos.ledger_id, live));
-        self.entry_id
-            .extend(std::iter::repeat_n(pos.entry_id, live));
-        self.batch_size.extend(std::iter::repeat_n(size, live));
         self.entries += 1;
-        self.skipped += skipped;
         Ok(())
     }
+}
 
-    fn truncate(&mut self, records: usize, data_len: usize) {
-        self.batch_index.truncate(records);
-        self.offsets.truncate(records + 1);
-        self.data.truncate(data_len);
+/// One record of an entry as a cursor sees it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryRecord<'a> {
+    /// The record's bytes (borrowed from the entry).
+    pub data: &'a [u8],
+    /// Entry position, batch size and this record's batch index.
+    pub position: TxnPosition,
+    /// The cursor already deleted this batch index.
+    pub deleted: bool,
+}
+
+/// The records of the entry at `pos` in batch order, each with its
+/// [`TxnPosition`] and whether `acks` (the cursor's ack set for the entry,
+/// bit clear = deleted; `None`: nothing deleted) marks it deleted.
+///
+/// The entry is checked whole before anything is returned, so callers never
+/// see part of a damaged entry: bad framing, or an ack set that does not
+/// cover exactly the entry's records, is a `CorruptEntry` naming `pos`.
+pub fn entry_records<'a>(
+    pos: Position,
+    entry: &'a [u8],
+    acks: Option<&AckSet>,
+) -> Result<Vec<EntryRecord<'a>>> {
+    let mut records: Vec<&'a [u8]> = Vec::new();
+    let n = for_each_record(entry, |r| records.push(r)).map_err(|e| e.at(pos))?;
+    let size = u32::try_from(n).map_err(|_| Error::invalid("entry holds over 4G records"))?;
+    if let Some(a) = acks.filter(|a| a.batch_size() != size) {
+        return Err(Error::CorruptEntry {
+            position: Some(pos),
+            offset: 0,
+            reason: format!(
+                "cursor ack set covers {} records but the entry holds {size}",
+                a.batch_size()
+            ),
+        });
     }
+    // `size` fits in u32, so every index does too.
+    Ok((0u32..)
+        .zip(records)
+        .map(|(index, data)| EntryRecord {
+            data,
+            position: TxnPosition {
+                position: pos,
+                batch_size: size,
+                batch_index: index,
+            },
+            deleted: acks.is_some_and(|a| !a.get(i64::from(index)).unwrap_or(true)),
+        })
+        .collect())
 }
 
 /// The next live records after the cursor's read position, reading up to
@@ -149,15 +164,26 @@ pub fn replay_next(cursor: &Cursor, max_entries: usize) -> Result<LiveRecords> {
 /// Every live record of the log for this cursor: rewinds it to just after
 /// its mark-delete position and reads to the end.
 pub fn replay_all(cursor: &Cursor) -> Result<LiveRecords> {
-    cursor.rewind();
     let mut out = LiveRecords::default();
+    scan_cursor(cursor, |pos, entry, acks| out.push_entry(pos, entry, acks))?;
+    Ok(out)
+}
+
+/// Rewinds `cursor` to just after its mark-delete position and calls
+/// `f(position, entry, ack set)` for every entry up to the end of the log,
+/// reading [`REPLAY_CHUNK_ENTRIES`] at a time; the first error stops it.
+pub fn scan_cursor<F>(cursor: &Cursor, mut f: F) -> Result<()>
+where
+    F: FnMut(Position, &[u8], Option<&AckSet>) -> Result<()>,
+{
+    cursor.rewind();
     loop {
         let entries = cursor.read_next(REPLAY_CHUNK_ENTRIES)?;
         if entries.is_empty() {
-            return Ok(out);
+            return Ok(());
         }
         for (pos, entry) in &entries {
-            out.push_entry(*pos, entry, cursor.batch_ack_set(*pos).as_ref())?;
+            f(*pos, entry, cursor.batch_ack_set(*pos).as_ref())?;
         }
     }
 }
@@ -212,6 +238,48 @@ mod tests {
         );
         assert_eq!(out.position(2), TxnPosition::single(Position::new(1, 1)));
         assert_eq!((out.entries, out.skipped), (2, 1));
+    }
+
+    #[test]
+    fn entry_records_flags_deleted_indexes_with_positions() {
+        let batched = encode_batch(&[b"a".as_slice(), b"bb", b"ccc"]);
+        let acks = AckSet::single_deleted(3, 1).unwrap();
+        let pos = Position::new(4, 9);
+        let recs = entry_records(pos, &batched, Some(&acks)).unwrap();
+        let seen: Vec<(&[u8], u32, u32, bool)> = recs
+            .iter()
+            .map(|r| {
+                assert_eq!(r.position.position, pos);
+                (
+                    r.data,
+                    r.position.batch_size,
+                    r.position.batch_index,
+                    r.deleted,
+                )
+            })
+            .collect();
+        assert_eq!(
+            seen,
+            [
+                (b"a".as_slice(), 3, 0, false),
+                (b"bb".as_slice(), 3, 1, true),
+                (b"ccc".as_slice(), 3, 2, false)
+            ]
+        );
+        let single = entry_records(pos, b"\x08\x01", None).unwrap();
+        assert_eq!(single.len(), 1);
+        assert_eq!(single[0].position, TxnPosition::single(pos));
+        assert!(!single[0].deleted);
+        let wrong = AckSet::new(2).unwrap();
+        match entry_records(pos, &batched, Some(&wrong)) {
+            Err(Error::CorruptEntry {
+                position, reason, ..
+            }) => {
+                assert_eq!(position, Some(pos));
+                assert!(reason.contains("covers 2 records"), "{reason}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 
     #[test]

@@ -21,10 +21,9 @@
 
 use crate::ackset::AckSet;
 use crate::error::{Error, Result};
-use crate::frame::for_each_record;
 use crate::ledger::Cursor;
 use crate::position::{Position, TxnPosition};
-use crate::replay::REPLAY_CHUNK_ENTRIES;
+use crate::replay::{entry_records, scan_cursor};
 use crate::txnlog_record::{
     decode, OP_ADD_PARTITION, OP_ADD_SUBSCRIPTION, OP_NEW, OP_UPDATE, STATUS_ABORTED,
     STATUS_COMMITTED, STATUS_OPEN,
@@ -233,28 +232,8 @@ impl TxnLogFolder {
     /// Adds every record of the entry at `pos`; `acks` is the cursor's ack
     /// set for it (bit clear: that batch index is deleted).
     pub fn push_entry(&mut self, pos: Position, entry: &[u8], acks: Option<&AckSet>) -> Result<()> {
-        let mut records: Vec<&[u8]> = Vec::new();
-        let n = for_each_record(entry, |r| records.push(r)).map_err(|e| e.at(pos))?;
-        let size = u32::try_from(n).map_err(|_| Error::invalid("entry holds over 4G records"))?;
-        if let Some(a) = acks.filter(|a| a.batch_size() != size) {
-            return Err(Error::CorruptEntry {
-                position: Some(pos),
-                offset: 0,
-                reason: format!(
-                    "cursor ack set covers {} records but the entry holds {size}",
-                    a.batch_size()
-                ),
-            });
-        }
-        for (i, rec) in records.into_iter().enumerate() {
-            let index = i as u32;
-            let deleted = acks.is_some_and(|a| !a.get(i64::from(index)).unwrap_or(true));
-            let at = TxnPosition {
-                position: pos,
-                batch_size: size,
-                batch_index: index,
-            };
-            self.push(rec, at, deleted)?;
+        for rec in entry_records(pos, entry, acks)? {
+            self.push(rec.data, rec.position, rec.deleted)?;
         }
         Ok(())
     }
@@ -314,17 +293,11 @@ fn with_index(e: Error, pos: TxnPosition) -> Error {
 /// Folds every entry after the cursor's mark-delete (rewinding it first),
 /// deleted batch indexes included as deleted.
 pub fn fold_cursor(cursor: &Cursor, tc_id: u64) -> Result<Folded> {
-    cursor.rewind();
     let mut folder = TxnLogFolder::new(tc_id);
-    loop {
-        let entries = cursor.read_next(REPLAY_CHUNK_ENTRIES)?;
-        if entries.is_empty() {
-            return Ok(folder.finish());
-        }
-        for (pos, entry) in &entries {
-            folder.push_entry(*pos, entry, cursor.batch_ack_set(*pos).as_ref())?;
-        }
-    }
+    scan_cursor(cursor, |pos, entry, acks| {
+        folder.push_entry(pos, entry, acks)
+    })?;
+    Ok(folder.finish())
 }
 
 #[cfg(test)]

@@ -59,20 +59,30 @@ def measure_sync_rate(directory: Path, seconds: float = 0.5) -> float:
         path.unlink()
 
 
-def measure_bandwidth(directory: Path, mib: int = 128) -> float:
-    """Sequential durable write bandwidth in bytes/s (1 MiB writes, one fdatasync)."""
+def measure_bandwidth(directory: Path, mib: int = 128, group_mib: int = 8) -> float:
+    """Sequential durable write bandwidth in bytes/s, best of 3 trials.
+
+    Mirrors the ledger's I/O pattern so the limit is a fair one: a preallocated
+    file, written in ``group_mib`` groups (the ledger's default max group size),
+    each made durable with fdatasync before the next.
+    """
     path = directory / "bw-probe"
-    chunk = os.urandom(1 << 20)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    try:
-        start = time.perf_counter()
-        for _ in range(mib):
-            os.write(fd, chunk)
-        os.fdatasync(fd)
-        return mib * (1 << 20) / (time.perf_counter() - start)
-    finally:
-        os.close(fd)
-        path.unlink()
+    chunk = os.urandom(group_mib << 20)
+    best = 0.0
+    for _ in range(3):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.posix_fallocate(fd, 0, mib << 20)
+            os.fsync(fd)
+            start = time.perf_counter()
+            for _ in range(mib // group_mib):
+                os.write(fd, chunk)
+                os.fdatasync(fd)
+            best = max(best, (mib << 20) / (time.perf_counter() - start))
+        finally:
+            os.close(fd)
+            path.unlink()
+    return best
 
 
 @pytest.fixture(scope="module")

@@ -1,110 +1,31 @@
 //! `txnstream.ManagedLedger`, its `Cursor` and `CompactedTopic`.
 //!
-//! Every call that touches the disk or waits runs with the GIL released.
-//! Async appends resolve `concurrent.futures.Future`s; the ledger's writer
-//! thread never takes the GIL: it hands (future, outcome) pairs to one
-//! completion thread, which takes the GIL once per burst of completions.
+//! Every call that touches the disk or waits (including on a lock some
+//! thread may hold across an fsync) runs with the GIL released. Async
+//! appends resolve `concurrent.futures.Future`s; the ledger's writer thread
+//! never takes the GIL: it hands (future, outcome) pairs to the completion
+//! thread ([`crate::completion`]).
 
 use crate::ackset::PyAckSet;
 use crate::buffers::{bytes_list, with_slices};
-use crate::errors::{to_pyerr, BindResult};
+use crate::completion::{completer, new_future, object_list, Job};
+use crate::errors::BindResult;
 use crate::position::{position_of, PyPosition, PyTxnPosition};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple, PyType};
-use pyo3::{intern, IntoPyObjectExt};
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use pyo3::IntoPyObjectExt;
 use std::path::PathBuf;
-use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 use txnstream_core::ledger::{CompactedTopic, Cursor, FaultKind, LedgerOptions, ManagedLedger};
 use txnstream_core::sink::EntrySink;
-use txnstream_core::{Error, Position, Result, TxnPosition};
+use txnstream_core::{Error, Position, TxnPosition};
 
-// ---------------------------------------------------------------- futures
-
-/// A finished append for the completion thread.
-enum Job {
-    One(Py<PyAny>, Result<Position>),
-    Many(Py<PyAny>, Result<Vec<Position>>),
-}
-
-/// Most futures resolved per GIL acquisition, so other threads get a turn.
-const JOBS_PER_GIL: usize = 4096;
-
-static COMPLETER: OnceLock<Sender<Job>> = OnceLock::new();
-
-fn completer() -> BindResult<&'static Sender<Job>> {
-    if let Some(tx) = COMPLETER.get() {
-        return Ok(tx);
-    }
-    let (tx, rx) = mpsc::channel::<Job>();
-    std::thread::Builder::new()
-        .name("txnstream-ledger-completion".into())
-        .spawn(move || completion_loop(&rx))
-        .map_err(|e| Error::io("starting the ledger completion thread", &e))?;
-    // A racing initialiser's thread idles on a channel nobody feeds.
-    Ok(COMPLETER.get_or_init(|| tx))
-}
-
-fn completion_loop(rx: &Receiver<Job>) {
-    while let Ok(first) = rx.recv() {
-        Python::attach(|py| {
-            run_job(py, first);
-            for _ in 1..JOBS_PER_GIL {
-                match rx.try_recv() {
-                    Ok(job) => run_job(py, job),
-                    Err(_) => break,
-                }
-            }
-        });
-    }
-}
-
-fn run_job(py: Python<'_>, job: Job) {
-    let (fut, value) = match job {
-        Job::One(f, Ok(p)) => (f, Py::new(py, PyPosition(p)).map(Py::into_any)),
-        Job::Many(f, Ok(ps)) => (f, positions(py, &ps).map(|l| l.into_any().unbind())),
-        Job::One(f, Err(e)) | Job::Many(f, Err(e)) => {
-            let exc = to_pyerr(py, &e).into_value(py).into_any();
-            settle(py, &f, intern!(py, "set_exception"), exc);
-            return;
-        }
-    };
-    match value {
-        Ok(v) => settle(py, &fut, intern!(py, "set_result"), v),
-        Err(e) => settle(
-            py,
-            &fut,
-            intern!(py, "set_exception"),
-            e.into_value(py).into_any(),
-        ),
-    }
-}
-
-fn settle(py: Python<'_>, fut: &Py<PyAny>, method: &Bound<'_, PyString>, value: Py<PyAny>) {
-    if let Err(e) = fut.bind(py).call_method1(method, (value,)) {
-        // Only possible if user code resolved the future itself.
-        e.write_unraisable(py, Some(fut.bind(py)));
-    }
-}
-
-/// A new `concurrent.futures.Future`, already RUNNING: a submitted append
-/// is written whatever the caller does, so it cannot be cancelled.
-fn new_future(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
-    static FUTURE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-    let fut = FUTURE.import(py, "concurrent.futures", "Future")?.call0()?;
-    fut.call_method0(intern!(py, "set_running_or_notify_cancel"))?;
-    Ok(fut)
-}
+// ---------------------------------------------------------------- results
 
 fn positions<'py>(py: Python<'py>, ps: &[Position]) -> PyResult<Bound<'py, PyList>> {
-    let items = ps
-        .iter()
-        .map(|p| Py::new(py, PyPosition(*p)))
-        .collect::<PyResult<Vec<_>>>()?;
-    PyList::new(py, items)
+    object_list(py, ps.iter().copied().map(PyPosition))
 }
 
 fn entries<'py>(py: Python<'py>, es: Vec<(Position, Vec<u8>)>) -> PyResult<Bound<'py, PyList>> {
@@ -120,6 +41,14 @@ fn entries<'py>(py: Python<'py>, es: Vec<(Position, Vec<u8>)>) -> PyResult<Bound
 }
 
 // ---------------------------------------------------------------- arguments
+
+fn fault_kind(kind: &str) -> BindResult<FaultKind> {
+    Ok(FaultKind::parse(kind).ok_or_else(|| {
+        Error::invalid(format!(
+            "fault kind must be 'write', 'sync', 'preallocate', 'read' or 'meta', got {kind:?}"
+        ))
+    })?)
+}
 
 fn id_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<u64> {
     if let Ok(v) = obj.extract::<u64>() {
@@ -279,7 +208,7 @@ impl PyManagedLedger {
         self.inner.append_async(
             data.as_bytes().to_vec(),
             Box::new(move |r| {
-                let _ = tx.send(Job::One(handle, r));
+                let _ = tx.send(Job::Position(handle, r));
             }),
         );
         Ok(fut)
@@ -299,7 +228,7 @@ impl PyManagedLedger {
         self.inner.append_many_async(
             owned,
             Box::new(move |r| {
-                let _ = tx.send(Job::Many(handle, r));
+                let _ = tx.send(Job::Positions(handle, r));
             }),
         );
         Ok(fut)
@@ -367,8 +296,9 @@ impl PyManagedLedger {
     }
 
     /// ``(ledger_id, entries, sealed)`` for each ledger.
-    fn ledgers(&self) -> Vec<(u64, u64, bool)> {
-        self.inner.ledgers()
+    fn ledgers(&self, py: Python<'_>) -> Vec<(u64, u64, bool)> {
+        // The META lock is held across META's fsync.
+        py.detach(|| self.inner.ledgers())
     }
 
     /// Open (or create) cursor ``name``.
@@ -378,8 +308,8 @@ impl PyManagedLedger {
     }
 
     /// Names of the cursors, opened or persisted.
-    fn cursor_names(&self) -> Vec<String> {
-        self.inner.cursor_names()
+    fn cursor_names(&self, py: Python<'_>) -> Vec<String> {
+        py.detach(|| self.inner.cursor_names())
     }
 
     /// Remove cursor ``name`` so it no longer holds back trimming.
@@ -425,19 +355,41 @@ impl PyManagedLedger {
     }
 
     /// Test hook: the next ``times`` calls of ``kind`` ("write", "sync",
-    /// "preallocate") fail with ``errno``.
+    /// "preallocate", "read", "meta") fail with ``errno``.
     #[pyo3(signature = (kind, errno=5, times=1))]
     fn _inject_fault(&self, kind: &str, errno: i32, times: u32) -> BindResult<()> {
-        let k = FaultKind::parse(kind).ok_or_else(|| {
-            Error::invalid(format!(
-                "fault kind must be 'write', 'sync' or 'preallocate', got {kind:?}"
-            ))
-        })?;
-        self.inner.inject_fault(k, errno, times);
+        self.inner.inject_fault(fault_kind(kind)?, errno, times);
         Ok(())
     }
 
-    /// Test hook: disarm every injected fault.
+    /// Test hook: every later call of ``kind`` waits until
+    /// :meth:`_release_fault` (e.g. hold the sync step of group commit).
+    fn _hold_fault(&self, kind: &str) -> BindResult<()> {
+        self.inner.fault_injector().hold(fault_kind(kind)?);
+        Ok(())
+    }
+
+    /// Test hook: let calls held by :meth:`_hold_fault` go on.
+    fn _release_fault(&self, kind: &str) -> BindResult<()> {
+        self.inner.fault_injector().release(fault_kind(kind)?);
+        Ok(())
+    }
+
+    /// Test hook: wait (GIL released) until a call of ``kind`` is held;
+    /// False after ``timeout`` seconds.
+    #[pyo3(signature = (kind, timeout=10.0))]
+    fn _wait_fault_held(&self, py: Python<'_>, kind: &str, timeout: f64) -> BindResult<bool> {
+        let k = fault_kind(kind)?;
+        let secs = if timeout.is_nan() {
+            0.0
+        } else {
+            timeout.clamp(0.0, 3600.0)
+        };
+        let t = Duration::from_secs_f64(secs);
+        Ok(py.detach(|| self.inner.fault_injector().wait_held(k, t)))
+    }
+
+    /// Test hook: disarm every injected fault and open every gate.
     fn _clear_faults(&self) {
         self.inner.fault_injector().clear();
     }

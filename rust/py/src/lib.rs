@@ -5,6 +5,7 @@
 
 mod ackset;
 mod buffers;
+mod completion;
 mod errors;
 mod frame;
 mod ledger;

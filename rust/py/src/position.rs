@@ -2,7 +2,9 @@
 
 use crate::errors::BindResult;
 use pyo3::basic::CompareOp;
+use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
+use pyo3::types::PyInt;
 use pyo3::IntoPyObjectExt;
 use txnstream_core::{Error, Position, TxnPosition};
 
@@ -14,8 +16,11 @@ pub struct PyPosition(pub Position);
 #[pymethods]
 impl PyPosition {
     #[new]
-    fn new(ledger_id: u64, entry_id: u64) -> Self {
-        Self(Position::new(ledger_id, entry_id))
+    fn new(ledger_id: &Bound<'_, PyAny>, entry_id: &Bound<'_, PyAny>) -> BindResult<Self> {
+        Ok(Self(Position::new(
+            id_arg(ledger_id, "ledger_id")?,
+            id_arg(entry_id, "entry_id")?,
+        )))
     }
 
     #[getter]
@@ -57,8 +62,17 @@ pub struct PyTxnPosition(pub TxnPosition);
 #[pymethods]
 impl PyTxnPosition {
     #[new]
-    #[pyo3(signature = (ledger_id, entry_id, batch_size = 1, batch_index = 0))]
-    fn new(ledger_id: u64, entry_id: u64, batch_size: u32, batch_index: u32) -> BindResult<Self> {
+    #[pyo3(signature = (ledger_id, entry_id, batch_size = None, batch_index = None))]
+    fn new(
+        ledger_id: &Bound<'_, PyAny>,
+        entry_id: &Bound<'_, PyAny>,
+        batch_size: Option<&Bound<'_, PyAny>>,
+        batch_index: Option<&Bound<'_, PyAny>>,
+    ) -> BindResult<Self> {
+        let ledger_id = id_arg(ledger_id, "ledger_id")?;
+        let entry_id = id_arg(entry_id, "entry_id")?;
+        let batch_size = batch_size.map_or(Ok(1), |b| u32_arg(b, "batch_size"))?;
+        let batch_index = batch_index.map_or(Ok(0), |b| u32_arg(b, "batch_index"))?;
         if batch_size == 0 || batch_index >= batch_size {
             return Err(Error::invalid(format!(
                 "batch_index {batch_index} must be < batch_size {batch_size} (>= 1)"
@@ -129,6 +143,35 @@ impl PyTxnPosition {
             self.0.batch_index,
         )
     }
+}
+
+/// `obj` as an unsigned integer of at most `bits` bits; a negative or too
+/// large int is an `InvalidArgumentError` naming `what` and the value, a
+/// non-int a `TypeError`.
+fn uint_arg(obj: &Bound<'_, PyAny>, what: &str, bits: u32) -> BindResult<u64> {
+    if !obj.is_instance_of::<PyInt>() {
+        return Err(PyTypeError::new_err(format!(
+            "{what} must be an int, not {}",
+            obj.get_type().name()?
+        ))
+        .into());
+    }
+    match obj.extract::<u64>() {
+        Ok(v) if bits >= 64 || v < 1u64 << bits => Ok(v),
+        _ => {
+            Err(Error::invalid(format!("{what} must be an int in 0..2**{bits}, got {obj}")).into())
+        }
+    }
+}
+
+/// A ledger or entry id argument: an int in `0..2**64`.
+pub fn id_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<u64> {
+    uint_arg(obj, what, 64)
+}
+
+/// A batch size or index argument: an int in `0..2**32`.
+pub fn u32_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<u32> {
+    Ok(uint_arg(obj, what, 32)? as u32)
 }
 
 /// Extracts a plain position from a `Position` or a `TxnPosition`.

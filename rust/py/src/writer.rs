@@ -1,132 +1,27 @@
 //! `txnstream.BufferedWriter`: the PIP-160 batched writer over a managed ledger.
 //!
 //! Records complete on the ledger's sync thread, which must never wait for
-//! the GIL. Completions are therefore handed to ONE process-wide completion
-//! thread that takes the GIL once per burst of completed work and resolves
-//! every `concurrent.futures.Future` in it; blocking calls wait with the GIL
-//! released and need no Python at all.
+//! the GIL. Completions are therefore handed to the process-wide completion
+//! thread ([`crate::completion`]); blocking calls wait with the GIL released
+//! and need no Python at all.
 
 use crate::buffers::{bytes_list, with_slices};
-use crate::errors::{to_pyerr, BindResult};
+use crate::completion::{completer, new_future, object_list, Job};
+use crate::errors::BindResult;
 use crate::ledger::PyManagedLedger;
 use crate::position::PyTxnPosition;
 use pyo3::exceptions::PyTimeoutError;
-use pyo3::intern;
 use pyo3::prelude::*;
-use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyDict, PyList};
-use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::{Arc, OnceLock};
+use std::sync::mpsc::{self, Receiver};
+use std::sync::Arc;
 use std::time::Duration;
 use txnstream_core::sink::EntrySink;
 use txnstream_core::writer::{BufferedWriter, HistogramSnapshot, WriterConfig, WriterStats};
 use txnstream_core::{Error, Result, TxnPosition};
 
-/// Work for the completion thread.
-enum Job {
-    One(Py<PyAny>, Result<TxnPosition>),
-    Many(Py<PyAny>, Result<Vec<TxnPosition>>),
-    /// Signals once every job queued before it has run.
-    Barrier(mpsc::SyncSender<()>),
-}
-
-/// Most jobs run per GIL acquisition, so other threads get the GIL too.
-const JOBS_PER_GIL: usize = 4096;
-
-static COMPLETER: OnceLock<Sender<Job>> = OnceLock::new();
-
-fn completer() -> PyResult<&'static Sender<Job>> {
-    if let Some(tx) = COMPLETER.get() {
-        return Ok(tx);
-    }
-    let (tx, rx) = mpsc::channel::<Job>();
-    std::thread::Builder::new()
-        .name("txnstream-completion".into())
-        .spawn(move || completion_loop(&rx))
-        .map_err(|e| to_pyerr_nogil(&Error::io("starting the completion thread", &e)))?;
-    // A racing initialiser's thread simply idles on a channel nobody feeds.
-    Ok(COMPLETER.get_or_init(|| tx))
-}
-
-fn to_pyerr_nogil(e: &Error) -> PyErr {
-    Python::attach(|py| to_pyerr(py, e))
-}
-
-fn completion_loop(rx: &Receiver<Job>) {
-    while let Ok(first) = rx.recv() {
-        let mut first = Some(first);
-        let attached = Python::try_attach(|py| {
-            if let Some(job) = first.take() {
-                run_job(py, job);
-            }
-            for _ in 1..JOBS_PER_GIL {
-                match rx.try_recv() {
-                    Ok(job) => run_job(py, job),
-                    Err(_) => break,
-                }
-            }
-        });
-        if attached.is_none() {
-            // The interpreter is shutting down (writers dropped at exit):
-            // nobody can observe the futures any more, and touching their
-            // objects now would be unsound, so they are leaked.
-            std::mem::forget(first);
-        }
-    }
-}
-
-fn run_job(py: Python<'_>, job: Job) {
-    let (future, outcome) = match job {
-        Job::Barrier(done) => {
-            let _ = done.send(());
-            return;
-        }
-        Job::One(f, Ok(p)) => (f, Py::new(py, PyTxnPosition(p)).map(Py::into_any)),
-        Job::Many(f, Ok(ps)) => (f, positions_list(py, &ps).map(|l| l.into_any().unbind())),
-        Job::One(f, Err(e)) | Job::Many(f, Err(e)) => {
-            let exc = to_pyerr(py, &e).into_value(py);
-            settle(py, &f, intern!(py, "set_exception"), exc.into_any());
-            return;
-        }
-    };
-    match outcome {
-        Ok(value) => settle(py, &future, intern!(py, "set_result"), value),
-        Err(e) => settle(
-            py,
-            &future,
-            intern!(py, "set_exception"),
-            e.into_value(py).into_any(),
-        ),
-    }
-}
-
-fn settle(
-    py: Python<'_>,
-    future: &Py<PyAny>,
-    method: &Bound<'_, pyo3::types::PyString>,
-    value: Py<PyAny>,
-) {
-    if let Err(e) = future.bind(py).call_method1(method, (value,)) {
-        // Only possible if user code resolved our future itself.
-        e.write_unraisable(py, Some(future.bind(py)));
-    }
-}
-
 fn positions_list<'py>(py: Python<'py>, ps: &[TxnPosition]) -> PyResult<Bound<'py, PyList>> {
-    let items = ps
-        .iter()
-        .map(|p| Py::new(py, PyTxnPosition(*p)))
-        .collect::<PyResult<Vec<_>>>()?;
-    PyList::new(py, items)
-}
-
-/// A new `concurrent.futures.Future`, already RUNNING so it cannot be
-/// cancelled: once submitted, a record is written whatever the caller does.
-fn new_future(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
-    static FUTURE: PyOnceLock<Py<pyo3::types::PyType>> = PyOnceLock::new();
-    let fut = FUTURE.import(py, "concurrent.futures", "Future")?.call0()?;
-    fut.call_method0(intern!(py, "set_running_or_notify_cancel"))?;
-    Ok(fut)
+    object_list(py, ps.iter().copied().map(PyTxnPosition))
 }
 
 fn wait_for<T: Send>(rx: &Receiver<Result<T>>, timeout: Option<f64>) -> BindResult<T> {
@@ -191,7 +86,7 @@ impl PyBufferedWriter {
         self.writer.write(
             record.as_bytes(),
             Box::new(move |r| {
-                let _ = tx.send(Job::One(handle, r));
+                let _ = tx.send(Job::TxnPosition(handle, r));
             }),
         )?;
         Ok(fut.unbind())
@@ -208,7 +103,7 @@ impl PyBufferedWriter {
         let handle = fut.clone().unbind();
         let tx = completer()?.clone();
         let cb = Box::new(move |r| {
-            let _ = tx.send(Job::Many(handle, r));
+            let _ = tx.send(Job::TxnPositions(handle, r));
         });
         // `bytes` are immutable and `objs` keeps them alive: safe without the GIL.
         py.detach(|| self.writer.write_many(&slices, cb))?;

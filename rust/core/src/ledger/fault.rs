@@ -22,16 +22,19 @@ pub enum FaultKind {
     Preallocate,
     /// A read of entries (by position, range or cursor).
     Read,
+    /// A write of META (under the META lock, as its fsync is).
+    Meta,
 }
 
 impl FaultKind {
-    /// Parses `"write"`, `"sync"`, `"preallocate"` or `"read"`.
+    /// Parses `"write"`, `"sync"`, `"preallocate"`, `"read"` or `"meta"`.
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "write" => Some(Self::Write),
             "sync" => Some(Self::Sync),
             "preallocate" => Some(Self::Preallocate),
             "read" => Some(Self::Read),
+            "meta" => Some(Self::Meta),
             _ => None,
         }
     }

@@ -349,7 +349,18 @@ impl Shared {
 
     /// Writes META from the current state; the caller holds the META lock.
     pub fn write_meta_locked(&self, m: &MetaState) -> Result<()> {
+        self.meta_fault()?;
         write_meta(&self.dir, &self.build_meta(m, &[]))
+    }
+
+    /// The test hook in front of every META write (called under the META lock).
+    fn meta_fault(&self) -> Result<()> {
+        self.faults.check(FaultKind::Meta).map_err(|e| {
+            Error::io(
+                format!("writing {}", self.dir.join(meta::META_FILE).display()),
+                &e,
+            )
+        })
     }
 
     /// Ledgers wholly before every cursor's mark-delete (never the newest
@@ -397,6 +408,7 @@ impl Shared {
     pub fn persist(&self, trim: bool) -> Result<()> {
         let m = self.meta.lock();
         let drop_ids = if trim { self.trimmable(&m) } else { Vec::new() };
+        self.meta_fault()?;
         write_meta(&self.dir, &self.build_meta(&m, &drop_ids))?;
         if !drop_ids.is_empty() {
             let mut ledgers = self.ledgers.write();

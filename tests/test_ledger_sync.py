@@ -1,0 +1,136 @@
+"""Ledger durability ordering seen from Python: no append resolves before its
+sync, read-only readers never see unsynced entries, waits on locks held
+across an fsync release the GIL, and position arguments are validated."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import errno
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from txnstream import (
+    BufferedWriter,
+    InvalidArgumentError,
+    ManagedLedger,
+    Position,
+    StorageError,
+    TxnPosition,
+)
+
+
+@pytest.fixture
+def ml(tmp_path: Path) -> Iterator[ManagedLedger]:
+    ledger = ManagedLedger.open(tmp_path, "s")
+    yield ledger
+    # A failing assertion must not leave the writer held at a gate.
+    ledger._clear_faults()
+    ledger.close()
+
+
+def test_no_append_resolves_before_its_sync(ml: ManagedLedger) -> None:
+    ml.append(b"warm")
+    writer = BufferedWriter(ml, max_records=4, max_delay_ms=1)
+    ml._hold_fault("sync")
+    futs: list[cf.Future[Any]] = []
+    futs += [ml.append_async(b"one %d" % i) for i in range(10)]
+    futs.append(ml.append_many_async([b"a", b"b", b"c"]))
+    futs += [writer.write(b"rec %d" % i) for i in range(8)]
+    assert ml._wait_fault_held("sync", timeout=20)
+    # Written, not durable: give a broken ordering every chance to show.
+    done, _ = cf.wait(futs, timeout=0.3)
+    assert not done
+    assert ml.entry_count() == 1
+    ml._release_fault("sync")
+    done, pending = cf.wait(futs, timeout=30)
+    assert not pending
+    assert all(f.exception() is None for f in futs)
+    writer.close()
+
+
+def test_read_only_reader_never_sees_a_failed_group(tmp_path: Path, ml: ManagedLedger) -> None:
+    good = ml.append_many([b"good %d" % i for i in range(3)])
+    ro = ManagedLedger.open(tmp_path, "s", read_only=True)
+    ml._hold_fault("sync")
+    futs = [ml.append_async(b"doomed %d" % i) for i in range(5)]
+    assert ml._wait_fault_held("sync", timeout=20)
+    ro.refresh()
+    assert ro.last_position == good[-1]
+    ml._inject_fault("sync", errno=errno.EIO, times=1)
+    ml._release_fault("sync")
+    for f in futs:
+        with pytest.raises(StorageError):
+            f.result(timeout=30)
+    p = ml.append(b"durable")
+    assert p == Position(good[-1].ledger_id, good[-1].entry_id + 1)
+    ro.refresh()
+    assert ro.read(p) == b"durable"
+    ro.close()
+
+
+def test_lock_waits_release_the_gil(tmp_path: Path) -> None:
+    # A META write (fsync under the META lock) is held at a gate; another
+    # thread asks for ledgers() and cursor_names(), which wait for that
+    # lock. If they kept the GIL, the main thread could never release the
+    # gate: run in a child so a regression is a timeout, not a hang.
+    script = textwrap.dedent(
+        f"""
+        import threading, time
+        from txnstream import ManagedLedger
+        ml = ManagedLedger.open({str(tmp_path)!r}, "g")
+        ml.append(b"x")
+        ml._hold_fault("meta")
+        flusher = threading.Thread(target=ml.flush)
+        flusher.start()
+        assert ml._wait_fault_held("meta", timeout=20)
+        out = []
+        reader = threading.Thread(
+            target=lambda: out.append((ml.ledgers(), ml.cursor_names()))
+        )
+        reader.start()
+        time.sleep(0.2)
+        ml._release_fault("meta")
+        reader.join()
+        flusher.join()
+        assert out and out[0][0][0][1] == 1, out
+        ml.close()
+        print("ok")
+        """
+    )
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "ok"
+
+
+@pytest.mark.parametrize(
+    ("args", "name", "value"),
+    [
+        ((-1, 0), "ledger_id", "-1"),
+        ((0, -5), "entry_id", "-5"),
+        ((2**64, 0), "ledger_id", str(2**64)),
+    ],
+)
+def test_position_ids_out_of_range(args: tuple[int, int], name: str, value: str) -> None:
+    for cls in (Position, TxnPosition):
+        with pytest.raises(InvalidArgumentError, match=rf"{name}.*{value}"):
+            cls(*args)
+
+
+def test_position_argument_types_and_batch_fields() -> None:
+    assert Position(2**64 - 1, 0).ledger_id == 2**64 - 1
+    assert TxnPosition(1, 2, 3, 2).key() == (1, 2, 2)
+    with pytest.raises(InvalidArgumentError, match=r"batch_size.*-1"):
+        TxnPosition(1, 2, batch_size=-1)
+    with pytest.raises(InvalidArgumentError, match=rf"batch_index.*{2**32}"):
+        TxnPosition(1, 2, batch_size=3, batch_index=2**32)
+    with pytest.raises(InvalidArgumentError, match="batch_index 3 must be < batch_size 3"):
+        TxnPosition(1, 2, 3, 3)
+    with pytest.raises(TypeError, match="ledger_id must be an int, not str"):
+        Position("1", 0)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="entry_id must be an int, not float"):
+        TxnPosition(1, 0.5)  # type: ignore[arg-type]

@@ -7,8 +7,13 @@ subscriptions a transaction ends on), :mod:`.terminated` (``TerminatedTxnStore``
 :mod:`.recovery` (the Rust recovery fold's columnar result), :mod:`.replay`
 (its Python reference), :mod:`.log` / :mod:`.ledger_log` (the log),
 :mod:`.sequence` (the durable id mark), :mod:`.coordinator`
-(``TransactionCoordinator``), :mod:`.aio` (``AsyncCoordinator``, its asyncio
-front end), :mod:`.coordinators` (N per broker).
+(``TransactionCoordinator``, a facade over :mod:`.table` (lock, live
+transactions, LWM), :mod:`.durable`, :mod:`.starting`, :mod:`.adding`,
+:mod:`.ending` (the end driver), :mod:`.end_requests`, :mod:`.answers`,
+:mod:`.background` (timeouts, resumes, retries), :mod:`.rebuild` (recovery
+into the table), :mod:`.queries`, :mod:`.counters` and :mod:`.maintenance`),
+:mod:`.aio` (``AsyncCoordinator``, its asyncio front end),
+:mod:`.coordinators` (N per broker).
 """
 
 from __future__ import annotations

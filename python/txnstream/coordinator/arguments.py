@@ -8,8 +8,18 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from txnstream.coordinator.txn_id import TxnID
 from txnstream.errors import InvalidArgumentError
 from txnstream.proto import Subscription
+
+
+def txn_id_arg(txn_id: object) -> TxnID:
+    """Return ``txn_id`` if it is a :class:`TxnID`."""
+    if not isinstance(txn_id, TxnID):
+        raise InvalidArgumentError(
+            f"expected a TxnID, got {txn_id!r}", argument="txn_id", value=txn_id
+        )
+    return txn_id
 
 
 def timeout_arg(timeout_ms: object, max_timeout_ms: int) -> int:
@@ -73,4 +83,4 @@ def subscription_pairs(
     return subs
 
 
-__all__ = ["client_arg", "partition_names", "subscription_pairs", "timeout_arg"]
+__all__ = ["client_arg", "partition_names", "subscription_pairs", "timeout_arg", "txn_id_arg"]

@@ -12,6 +12,7 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
+from txnstream.coordinator.arguments import txn_id_arg
 from txnstream.coordinator.config import CoordinatorConfig
 from txnstream.coordinator.coordinator import TransactionCoordinator
 from txnstream.coordinator.metadata import TransactionInfo
@@ -86,11 +87,7 @@ class TransactionCoordinators:
 
     def of(self, txn_id: TxnID) -> TransactionCoordinator:
         """Return the coordinator that owns ``txn_id``."""
-        if not isinstance(txn_id, TxnID):
-            raise InvalidArgumentError(
-                f"expected a TxnID, got {txn_id!r}", argument="txn_id", value=txn_id
-            )
-        return self.get(txn_id.most_bits)
+        return self.get(txn_id_arg(txn_id).most_bits)
 
     def new_transaction(
         self, timeout_ms: int | None = None, client_name: str | None = None

@@ -59,26 +59,21 @@ class ParticipantAdder:
 
     def add_one(self, txn_id: TxnID, seq: int, values: list[Any], kind: AddKind) -> None:
         """Add ``values`` to one transaction (already checked); raise its refusal."""
-        refusal = self._add([(txn_id, values)], [seq], kind, bulk=False)[0]
-        if refusal is not None:
-            raise refusal
+        table = self._table
+        now = self._clock()
+        with table.lock:
+            table.check_open()
+            meta = live_meta(table.txns, self._store, txn_id, seq, kind.want)
+            record = self._take(txn_id, seq, meta, values, kind, now)
+        if record is not None:
+            self._writer.attach_one(meta, self._writer.write(record))
 
     def add_many(
         self, items: list[tuple[TxnID, list[Any]]], kind: AddKind
     ) -> list[TransactionError | None]:
         """Add to many transactions with one log write; a refusal per item or None."""
-        seqs = [self._table.seq_of(txn) for txn, _ in items]
-        return self._add(items, seqs, kind, bulk=True)
-
-    def _add(
-        self,
-        items: list[tuple[TxnID, list[Any]]],
-        seqs: list[int],
-        kind: AddKind,
-        *,
-        bulk: bool,
-    ) -> list[TransactionError | None]:
         table = self._table
+        seqs = [table.seq_of(txn) for txn, _ in items]
         results: list[TransactionError | None] = [None] * len(items)
         now = self._clock()
         metas: list[TxnMeta] = []
@@ -88,19 +83,29 @@ class ParticipantAdder:
             for i, ((txn, values), seq) in enumerate(zip(items, seqs, strict=True)):
                 try:
                     meta = live_meta(table.txns, self._store, txn, seq, kind.want)
-                    require_open(txn, meta, kind.want)
+                    record = self._take(txn, seq, meta, values, kind, now)
                 except TransactionError as exc:
                     results[i] = exc
                     continue
-                new = kind.add(meta, values)
-                if new:
-                    meta.last_modified = now
+                if record is not None:
                     metas.append(meta)
-                    records.append(kind.encode(table.tc_id, seq, now, new))
+                    records.append(record)
         if records:
-            positions = self._writer.write_all(records, bulk=bulk)
+            positions = self._writer.write_many(records)
             self._writer.attach(zip(metas, positions, strict=True))
         return results
+
+    def _take(
+        self, txn_id: TxnID, seq: int, meta: TxnMeta, values: list[Any], kind: AddKind, now: int
+    ) -> bytes | None:
+        # Under the lock: refuse unless OPEN; add what is new and return its
+        # ADD record (None: nothing new, nothing to write).
+        require_open(txn_id, meta, kind.want)
+        new = kind.add(meta, values)
+        if not new:
+            return None
+        meta.last_modified = now
+        return kind.encode(self._table.tc_id, seq, now, new)
 
 
 __all__ = ["PARTITIONS", "SUBSCRIPTIONS", "AddKind", "ParticipantAdder"]

@@ -45,15 +45,17 @@ class DurableWriter:
             self._failed()
             raise
 
-    def write_all(self, records: list[bytes], *, bulk: bool) -> list[TxnPosition]:
-        """:meth:`write_many` for a bulk call, else :meth:`write` each (a client's own call)."""
-        if bulk:
-            return self.write_many(records)
-        return [self.write(r) for r in records]
-
     def _failed(self) -> None:
         with self._table.lock:
             self._counts["append_errors"] += 1
+
+    def attach_one(self, meta: TxnMeta, pos: TxnPosition) -> None:
+        """:meth:`attach` for one record (the single calls' hot path)."""
+        with self._table.lock:
+            if not meta.status.is_final:
+                meta.positions.append(pos)
+                return
+        self.log.delete([pos])  # ended while in flight: delete now
 
     def attach(self, written: Iterable[tuple[TxnMeta, TxnPosition]]) -> None:
         """Record each position with its transaction; delete those that already ended."""

@@ -77,7 +77,7 @@ class EndRequests:
                 else:
                     later.append(i)  # not in memory, or another thread drives
         if claimed:
-            refusals = self._driver.drive(claimed, bulk=True)
+            refusals = self._driver.drive_many(claimed)
             for i, (meta, _), refusal in zip(driven, claimed, refusals, strict=True):
                 txn, _, act = reqs[i]
                 results[i] = refusal if refusal is not None else end_answer_or_error(txn, act, meta)

@@ -4,7 +4,7 @@ One *driver* thread per transaction runs the steps; other callers wait for
 it and get the same answer:
 
 1. OPEN -> COMMITTING/ABORTING, logged (:meth:`EndDriver.claim` decides it
-   under the table lock, :meth:`EndDriver.drive` logs it);
+   under the table lock, the driver logs it);
 2. every produced partition and acked subscription is ended, transient
    failures retried with backoff;
 3. the outcome is recorded in the TerminatedTxnStore (PIP-255), durably;
@@ -12,9 +12,9 @@ it and get the same answer:
 5. the transaction leaves memory and all its log records are deleted by
    position and batch index.
 
-:meth:`EndDriver.drive` runs the steps for a list of claimed transactions:
-a client's single end is a list of one written through the writer's normal
-batching; a bulk end writes each step's records as one batch. The
+A client's single end runs the steps for its transaction, written through
+the writer's normal batching (shared entries across threads); a bulk end
+(:meth:`EndDriver.drive_many`) writes each step's records as one batch. The
 participants are read from memory only after the ending UPDATE is durable,
 so an ADD racing the end is either seen here or deleted when it lands.
 
@@ -112,7 +112,8 @@ class EndDriver:
             meta.status = target
             meta.timed_out = timed_out
             meta.last_modified = now
-            self._background.cancel(meta)
+            if meta.timer is not None:
+                self._background.cancel(meta)
             meta.driver = True
             return meta, record, True, None
         if timed_out:
@@ -142,9 +143,7 @@ class EndDriver:
             if meta is None:
                 return None
             if drive:
-                refusal = self.drive([(meta, record)], background=background)[0]
-                if refusal is not None:
-                    raise refusal
+                self._drive_one(meta, record, background)
                 return meta
             if done is None or background:
                 return meta
@@ -153,20 +152,43 @@ class EndDriver:
                 return meta
             # The driver gave up (failure); loop to take over or report.
 
-    def drive(
-        self,
-        claimed: list[tuple[TxnMeta, bytes | None]],
-        *,
-        bulk: bool = False,
-        background: bool = False,
+    def _drive_one(self, meta: TxnMeta, record: bytes | None, background: bool) -> None:
+        """Run steps 1-5 for one claimed transaction; refusals raise.
+
+        A client's own end: the writer's batching shares entries across threads.
+        """
+        writer = self._writer
+        try:
+            if record is not None:
+                try:
+                    pos = writer.write(record)
+                except BaseException:
+                    self._ending_not_logged(meta)
+                    raise
+                writer.attach_one(meta, pos)
+            final_record, now = self._end_participants(meta, background)
+            with self._table.lock:
+                self._table.check_open()
+            last = writer.write(final_record)
+            self._hook("final_logged", meta.seq)
+            with self._table.lock:
+                positions = self._finish_locked(meta, last, now)
+                span = self._table.release_span(meta)
+            writer.log.delete(positions)
+            if span is not None:
+                writer.log.delete_columns(span)
+        finally:
+            self._release(meta)
+
+    def drive_many(
+        self, claimed: list[tuple[TxnMeta, bytes | None]]
     ) -> list[TransactionError | None]:
-        """Run steps 1-5 for transactions this thread claimed (``claim`` said drive).
+        """Run steps 1-5 for many claimed transactions, each step's records as one batch.
 
         Returns, per transaction, None when it ended or the refusal that
         stopped it in steps 2-3 (e.g. ``ParticipantsFailed``; it stays
-        COMMITTING/ABORTING). One refused does not stop the others. A log
-        write failure raises. ``bulk`` writes each step's records as one
-        batch; every claimed transaction is released in the end.
+        COMMITTING/ABORTING): one refused does not stop the others. A log
+        write failure raises. Every claimed transaction is released in the end.
         """
         writer = self._writer
         refusals: list[TransactionError | None] = [None] * len(claimed)
@@ -175,7 +197,7 @@ class EndDriver:
             fresh = [(m, r) for m, r in claimed if r is not None]
             if fresh:
                 try:
-                    positions = writer.write_all([r for _, r in fresh], bulk=bulk)
+                    positions = writer.write_many([r for _, r in fresh])
                 except BaseException:
                     for m, _ in fresh:
                         self._ending_not_logged(m)
@@ -185,7 +207,7 @@ class EndDriver:
             finals: list[tuple[TxnMeta, bytes, int]] = []
             for i, (meta, _) in enumerate(claimed):
                 try:
-                    record, now = self._end_participants(meta, background)
+                    record, now = self._end_participants(meta, False)
                 except TransactionError as exc:
                     refusals[i] = exc
                     continue
@@ -194,7 +216,7 @@ class EndDriver:
                 return refusals
             with self._table.lock:
                 self._table.check_open()
-            lasts = writer.write_all([r for _, r, _ in finals], bulk=bulk)
+            lasts = writer.write_many([r for _, r, _ in finals])
             for meta, _, _ in finals:
                 self._hook("final_logged", meta.seq)
             deletes: list[TxnPosition] = []
@@ -205,10 +227,9 @@ class EndDriver:
                     span = self._table.release_span(meta)
                     if span is not None:
                         spans.append(span)
-            log = writer.log
-            log.delete(deletes)
+            writer.log.delete(deletes)
             for cols in spans:
-                log.delete_columns(cols)
+                writer.log.delete_columns(cols)
             return refusals
         finally:
             for meta, _ in claimed:
@@ -249,7 +270,8 @@ class EndDriver:
         positions.append(last)
         meta.positions = []
         meta.partitions = meta.subscriptions = None
-        self._background.cancel(meta)  # a pending background retry
+        if meta.timer is not None:  # a pending background retry
+            self._background.cancel(meta)
         return positions
 
     def _ending_not_logged(self, meta: TxnMeta) -> None:

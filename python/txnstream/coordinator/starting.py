@@ -1,6 +1,7 @@
 """Starting transactions: one (``new_transaction``) or many (``new_transactions``).
 
-Both are the same three moves, so they share one implementation:
+Both make the same three moves (the single one without any list, it is the
+hot path of every client thread):
 
 1. under the table lock: issue sequences and insert OPEN ``TxnMeta``s
    (the sequence mark is reserved durably first, see :mod:`.sequence`);
@@ -11,6 +12,8 @@ Both are the same three moves, so they share one implementation:
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 from txnstream._native import encode_txn_new
 from txnstream.coordinator.arguments import client_arg, timeout_arg
@@ -52,10 +55,27 @@ class TxnStarter:
         )
 
     def start_one(self, timeout_ms: int | None, client_name: str | None) -> TxnID:
-        """Start one transaction (``new_transaction``)."""
+        """Start one transaction (``new_transaction``); the hot path, no lists."""
         timeout = self._timeout(timeout_ms)
         client = client_arg(client_name)
-        return self._start(1, timeout, client, bulk=False)[0]
+        table = self._table
+        now = self._clock()
+        with table.lock:
+            table.check_open()
+            seq = table.issue(1)
+            meta = table.txns[seq] = TxnMeta(seq, timeout, now, client)
+        record = encode_txn_new(table.tc_id, seq, now, timeout, client)
+        try:
+            pos = self._writer.write(record)
+        except BaseException:
+            self._forget((seq,))
+            raise
+        with table.lock:
+            meta.positions.append(pos)
+            self._counts["created"] += 1
+            if meta.status is TxnStatus.OPEN and not table.closed:
+                self._background.arm(meta)
+        return table.tid(seq)
 
     def start_many(
         self, count: int, timeout_ms: int | None, client_name: str | None
@@ -71,25 +91,20 @@ class TxnStarter:
         client = client_arg(client_name)
         if count == 0:
             return []
-        return self._start(count, timeout, client, bulk=True)
-
-    def _start(self, count: int, timeout_ms: int, client: str | None, *, bulk: bool) -> list[TxnID]:
         table = self._table
         now = self._clock()
         with table.lock:
             table.check_open()
             first = table.issue(count)
             seqs = range(first, first + count)
-            metas = [TxnMeta(seq, timeout_ms, now, client) for seq in seqs]
+            metas = [TxnMeta(seq, timeout, now, client) for seq in seqs]
             table.txns.update(zip(seqs, metas, strict=True))
         tc = table.tc_id
-        records = [encode_txn_new(tc, seq, now, timeout_ms, client) for seq in seqs]
+        records = [encode_txn_new(tc, seq, now, timeout, client) for seq in seqs]
         try:
-            positions = self._writer.write_all(records, bulk=bulk)
+            positions = self._writer.write_many(records)
         except BaseException:
-            with table.lock:
-                for seq in seqs:
-                    table.txns.pop(seq, None)
+            self._forget(seqs)
             raise
         with table.lock:
             armed: list[TxnMeta] = []
@@ -101,6 +116,12 @@ class TxnStarter:
             if not table.closed:
                 self._background.arm_all(armed)
         return [table.tid(seq) for seq in seqs]
+
+    def _forget(self, seqs: Iterable[int]) -> None:
+        # Their NEW records are not durable: as if never started.
+        with self._table.lock:
+            for seq in seqs:
+                self._table.txns.pop(seq, None)
 
 
 __all__ = ["TxnStarter"]

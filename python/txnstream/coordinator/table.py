@@ -75,7 +75,8 @@ class TransactionTable:
 
     def seq_of(self, txn_id: TxnID) -> int:
         """Return the sequence of ``txn_id``; refuse a non-id or another coordinator's."""
-        txn_id_arg(txn_id)
+        if not isinstance(txn_id, TxnID):
+            txn_id_arg(txn_id)  # raises; the check itself stays inline (hot path)
         if txn_id.most_bits != self.tc_id:
             raise CoordinatorNotFound(
                 f"transaction {txn_id} belongs to coordinator {txn_id.most_bits}, not {self.tc_id}",

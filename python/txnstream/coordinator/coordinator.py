@@ -10,9 +10,10 @@ recovery folds a transaction's records order-independently, the end reads the
 partitions from memory after its UPDATE is durable, and a record that becomes
 durable after its transaction ended is deleted at once.
 
-:class:`TransactionCoordinator` is a facade: it validates nothing itself and
-holds no transaction state; it wires these parts, each with explicit
-collaborators, and keeps the public API in one place:
+:class:`TransactionCoordinator` is a facade: it holds no transaction state
+and no state-machine logic (only argument conversion before delegating); it
+wires these parts, each a small class with explicit collaborators sharing
+the table's lock, and keeps the public API in one place:
 
 - :mod:`.table` -- the lock, live transactions, sequence reservation, LWM;
 - :mod:`.durable` -- durable writes and where the positions go;

@@ -30,12 +30,15 @@
 //!
 //! # Durability
 //!
-//! A dedicated writer thread takes every queued append, writes them with one
-//! `pwrite` and one `fdatasync` (group commit), publishes them to readers
-//! (its own index, and the `.synced` hint for other processes) and only then
-//! completes the callers, in append order. A failed write or sync fails
-//! every caller waiting at that moment, and the file is truncated back to the
-//! last synced offset so unacknowledged bytes never resurface.
+//! A dedicated writer thread takes every queued append and writes them with
+//! one `pwritev` (group commit); a sync thread `fdatasync`s everything written
+//! so far while the writer thread already writes the next group, publishes
+//! the synced groups to readers (its own index, and the `.synced` hint for
+//! other processes) and only then completes the callers, in append order
+//! (see `writer_thread`). A failed write or sync fails every caller not yet
+//! known durable and every append queued at that moment, and the file is
+//! truncated back to the last synced offset so unacknowledged bytes never
+//! resurface.
 //!
 //! # Recovery
 //!
@@ -63,6 +66,7 @@ pub mod fault;
 pub mod meta;
 pub mod options;
 pub mod segment;
+mod sync_thread;
 mod writer_thread;
 
 pub use compacted::CompactedTopic;
@@ -620,7 +624,7 @@ impl ManagedLedger {
 
     fn spawn_threads(&self, rx: Receiver<Command>) -> Result<()> {
         let spawn_err = |e: io::Error| Error::io("spawning ledger thread", &e);
-        let writer = WriterThread::new(Arc::clone(&self.shared), rx);
+        let writer = WriterThread::new(Arc::clone(&self.shared), rx).map_err(spawn_err)?;
         let w = std::thread::Builder::new()
             .name(format!("ledger-writer-{}", self.shared.name))
             .spawn(move || writer.run())

@@ -35,9 +35,15 @@ pub fn record_crc(payload: &[u8]) -> u32 {
 
 /// Appends one framed record to `buf`.
 pub fn encode_record(buf: &mut Vec<u8>, payload: &[u8]) {
+    encode_record_header(buf, payload);
+    buf.extend_from_slice(payload);
+}
+
+/// Appends the header of `payload`'s record to `buf` (the payload is
+/// written separately).
+pub fn encode_record_header(buf: &mut Vec<u8>, payload: &[u8]) {
     buf.extend_from_slice(&(payload.len() as u32).to_le_bytes());
     buf.extend_from_slice(&record_crc(payload).to_le_bytes());
-    buf.extend_from_slice(payload);
 }
 
 /// The 32-byte file header: magic, version, flags (0), ledger id, crc32c of

@@ -1,16 +1,44 @@
-//! The writer thread: group commit.
+//! The writer thread: group commit, pipelined with the sync thread.
 //!
-//! Appends queue on a channel. The thread takes everything queued (up to
-//! `max_batch_bytes`), frames it into one buffer, writes it with one
-//! `pwrite`, syncs once, publishes the entries to readers and completes
-//! the callers in order. While it syncs, new appends queue up and form the
-//! next group, so concurrent appenders share syncs without any timer.
+//! Appends queue on a channel. The writer thread takes everything queued
+//! (up to `max_batch_bytes`), frames it and writes it at the end of the open
+//! ledger with one `pwritev`: record headers and small payloads are copied
+//! into one buffer, payloads of [`BIG_PAYLOAD`] bytes or more are written
+//! straight from the callers' buffers. It then hands the written group to
+//! the sync thread ([`super::sync_thread`]) and takes the next group at
+//! once, so group N+1 is written while group N is being synced:
+//!
+//! ```text
+//! writer thread:  write N | write N+1 | write N+2 ...
+//! sync thread:            | fdatasync N ........ | fdatasync N+1,N+2 | ...
+//! ```
+//!
+//! The sync thread takes every group handed to it so far, syncs once (it
+//! covers everything written before the call), publishes the groups to
+//! readers (the index, then the `.synced` hint) and only then completes
+//! their callers, in append order. So nobody is acknowledged, and no reader
+//! sees an entry, before its bytes are durable; concurrent appenders share
+//! syncs without any timer.
+//!
+//! Failures. A failed write (on the writer thread) or sync (on the sync
+//! thread) fails every group not yet known durable: the sync thread gives
+//! the callers of the failed group and of every group handed to it later
+//! back, and wakes the writer thread. That one waits until the sync thread
+//! is idle, cuts the file back to the last synced offset (so failed bytes
+//! never resurface: a later sync would make them durable), takes every
+//! append queued at that moment, and only then fails, in append order, the
+//! given-back groups, its own group and the queued appends — a caller that
+//! sees the error and appends again is not failed by the same fault.
+//! Rollover, sealing, compaction and close first wait until every written
+//! group is synced (or failed), so a sync never spans two files' lifetimes
+//! and close drains everything.
 
 use super::fault::FaultKind;
 use super::segment::{
-    datasync, encode_header, encode_record, encode_synced, preallocate, segment_path, sync_dir,
-    synced_path, Segment, SegmentIndex, HEADER_LEN, RECORD_HEADER_LEN,
+    encode_header, encode_record, encode_record_header, encode_synced, preallocate, segment_path,
+    sync_dir, synced_path, Segment, SegmentIndex, HEADER_LEN, RECORD_HEADER_LEN,
 };
+use super::sync_thread::{self, Pipeline, SyncJob};
 use super::Shared;
 use crate::error::{Error, Result};
 use crate::position::Position;
@@ -19,9 +47,11 @@ use crossbeam_channel::{Receiver, Sender};
 use parking_lot::RwLock;
 use std::collections::VecDeque;
 use std::fs::{self, File, OpenOptions};
+use std::io;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::sync::Arc;
+use std::thread::JoinHandle;
 
 /// How an append's caller learns the outcome.
 pub(crate) enum Done {
@@ -34,7 +64,7 @@ pub(crate) enum Done {
 }
 
 impl Done {
-    fn complete(self, r: Result<Vec<Position>>) {
+    pub(crate) fn complete(self, r: Result<Vec<Position>>) {
         match self {
             Done::Callback(cb) => cb(r.and_then(|v| {
                 v.first()
@@ -83,23 +113,105 @@ impl Command {
 /// The ledger being appended to.
 struct Active {
     seg: Arc<Segment>,
-    /// End of synced data; the next write goes here.
+    /// End of written data (synced or in flight); the next write goes here.
     write_off: u64,
     /// End of the preallocated region.
     alloc_end: u64,
+    /// Entries written (synced or in flight).
     entries: u64,
     /// `<id>.synced`: where read-only readers in other processes learn
     /// how far the file is durable (they must not serve bytes a failed
     /// sync may still take back). A hint only, never synced itself: after
-    /// a crash the ledger is sealed and the hint removed.
-    synced_hint: File,
+    /// a crash the ledger is sealed and the hint removed. Written by the
+    /// sync thread.
+    synced_hint: Arc<File>,
 }
 
-/// An append staged in the current group: its done and first entry id.
-struct Staged {
-    done: Done,
-    first: u64,
-    n: u64,
+/// An append in a group: its done and its entry ids.
+pub(crate) struct Staged {
+    pub done: Done,
+    pub first: u64,
+    pub n: u64,
+}
+
+/// Payloads of at least this many bytes are written from the caller's
+/// buffer instead of being copied into the group buffer.
+pub(crate) const BIG_PAYLOAD: usize = 16 << 10;
+
+/// Most buffers per `pwritev` (Linux `IOV_MAX`).
+const MAX_IOV: usize = 1024;
+
+/// Groups larger than this are written in chunks of this size.
+const WRITEBACK_CHUNK: usize = 1 << 20;
+
+enum Piece {
+    /// `small[start..end]`.
+    Small(usize, usize),
+    /// `big[i]`.
+    Big(usize),
+}
+
+/// The framed records of one group, in file order.
+#[derive(Default)]
+struct GroupBuf {
+    /// Record headers and small payloads.
+    small: Vec<u8>,
+    /// Large payloads, owned until written.
+    big: Vec<Vec<u8>>,
+    pieces: Vec<Piece>,
+    /// End of `small` covered by `pieces`.
+    small_done: usize,
+    /// Offset (from the group start) and payload length of each record.
+    offsets: Vec<u64>,
+    lens: Vec<u32>,
+    len: usize,
+}
+
+impl GroupBuf {
+    fn push(&mut self, payload: Vec<u8>) {
+        self.offsets.push(self.len as u64);
+        self.lens.push(payload.len() as u32);
+        self.len += RECORD_HEADER_LEN + payload.len();
+        encode_record_header(&mut self.small, &payload);
+        if payload.len() >= BIG_PAYLOAD {
+            self.close_small();
+            self.pieces.push(Piece::Big(self.big.len()));
+            self.big.push(payload);
+        } else {
+            self.small.extend_from_slice(&payload);
+        }
+    }
+
+    fn close_small(&mut self) {
+        let end = self.small.len();
+        // Copied runs are cut into writeback chunks too.
+        while self.small_done < end {
+            let to = end.min(self.small_done + WRITEBACK_CHUNK);
+            self.pieces.push(Piece::Small(self.small_done, to));
+            self.small_done = to;
+        }
+    }
+
+    /// The group's bytes as slices, in file order (after `close_small`).
+    fn slices(&self) -> Vec<&[u8]> {
+        self.pieces
+            .iter()
+            .map(|p| match *p {
+                Piece::Small(a, b) => &self.small[a..b],
+                Piece::Big(i) => self.big[i].as_slice(),
+            })
+            .collect()
+    }
+
+    fn clear(&mut self) {
+        self.small.clear();
+        self.big.clear();
+        self.pieces.clear();
+        self.small_done = 0;
+        self.offsets.clear();
+        self.lens.clear();
+        self.len = 0;
+    }
 }
 
 pub(crate) struct WriterThread {
@@ -108,32 +220,66 @@ pub(crate) struct WriterThread {
     active: Option<Active>,
     /// Commands taken off the channel but not yet handled.
     deferred: VecDeque<Command>,
-    buf: Vec<u8>,
+    group: GroupBuf,
     /// Set when a failed group could not be cut off the file: appending
     /// more could expose its bytes, so every later append fails until reopen.
     poisoned: Option<Error>,
+    pipe: Arc<Pipeline>,
+    /// Written groups to the sync thread; dropped to stop it.
+    jobs: Option<Sender<SyncJob>>,
+    /// A sync failed (see the module doc).
+    wake: Receiver<()>,
+    sync_thread: Option<JoinHandle<()>>,
 }
 
-fn io_err(seg: &Segment, what: &str, e: &std::io::Error) -> Error {
+fn io_err(seg: &Segment, what: &str, e: &io::Error) -> Error {
     Error::io(format!("{what} ledger file {}", seg.path.display()), e)
 }
 
+enum Event {
+    Command(Option<Command>),
+    Wake,
+}
+
 impl WriterThread {
-    pub fn new(shared: Arc<Shared>, rx: Receiver<Command>) -> Self {
-        Self {
+    /// A writer thread (to be run) and its running sync thread.
+    pub fn new(shared: Arc<Shared>, rx: Receiver<Command>) -> io::Result<Self> {
+        let pipe = Arc::new(Pipeline::default());
+        let (jobs_tx, jobs_rx) = crossbeam_channel::unbounded();
+        let (wake_tx, wake_rx) = crossbeam_channel::bounded(1);
+        let sync = sync_thread::spawn(Arc::clone(&shared), Arc::clone(&pipe), jobs_rx, wake_tx)?;
+        Ok(Self {
             shared,
             rx,
             active: None,
             deferred: VecDeque::new(),
-            buf: Vec::new(),
+            group: GroupBuf::default(),
             poisoned: None,
-        }
+            pipe,
+            jobs: Some(jobs_tx),
+            wake: wake_rx,
+            sync_thread: Some(sync),
+        })
     }
 
     fn next(&mut self) -> Option<Command> {
-        match self.deferred.pop_front() {
-            Some(c) => Some(c),
-            None => self.rx.recv().ok(),
+        loop {
+            if let Some(c) = self.deferred.pop_front() {
+                return Some(c);
+            }
+            let event = crossbeam_channel::select! {
+                recv(self.rx) -> c => Event::Command(c.ok()),
+                recv(self.wake) -> _ => Event::Wake,
+            };
+            match event {
+                Event::Command(c) => return c,
+                // An idle writer must still fail the callers of a failed sync.
+                Event::Wake => {
+                    if let Some(e) = self.pipe.failure() {
+                        self.fail_group(Vec::new(), std::iter::empty(), &e);
+                    }
+                }
+            }
         }
     }
 
@@ -170,6 +316,7 @@ impl WriterThread {
                 }
                 Command::Close { done } => {
                     let r = self.seal_active();
+                    self.stop_sync_thread();
                     let _ = done.send(r);
                     return;
                 }
@@ -178,17 +325,25 @@ impl WriterThread {
         // Every sender is gone without a Close (the handle was leaked):
         // still leave the ledger sealed.
         let _ = self.seal_active();
+        self.stop_sync_thread();
+    }
+
+    fn stop_sync_thread(&mut self) {
+        self.jobs = None;
+        if let Some(t) = self.sync_thread.take() {
+            let _ = t.join();
+        }
     }
 
     fn append_group(&mut self, group: Vec<(Vec<Vec<u8>>, Done)>) {
-        if let Some(e) = self.poisoned.clone() {
+        if let Some(e) = self.poisoned.clone().or_else(|| self.pipe.failure()) {
             return self.fail_group(Vec::new(), group.into_iter(), &e);
         }
         let max_entries = self.shared.opts.max_entries_per_ledger;
         let max_bytes = self.shared.opts.max_bytes_per_ledger;
         let mut staged: Vec<Staged> = Vec::new();
         let mut staged_n = 0u64;
-        self.buf.clear();
+        self.group.clear();
         let mut it = group.into_iter();
         while let Some((entries, done)) = it.next() {
             let bytes: u64 = entries
@@ -199,7 +354,7 @@ impl WriterThread {
                 None => true,
                 Some(a) => {
                     let n = a.entries + staged_n;
-                    let b = a.write_off - HEADER_LEN + self.buf.len() as u64;
+                    let b = a.write_off - HEADER_LEN + self.group.len as u64;
                     n > 0 && (n + entries.len() as u64 > max_entries || b + bytes > max_bytes)
                 }
             };
@@ -217,31 +372,46 @@ impl WriterThread {
                 continue;
             };
             let first = a.entries + staged_n;
-            for e in &entries {
-                encode_record(&mut self.buf, e);
+            let n = entries.len() as u64;
+            for e in entries {
+                self.group.push(e);
             }
-            staged_n += entries.len() as u64;
-            staged.push(Staged {
-                done,
-                first,
-                n: entries.len() as u64,
-            });
+            staged_n += n;
+            staged.push(Staged { done, first, n });
         }
         if let Err(e) = self.commit(&mut staged) {
             self.fail_group(staged, std::iter::empty(), &e);
         }
     }
 
-    /// Fails the staged group, the rest of the batch and every append
-    /// queued right now with `e`. The queue is drained BEFORE anyone is told:
-    /// a caller that sees the error and appends again must not be failed by
-    /// this fault.
+    /// Fails, in append order: the groups a failed sync gave back, the
+    /// staged group, the rest of the batch and every append queued right
+    /// now, with `e` (the given-back ones with the sync's error). Waits for
+    /// the sync thread first and cuts the open ledger back to its synced
+    /// end. The queue is drained BEFORE anyone is told: a caller that sees
+    /// the error and appends again must not be failed by this fault.
     fn fail_group(
         &mut self,
         staged: Vec<Staged>,
         rest: impl Iterator<Item = (Vec<Vec<u8>>, Done)>,
         e: &Error,
     ) {
+        let given_back = self.pipe.take_failure();
+        self.group.clear();
+        if let Some(a) = self.active.as_mut() {
+            // Unacknowledged bytes must not survive to be read back later
+            // (a later sync would make them durable): cut them off.
+            let (end, count) = {
+                let idx = a.seg.index.read();
+                (idx.end, idx.count())
+            };
+            a.write_off = end;
+            a.entries = count;
+            match a.seg.file.set_len(end) {
+                Ok(()) => a.alloc_end = end,
+                Err(te) => self.poisoned = Some(io_err(&a.seg, "truncating failed write in", &te)),
+            }
+        }
         let mut queued = Vec::new();
         let mut keep = VecDeque::new();
         while let Some(cmd) = self.try_next() {
@@ -251,15 +421,20 @@ impl WriterThread {
             }
         }
         self.deferred = keep;
+        if let Some((se, back)) = given_back {
+            for s in back {
+                s.done.complete(Err(se.clone()));
+            }
+        }
         let rest: Vec<Done> = rest.map(|(_, d)| d).collect();
         for done in staged.into_iter().map(|s| s.done).chain(rest).chain(queued) {
             done.complete(Err(e.clone()));
         }
     }
 
-    /// Writes and syncs the staged group, publishes it, completes callers.
-    /// On failure the file is cut back to the last synced offset and the
-    /// group is left in `staged` for [`fail_group`](Self::fail_group).
+    /// Writes the staged group and hands it to the sync thread. On failure
+    /// the group is left in `staged` for [`fail_group`](Self::fail_group),
+    /// which cuts the file back.
     fn commit(&mut self, staged: &mut Vec<Staged>) -> Result<()> {
         if staged.is_empty() {
             return Ok(());
@@ -267,49 +442,44 @@ impl WriterThread {
         let Some(a) = self.active.as_mut() else {
             return Err(Error::invalid("no open ledger to commit to"));
         };
-        let res = write_and_sync(&self.shared, a, &self.buf);
-        if let Err(e) = res {
-            // Unacknowledged bytes must not survive to be read back later
-            // (a later sync would make them durable): cut them off.
-            match a.seg.file.set_len(a.write_off) {
-                Ok(()) => a.alloc_end = a.write_off,
-                Err(te) => self.poisoned = Some(io_err(&a.seg, "truncating failed write in", &te)),
-            }
-            self.buf.clear();
-            return Err(e);
-        }
+        self.group.close_small();
+        let written = write_group(&self.shared, a, &self.group);
         let base = a.write_off;
-        {
-            let mut idx = a.seg.index.write();
-            let mut off = 0usize;
-            while off < self.buf.len() {
-                let mut l = [0u8; 4];
-                l.copy_from_slice(&self.buf[off..off + 4]);
-                let len = u32::from_le_bytes(l);
-                idx.offsets.push(base + off as u64);
-                idx.lens.push(len);
-                off += RECORD_HEADER_LEN + len as usize;
-            }
-            idx.end = base + self.buf.len() as u64;
+        let len = self.group.len as u64;
+        let offsets = self.group.offsets.iter().map(|o| base + o).collect();
+        let lens = std::mem::take(&mut self.group.lens);
+        self.group.clear();
+        written?;
+        a.write_off += len;
+        a.entries += staged.iter().map(|s| s.n).sum::<u64>();
+        let job = SyncJob {
+            seg: Arc::clone(&a.seg),
+            hint: Arc::clone(&a.synced_hint),
+            offsets,
+            lens,
+            end: a.write_off,
+            staged: std::mem::take(staged),
+        };
+        self.pipe.submitted();
+        let sent = match &self.jobs {
+            Some(tx) => tx.send(job).map_err(|e| e.into_inner()),
+            None => Err(job),
+        };
+        if let Err(job) = sent {
+            // The sync thread is gone (it never stops before this thread).
+            *staged = job.staged;
+            self.pipe.settled(1);
+            return Err(Error::LedgerClosed(self.shared.name.clone()));
         }
-        a.write_off += self.buf.len() as u64;
-        // Publish the durable end before anyone is acknowledged; a failed
-        // hint write only makes readers lag.
-        let _ = a.synced_hint.write_all_at(&encode_synced(a.write_off), 0);
-        let id = a.seg.id;
-        for s in staged.drain(..) {
-            a.entries += s.n;
-            let ps = (s.first..s.first + s.n)
-                .map(|e| Position::new(id, e))
-                .collect();
-            s.done.complete(Ok(ps));
-        }
-        self.buf.clear();
         Ok(())
     }
 
-    /// Seals the open ledger: cut the preallocated tail, fsync.
+    /// Seals the open ledger once every written group is settled (a
+    /// failed sync is handled first): cut the preallocated tail, fsync.
     fn seal_active(&mut self) -> Result<()> {
+        if let Some(e) = self.pipe.wait_idle() {
+            self.fail_group(Vec::new(), std::iter::empty(), &e);
+        }
         let Some(a) = self.active.take() else {
             return Ok(());
         };
@@ -387,6 +557,10 @@ impl WriterThread {
     /// Seals the open ledger and opens a new one, listed in META before
     /// anything is appended to it.
     fn roll(&mut self) -> Result<()> {
+        // A failed sync fails the group being formed too (see fail_group).
+        if let Some(e) = self.pipe.wait_idle() {
+            return Err(e);
+        }
         self.seal_active()?;
         let id = self.shared.meta.lock().next_ledger_id;
         let (seg, alloc_end) = self.create_segment(id, &[], self.shared.opts.preallocate_bytes)?;
@@ -428,7 +602,7 @@ impl WriterThread {
             write_off: HEADER_LEN,
             alloc_end,
             entries: 0,
-            synced_hint: hint,
+            synced_hint: Arc::new(hint),
         });
         Ok(())
     }
@@ -477,11 +651,11 @@ impl WriterThread {
     }
 }
 
-/// Preallocates if needed, writes `buf` at the write offset and syncs.
-fn write_and_sync(shared: &Shared, a: &mut Active, buf: &[u8]) -> Result<()> {
+/// Preallocates if needed and writes the group at the write offset.
+fn write_group(shared: &Shared, a: &mut Active, group: &GroupBuf) -> Result<()> {
     let seg = &a.seg;
     let off = a.write_off;
-    let end = off + buf.len() as u64;
+    let end = off + group.len as u64;
     let chunk = shared.opts.preallocate_bytes;
     if chunk > 0 && end > a.alloc_end {
         let target = end.max(a.alloc_end + chunk);
@@ -492,34 +666,84 @@ fn write_and_sync(shared: &Shared, a: &mut Active, buf: &[u8]) -> Result<()> {
             .map_err(|e| io_err(seg, "preallocating", &e))?;
         a.alloc_end = target;
     }
+    let slices = group.slices();
     if let Err(e) = shared.faults.check(FaultKind::Write) {
         // Simulate a short write followed by the failure.
-        let _ = seg.file.write_all_at(&buf[..buf.len() / 2], off);
+        let all = slices.concat();
+        let _ = seg.file.write_all_at(&all[..all.len() / 2], off);
         return Err(io_err(seg, "writing", &e));
     }
     // Large groups go out in chunks, each handed to writeback at once, so
-    // the disk works while the rest is still being copied and the final
-    // sync has little left to wait for.
-    let mut at = 0usize;
-    for chunk in buf.chunks(WRITEBACK_CHUNK) {
-        let pos = off + at as u64;
-        seg.file
-            .write_all_at(chunk, pos)
-            .map_err(|e| io_err(seg, "writing", &e))?;
-        at += chunk.len();
-        if buf.len() > WRITEBACK_CHUNK {
-            start_writeback(&seg.file, pos, chunk.len() as u64);
+    // the disk works while the rest is still being written and the sync
+    // has little left to wait for.
+    let chunked = group.len > WRITEBACK_CHUNK;
+    let mut pos = off;
+    let mut i = 0;
+    while i < slices.len() {
+        let mut j = i;
+        let mut bytes = 0usize;
+        while j < slices.len() && j - i < MAX_IOV && bytes < WRITEBACK_CHUNK {
+            bytes += slices[j].len();
+            j += 1;
         }
+        pwritev_all(&seg.file, &slices[i..j], pos).map_err(|e| io_err(seg, "writing", &e))?;
+        if chunked {
+            start_writeback(&seg.file, pos, bytes as u64);
+        }
+        pos += bytes as u64;
+        i = j;
     }
-    shared
-        .faults
-        .check(FaultKind::Sync)
-        .and_then(|()| datasync(&seg.file))
-        .map_err(|e| io_err(seg, "syncing", &e))
+    Ok(())
 }
 
-/// Groups larger than this are written in chunks of this size.
-const WRITEBACK_CHUNK: usize = 1 << 20;
+/// Writes `bufs` back to back at `off`, retrying short writes.
+fn pwritev_all(file: &File, bufs: &[&[u8]], mut off: u64) -> io::Result<()> {
+    let mut left: Vec<&[u8]> = bufs.iter().copied().filter(|b| !b.is_empty()).collect();
+    let mut first = 0;
+    while first < left.len() {
+        let iov: Vec<libc::iovec> = left[first..]
+            .iter()
+            .map(|b| libc::iovec {
+                iov_base: b.as_ptr() as *mut libc::c_void,
+                iov_len: b.len(),
+            })
+            .collect();
+        // SAFETY: every iovec points into a live slice borrowed for the whole
+        // call, the count is the array's length (<= IOV_MAX), and pwritev
+        // only reads from them; the descriptor is owned by `file`.
+        let n = unsafe {
+            libc::pwritev(
+                file.as_raw_fd(),
+                iov.as_ptr(),
+                iov.len() as libc::c_int,
+                off as libc::off_t,
+            )
+        };
+        if n < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        if n == 0 {
+            return Err(io::ErrorKind::WriteZero.into());
+        }
+        let mut n = n as usize;
+        off += n as u64;
+        while n > 0 && first < left.len() {
+            let l = left[first].len();
+            if n >= l {
+                n -= l;
+                first += 1;
+            } else {
+                left[first] = &left[first][n..];
+                n = 0;
+            }
+        }
+    }
+    Ok(())
+}
 
 /// Asks the kernel to start writing `[off, off+len)` back now, without
 /// waiting. Purely a hint: durability still comes from the `fdatasync`.

@@ -9,7 +9,7 @@
 
 use crate::error::{Error, Result};
 use crate::frame::{for_each_record, with_entry_index};
-use crate::wire::{Value, Wire};
+use crate::wire::{enum8, utf8, wrong_type, Value, Wire};
 
 /// A column of UTF-8 strings: value `i` is `data[offsets[i]..offsets[i+1]]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -97,20 +97,6 @@ where
     Ok(())
 }
 
-fn utf8(b: &[u8], at: usize) -> Result<&[u8]> {
-    std::str::from_utf8(b)
-        .map(|_| b)
-        .map_err(|e| Error::corrupt_entry(at, format!("invalid UTF-8 in string field: {e}")))
-}
-
-fn enum8(v: u64) -> i8 {
-    i8::try_from(v).unwrap_or(-1)
-}
-
-fn wrong_type(field: u32, at: usize) -> Error {
-    Error::corrupt_entry(at, format!("field {field} has an unexpected wire type"))
-}
-
 /// `TransactionMetadataEntry` records as columns. Absent enums are -1,
 /// absent integers 0, absent strings empty.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
@@ -181,14 +167,14 @@ fn decode_txn_record(r: &[u8], c: &mut TxnLogColumns) -> Result<()> {
             (3, Value::Varint(v)) => most = v,
             (4, Value::Varint(v)) => expected = enum8(v),
             (5, Value::Varint(v)) => new = enum8(v),
-            (6, Value::Bytes(b)) => c.partitions.push_bytes(utf8(b, at)?)?,
+            (6, Value::Bytes(b)) => c.partitions.push_bytes(utf8(b, at)?.as_bytes())?,
             (7, Value::Bytes(b)) => {
                 let (mut topic, mut sub): (&[u8], &[u8]) = (b"", b"");
                 let mut n = Wire::new(b, 0, at);
                 while let Some((f, v, at)) = n.next_field()? {
                     match (f, v) {
-                        (1, Value::Bytes(x)) => topic = utf8(x, at)?,
-                        (2, Value::Bytes(x)) => sub = utf8(x, at)?,
+                        (1, Value::Bytes(x)) => topic = utf8(x, at)?.as_bytes(),
+                        (2, Value::Bytes(x)) => sub = utf8(x, at)?.as_bytes(),
                         (1 | 2, _) => return Err(wrong_type(f, at)),
                         _ => {}
                     }
@@ -200,8 +186,8 @@ fn decode_txn_record(r: &[u8], c: &mut TxnLogColumns) -> Result<()> {
             (9, Value::Varint(v)) => start = v,
             (10, Value::Varint(v)) => modified = v,
             (11, Value::Varint(v)) => max_id = v,
-            (12, Value::Bytes(b)) => owner = utf8(b, at)?,
-            (13, Value::Bytes(b)) => client = utf8(b, at)?,
+            (12, Value::Bytes(b)) => owner = utf8(b, at)?.as_bytes(),
+            (13, Value::Bytes(b)) => client = utf8(b, at)?.as_bytes(),
             (1..=13, _) => return Err(wrong_type(field, at)),
             _ => {} // unknown field: skipped, as protobuf does
         }

@@ -7,7 +7,7 @@
 //! record: it starts with the tag byte of field 1 (0x08), never with 0x0E.
 
 use crate::error::{Error, Result};
-use crate::wire::{Value, Wire};
+use crate::wire::{put_varint, varint_len, Value, Wire};
 
 /// First two bytes of every batched entry.
 pub const MAGIC: u16 = 0x0E01;
@@ -22,25 +22,6 @@ const RECORD_KEY: u8 = 0x0A;
 #[inline]
 pub fn is_batched(entry: &[u8]) -> bool {
     entry.len() >= 2 && u16::from_be_bytes([entry[0], entry[1]]) == MAGIC
-}
-
-#[inline]
-fn varint_len(mut v: u64) -> usize {
-    let mut n = 1;
-    while v >= 0x80 {
-        v >>= 7;
-        n += 1;
-    }
-    n
-}
-
-#[inline]
-fn put_varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
 }
 
 /// Exact size of the batched entry holding records of these lengths.

@@ -8,8 +8,8 @@
 //! fields set: fields in number order, proto2 presence (a field given as 0
 //! is written). Recovery decodes records without building messages.
 
-use crate::error::{Error, Result};
-use crate::wire::{Value, Wire};
+use crate::error::Result;
+use crate::wire::{enum8, put_varint, utf8, varint_len, wrong_type, Value, Wire};
 
 /// `metadata_op` values.
 pub const OP_NEW: i8 = 0;
@@ -91,19 +91,6 @@ impl Default for TxnRecord<'_> {
     }
 }
 
-fn text(b: &[u8], at: usize) -> Result<&str> {
-    std::str::from_utf8(b)
-        .map_err(|e| Error::corrupt_entry(at, format!("invalid UTF-8 in string field: {e}")))
-}
-
-fn enum8(v: u64) -> i8 {
-    i8::try_from(v).unwrap_or(-1)
-}
-
-fn wrong_type(field: u32, at: usize) -> Error {
-    Error::corrupt_entry(at, format!("field {field} has an unexpected wire type"))
-}
-
 /// Decodes one record (unknown fields are skipped, as protobuf does).
 pub fn decode(r: &[u8]) -> Result<TxnRecord<'_>> {
     let mut out = TxnRecord::default();
@@ -115,14 +102,14 @@ pub fn decode(r: &[u8]) -> Result<TxnRecord<'_>> {
             (3, Value::Varint(v)) => out.most_bits = v,
             (4, Value::Varint(v)) => out.expected_status = enum8(v),
             (5, Value::Varint(v)) => out.new_status = enum8(v),
-            (6, Value::Bytes(b)) => out.partitions.push(text(b, at)?),
+            (6, Value::Bytes(b)) => out.partitions.push(utf8(b, at)?),
             (7, Value::Bytes(b)) => {
                 let (mut topic, mut sub) = ("", "");
                 let mut n = Wire::new(b, 0, at);
                 while let Some((f, v, at)) = n.next_field()? {
                     match (f, v) {
-                        (1, Value::Bytes(x)) => topic = text(x, at)?,
-                        (2, Value::Bytes(x)) => sub = text(x, at)?,
+                        (1, Value::Bytes(x)) => topic = utf8(x, at)?,
+                        (2, Value::Bytes(x)) => sub = utf8(x, at)?,
                         (1 | 2, _) => return Err(wrong_type(f, at)),
                         _ => {}
                     }
@@ -133,8 +120,8 @@ pub fn decode(r: &[u8]) -> Result<TxnRecord<'_>> {
             (9, Value::Varint(v)) => out.start_time = v,
             (10, Value::Varint(v)) => out.last_modification_time = v,
             (11, Value::Varint(v)) => out.max_local_txn_id = v,
-            (12, Value::Bytes(b)) => out.owner = text(b, at)?,
-            (13, Value::Bytes(b)) => out.client_name = text(b, at)?,
+            (12, Value::Bytes(b)) => out.owner = utf8(b, at)?,
+            (13, Value::Bytes(b)) => out.client_name = utf8(b, at)?,
             (FIELD_TIMED_OUT, Value::Varint(v)) => out.timed_out = v != 0,
             (1..=13 | FIELD_TIMED_OUT, _) => return Err(wrong_type(field, at)),
             _ => {}
@@ -177,17 +164,9 @@ pub struct Encode<'a> {
     pub timed_out: bool,
 }
 
-fn varint(out: &mut Vec<u8>, mut v: u64) {
-    while v >= 0x80 {
-        out.push((v as u8) | 0x80);
-        v >>= 7;
-    }
-    out.push(v as u8);
-}
-
 fn varint_field(out: &mut Vec<u8>, key: u8, v: u64) {
     out.push(key);
-    varint(out, v);
+    put_varint(out, v);
 }
 
 /// An enum as protobuf writes it: negative values sign-extend to 10 bytes.
@@ -197,17 +176,8 @@ fn enum_field(out: &mut Vec<u8>, key: u8, v: i8) {
 
 fn bytes_field(out: &mut Vec<u8>, key: u8, b: &[u8]) {
     out.push(key);
-    varint(out, b.len() as u64);
+    put_varint(out, b.len() as u64);
     out.extend_from_slice(b);
-}
-
-fn varint_len(mut v: u64) -> usize {
-    let mut n = 1;
-    while v >= 0x80 {
-        v >>= 7;
-        n += 1;
-    }
-    n
 }
 
 impl Encode<'_> {
@@ -232,7 +202,7 @@ impl Encode<'_> {
                 + varint_len(sub.len() as u64)
                 + sub.len();
             out.push(0x3A);
-            varint(out, inner as u64);
+            put_varint(out, inner as u64);
             bytes_field(out, 0x0A, topic.as_bytes());
             bytes_field(out, 0x12, sub.as_bytes());
         }
@@ -270,6 +240,7 @@ impl Encode<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::Error;
     use crate::proto::{Subscription, TransactionMetadataEntry};
     use proptest::prelude::*;
     use prost::Message;

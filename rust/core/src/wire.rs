@@ -9,6 +9,44 @@ use crate::error::{Error, Result};
 /// A varint never takes more than this many bytes.
 const MAX_VARINT_LEN: usize = 10;
 
+/// Bytes a varint of `v` takes.
+#[inline]
+pub fn varint_len(mut v: u64) -> usize {
+    let mut n = 1;
+    while v >= 0x80 {
+        v >>= 7;
+        n += 1;
+    }
+    n
+}
+
+/// Appends `v` as a varint.
+#[inline]
+pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
+    while v >= 0x80 {
+        out.push((v as u8) | 0x80);
+        v >>= 7;
+    }
+    out.push(v as u8);
+}
+
+/// A proto2 enum value as a small signed column value (-1: out of range).
+#[inline]
+pub fn enum8(v: u64) -> i8 {
+    i8::try_from(v).unwrap_or(-1)
+}
+
+/// The error for a known field carrying the wrong wire type.
+pub fn wrong_type(field: u32, at: usize) -> Error {
+    Error::corrupt_entry(at, format!("field {field} has an unexpected wire type"))
+}
+
+/// Checks that a string field is UTF-8 (as protobuf requires).
+pub fn utf8(b: &[u8], at: usize) -> Result<&str> {
+    std::str::from_utf8(b)
+        .map_err(|e| Error::corrupt_entry(at, format!("invalid UTF-8 in string field: {e}")))
+}
+
 /// One field's value as it appears on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Value<'a> {

@@ -18,6 +18,8 @@ from typing import Any
 import pytest
 from txnstream import ManagedLedger, Position, StorageError
 
+PAD = b"p" * (64 << 10)
+
 
 @pytest.fixture
 def ml(tmp_path: Path) -> Iterator[ManagedLedger]:
@@ -47,10 +49,12 @@ def test_group_written_during_a_failing_sync_fails_and_never_reappears(
 ) -> None:
     good = ml.append(b"good")
     ml._hold_fault("sync")
-    first = ml.append_async(b"group-n")
+    # Large groups go through the sync thread, so the writer is free.
+    first = ml.append_async(b"group-n" + PAD)
     assert ml._wait_fault_held("sync", timeout=20)
-    # The next group is written while group N's sync is still held.
-    later = [ml.append_async(b"group-n+1 %d" % i) for i in range(20)]
+    # The next group (large enough to be pipelined) is written while group
+    # N's sync is still held.
+    later = [ml.append_async(b"group-n+1 %d" % i + PAD) for i in range(20)]
     wait_on_disk(tmp_path, b"group-n+1 19")
     done, _ = cf.wait([first, *later], timeout=0.2)
     assert not done
@@ -77,10 +81,10 @@ def test_write_failure_behind_a_held_sync_keeps_the_durable_group(
     tmp_path: Path, ml: ManagedLedger
 ) -> None:
     ml._hold_fault("sync")
-    first = ml.append_async(b"synced-first")
+    first = ml.append_async(b"synced-first" + PAD)
     assert ml._wait_fault_held("sync", timeout=20)
     ml._inject_fault("write", errno=errno.ENOSPC, times=1)
-    doomed = ml.append_async(b"never-written")
+    doomed = ml.append_async(b"never-written" + PAD)
     time.sleep(0.1)
     assert not first.done()
     ml._release_fault("sync")
@@ -95,7 +99,7 @@ def test_write_failure_behind_a_held_sync_keeps_the_durable_group(
     assert b"never-written" not in ledger_bytes(tmp_path)
     again = ManagedLedger.open(tmp_path, "p")
     try:
-        assert [d for _, d in again.read_range(p, nxt)] == [b"synced-first", b"next"]
+        assert [d for _, d in again.read_range(p, nxt)] == [b"synced-first" + PAD, b"next"]
     finally:
         again.close()
 
@@ -116,8 +120,12 @@ def test_callers_complete_in_append_order_across_pipelined_groups(
     ml._hold_fault("sync")
     futs: list[cf.Future[Any]] = []
     for i in range(300):
-        if i % 7 == 0:
-            f: cf.Future[Any] = ml.append_many_async([b"m%d" % i, b"n%d" % i])
+        # Small appends (synced by whichever thread is free) mixed with
+        # large ones (pipelined through the sync thread).
+        if i % 20 == 0:
+            f: cf.Future[Any] = ml.append_async(b"e%d" % i + PAD)
+        elif i % 7 == 0:
+            f = ml.append_many_async([b"m%d" % i, b"n%d" % i])
         else:
             f = ml.append_async(b"e%d" % i)
         f.add_done_callback(record(i))

@@ -1,6 +1,6 @@
 //! The sync thread: second stage of the group-commit pipeline (see
-//! [`super::writer_thread`]). It owns `fdatasync` of the open ledger,
-//! publishes what it synced and completes the callers, in append order.
+//! [`super::writer_thread`]). It syncs the groups the writer thread hands
+//! it, publishes what it synced and completes the callers, in append order.
 
 use super::fault::FaultKind;
 use super::segment::{datasync, encode_synced, Segment};
@@ -44,6 +44,11 @@ pub(crate) struct Pipeline {
 }
 
 impl Pipeline {
+    /// True if no handed-over group is unsettled.
+    pub fn is_idle(&self) -> bool {
+        self.state.lock().inflight == 0
+    }
+
     pub fn submitted(&self) {
         self.state.lock().inflight += 1;
     }
@@ -114,24 +119,12 @@ fn run(shared: &Shared, pipe: &Pipeline, rx: &Receiver<SyncJob>, wake: &Sender<(
         let outcome = match pipe.failure() {
             // Groups written after a failed sync are never acknowledged:
             // the writer thread cuts them off.
-            Some(_) => Err(None),
-            None => sync_all(shared, &jobs).map_err(Some),
+            Some(_) => Err((None, jobs)),
+            None => sync_and_complete(shared, jobs).map_err(|(e, jobs)| (Some(e), jobs)),
         };
         match outcome {
-            Ok(()) => {
-                publish(&jobs);
-                for job in jobs {
-                    let id = job.seg.id;
-                    for s in job.staged {
-                        let ps = (s.first..s.first + s.n)
-                            .map(|e| Position::new(id, e))
-                            .collect();
-                        s.done.complete(Ok(ps));
-                    }
-                }
-                pipe.settled(n);
-            }
-            Err(e) => {
+            Ok(()) => pipe.settled(n),
+            Err((e, jobs)) => {
                 pipe.give_back(e, jobs);
                 pipe.settled(n);
                 // A full channel means a wake-up is pending already.
@@ -139,6 +132,28 @@ fn run(shared: &Shared, pipe: &Pipeline, rx: &Receiver<SyncJob>, wake: &Sender<(
             }
         }
     }
+}
+
+/// Syncs the written `jobs`, publishes them and completes their callers in
+/// order; on a failed sync nothing is published and the jobs come back.
+pub(crate) fn sync_and_complete(
+    shared: &Shared,
+    jobs: Vec<SyncJob>,
+) -> std::result::Result<(), (Error, Vec<SyncJob>)> {
+    if let Err(e) = sync_all(shared, &jobs) {
+        return Err((e, jobs));
+    }
+    publish(&jobs);
+    for job in jobs {
+        let id = job.seg.id;
+        for s in job.staged {
+            let ps = (s.first..s.first + s.n)
+                .map(|e| Position::new(id, e))
+                .collect();
+            s.done.complete(Ok(ps));
+        }
+    }
+    Ok(())
 }
 
 /// Syncs every ledger file the jobs were written to (one, except right

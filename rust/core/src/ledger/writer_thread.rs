@@ -6,7 +6,9 @@
 //! into one buffer, payloads of [`BIG_PAYLOAD`] bytes or more are written
 //! straight from the callers' buffers. It then hands the written group to
 //! the sync thread ([`super::sync_thread`]) and takes the next group at
-//! once, so group N+1 is written while group N is being synced:
+//! once, so group N+1 is written while group N is being synced (a group of
+//! less than [`PIPELINE_MIN_BYTES`] first waits for the running sync to end,
+//! gathering what queues meanwhile: the sync, not the write, is its cost):
 //!
 //! ```text
 //! writer thread:  write N | write N+1 | write N+2 ...
@@ -29,6 +31,8 @@
 //! append queued at that moment, and only then fails, in append order, the
 //! given-back groups, its own group and the queued appends — a caller that
 //! sees the error and appends again is not failed by the same fault.
+//! A small group while no sync is running is synced by the writer thread
+//! itself, the same way, sparing a lone appender a thread hand-off.
 //! Rollover, sealing, compaction and close first wait until every written
 //! group is synced (or failed), so a sync never spans two files' lifetimes
 //! and close drains everything.
@@ -137,6 +141,12 @@ pub(crate) struct Staged {
 /// Payloads of at least this many bytes are written from the caller's
 /// buffer instead of being copied into the group buffer.
 pub(crate) const BIG_PAYLOAD: usize = 16 << 10;
+
+/// A group smaller than this waits for the running sync to end (taking
+/// in what queues meanwhile) instead of being written during it: writing
+/// it early saves little, and waking the writer thread for every small
+/// append costs the appenders more.
+const PIPELINE_MIN_BYTES: usize = 64 << 10;
 
 /// Most buffers per `pwritev` (Linux `IOV_MAX`).
 const MAX_IOV: usize = 1024;
@@ -296,7 +306,15 @@ impl WriterThread {
                 Command::Append { entries, done } => {
                     let mut bytes: usize = entries.iter().map(Vec::len).sum();
                     let mut group = vec![(entries, done)];
-                    while bytes < self.shared.opts.max_batch_bytes {
+                    let max = self.shared.opts.max_batch_bytes;
+                    if bytes < PIPELINE_MIN_BYTES {
+                        // A small group gains nothing from being written
+                        // during the running sync: let appends queue (no
+                        // wake-up for their senders) until it ends. A
+                        // failure it reports is handled by append_group.
+                        let _ = self.pipe.wait_idle();
+                    }
+                    while bytes < max {
                         match self.try_next() {
                             Some(Command::Append { entries, done }) => {
                                 bytes += entries.iter().map(Vec::len).sum::<usize>();
@@ -432,7 +450,8 @@ impl WriterThread {
         }
     }
 
-    /// Writes the staged group and hands it to the sync thread. On failure
+    /// Writes the staged group and hands it to the sync thread (a small group
+    /// with no sync running is synced right here). On failure
     /// the group is left in `staged` for [`fail_group`](Self::fail_group),
     /// which cuts the file back.
     fn commit(&mut self, staged: &mut Vec<Staged>) -> Result<()> {
@@ -460,6 +479,14 @@ impl WriterThread {
             end: a.write_off,
             staged: std::mem::take(staged),
         };
+        if len < PIPELINE_MIN_BYTES as u64 && self.pipe.is_idle() {
+            // Nothing to overlap with: sync here and spare the appender a
+            // thread hand-off (the latency of a lone append).
+            return sync_thread::sync_and_complete(&self.shared, vec![job]).map_err(|(e, jobs)| {
+                staged.extend(jobs.into_iter().flat_map(|j| j.staged));
+                e
+            });
+        }
         self.pipe.submitted();
         let sent = match &self.jobs {
             Some(tx) => tx.send(job).map_err(|e| e.into_inner()),

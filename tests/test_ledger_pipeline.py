@@ -175,3 +175,23 @@ def test_large_payloads_round_trip_across_rollover_and_reopen(tmp_path: Path) ->
         assert [again.read(p) for p in ps] == data
     finally:
         again.close()
+
+
+def test_append_futures_are_real_running_futures(ml: ManagedLedger) -> None:
+    futs: list[cf.Future[Any]] = [ml.append_async(b"f%d" % i) for i in range(64)]
+    futs.append(ml.append_many_async([b"g", b"h"]))
+    for f in futs:
+        assert isinstance(f, cf.Future)
+        # Submitted: RUNNING (not cancellable) until resolved.
+        assert not f.cancel()
+        assert f.running() or f.done()
+    seen: list[cf.Future[Any]] = []
+    futs[0].add_done_callback(seen.append)
+    assert set(cf.as_completed(futs, timeout=30)) == set(futs)
+    assert seen == [futs[0]]
+    assert not any(f.cancelled() for f in futs)
+    ml._inject_fault("sync", errno=errno.EIO, times=1)
+    bad = ml.append_async(b"bad")
+    done, _ = cf.wait([bad], timeout=30, return_when=cf.FIRST_EXCEPTION)
+    assert done == {bad}
+    assert isinstance(bad.exception(), StorageError)

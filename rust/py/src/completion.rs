@@ -11,7 +11,7 @@ use crate::position::{PyPosition, PyTxnPosition};
 use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyList, PyString, PyType};
+use pyo3::types::{PyList, PyType};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::OnceLock;
 use txnstream_core::{Error, Position, Result, TxnPosition};
@@ -87,18 +87,13 @@ fn run_job(py: Python<'_>, job: Job) {
         | Job::TxnPosition(f, Err(e))
         | Job::TxnPositions(f, Err(e)) => {
             let exc = to_pyerr(py, &e).into_value(py).into_any();
-            settle(py, &f, intern!(py, "set_exception"), exc);
+            settle(py, &f, Outcome::Exception, exc);
             return;
         }
     };
     match outcome {
-        Ok(value) => settle(py, &future, intern!(py, "set_result"), value),
-        Err(e) => settle(
-            py,
-            &future,
-            intern!(py, "set_exception"),
-            e.into_value(py).into_any(),
-        ),
+        Ok(value) => settle(py, &future, Outcome::Result, value),
+        Err(e) => settle(py, &future, Outcome::Exception, e.into_value(py).into_any()),
     }
 }
 
@@ -123,18 +118,90 @@ where
     Ok(object_list(py, items)?.into_any().unbind())
 }
 
-fn settle(py: Python<'_>, future: &Py<PyAny>, method: &Bound<'_, PyString>, value: Py<PyAny>) {
-    if let Err(e) = future.bind(py).call_method1(method, (value,)) {
+#[derive(Clone, Copy)]
+enum Outcome {
+    Result,
+    Exception,
+}
+
+fn settle(py: Python<'_>, future: &Py<PyAny>, how: Outcome, value: Py<PyAny>) {
+    // The cached unbound method, not a bound-method lookup per future.
+    let r = kit(py).and_then(|k| {
+        let f = match how {
+            Outcome::Result => &k.set_result,
+            Outcome::Exception => &k.set_exception,
+        };
+        f.bind(py).call1((future.bind(py), value)).map(drop)
+    });
+    if let Err(e) = r {
         // Only possible if user code resolved our future itself.
         e.write_unraisable(py, Some(future.bind(py)));
     }
 }
 
+/// What resolving and creating futures needs, looked up once.
+struct FutureKit {
+    class: Py<PyType>,
+    set_result: Py<PyAny>,
+    set_exception: Py<PyAny>,
+    set_running: Py<PyAny>,
+    /// The RUNNING state object, if this Python's `Future` was verified to
+    /// keep its state in `_state` (then a new future is made RUNNING with
+    /// one attribute store instead of a locked method call).
+    running: Option<Py<PyAny>>,
+}
+
+static KIT: PyOnceLock<FutureKit> = PyOnceLock::new();
+
+fn kit(py: Python<'_>) -> PyResult<&FutureKit> {
+    KIT.get_or_try_init(py, || {
+        let class = py
+            .import("concurrent.futures")?
+            .getattr("Future")?
+            .cast_into::<PyType>()?;
+        let get = |name: &str| class.getattr(name).map(Bound::unbind);
+        let kit = FutureKit {
+            set_result: get("set_result")?,
+            set_exception: get("set_exception")?,
+            set_running: get("set_running_or_notify_cancel")?,
+            running: running_state(&class).ok().flatten(),
+            class: class.unbind(),
+        };
+        Ok(kit)
+    })
+}
+
+/// Probes `Future`: the value `set_running_or_notify_cancel` leaves in
+/// `_state`, if storing it into a fresh future makes that one behave as
+/// running too (not cancellable, not done). `None`: use the method.
+fn running_state(class: &Bound<'_, PyType>) -> PyResult<Option<Py<PyAny>>> {
+    let state = intern!(class.py(), "_state");
+    let probe = class.call0()?;
+    let pending = probe.getattr(state)?;
+    probe.call_method0("set_running_or_notify_cancel")?;
+    let running = probe.getattr(state)?;
+    if running.eq(&pending)? {
+        return Ok(None);
+    }
+    let fresh = class.call0()?;
+    fresh.setattr(state, &running)?;
+    let ok = fresh.call_method0("running")?.is_truthy()?
+        && !fresh.call_method0("cancel")?.is_truthy()?
+        && !fresh.call_method0("done")?.is_truthy()?;
+    Ok(ok.then(|| running.unbind()))
+}
+
 /// A new `concurrent.futures.Future`, already RUNNING so it cannot be
 /// cancelled: once submitted, a write happens whatever the caller does.
 pub fn new_future(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
-    static FUTURE: PyOnceLock<Py<PyType>> = PyOnceLock::new();
-    let fut = FUTURE.import(py, "concurrent.futures", "Future")?.call0()?;
-    fut.call_method0(intern!(py, "set_running_or_notify_cancel"))?;
+    let k = kit(py)?;
+    let fut = k.class.bind(py).call0()?;
+    match &k.running {
+        // Nobody else holds the new future yet: no lock needed.
+        Some(running) => fut.setattr(intern!(py, "_state"), running.bind(py))?,
+        None => {
+            k.set_running.bind(py).call1((&fut,))?;
+        }
+    }
     Ok(fut)
 }

@@ -44,9 +44,14 @@ pub(crate) struct Pipeline {
 }
 
 impl Pipeline {
-    /// True if no handed-over group is unsettled.
-    pub fn is_idle(&self) -> bool {
-        self.state.lock().inflight == 0
+    /// `Ok(true)` if no handed-over group is unsettled, `Ok(false)` if one
+    /// is; the pending sync failure, if any.
+    pub fn is_idle(&self) -> Result<bool> {
+        let s = self.state.lock();
+        match &s.failed {
+            Some((e, _)) => Err(e.clone()),
+            None => Ok(s.inflight == 0),
+        }
     }
 
     pub fn submitted(&self) {

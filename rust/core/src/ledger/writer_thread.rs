@@ -471,6 +471,9 @@ impl WriterThread {
         written?;
         a.write_off += len;
         a.entries += staged.iter().map(|s| s.n).sum::<u64>();
+        // A group must never be synced past the bytes of a failed one
+        // (they would become durable): fail_group cuts them off first.
+        let inline = len < PIPELINE_MIN_BYTES as u64 && self.pipe.is_idle()?;
         let job = SyncJob {
             seg: Arc::clone(&a.seg),
             hint: Arc::clone(&a.synced_hint),
@@ -479,7 +482,7 @@ impl WriterThread {
             end: a.write_off,
             staged: std::mem::take(staged),
         };
-        if len < PIPELINE_MIN_BYTES as u64 && self.pipe.is_idle() {
+        if inline {
             // Nothing to overlap with: sync here and spare the appender a
             // thread hand-off (the latency of a lone append).
             return sync_thread::sync_and_complete(&self.shared, vec![job]).map_err(|(e, jobs)| {

@@ -670,3 +670,100 @@ fn read_only_follows_a_live_writer() {
     assert!(matches!(rc.mark_delete(pos[4]), Err(Error::ReadOnly(_))));
     assert_eq!(rc.read_next(1).unwrap()[0].0, pos[4]);
 }
+
+/// Every `.log` file's bytes in a ledger directory.
+fn log_bytes(dir: &Path) -> Vec<u8> {
+    let mut out = Vec::new();
+    for e in fs::read_dir(dir).unwrap() {
+        let path = e.unwrap().path();
+        if path.extension().is_some_and(|x| x == "log") {
+            out.extend(fs::read(path).unwrap());
+        }
+    }
+    out
+}
+
+#[test]
+fn pipelined_groups_after_a_failed_sync_fail_in_order_and_never_reappear() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = LedgerOptions {
+        max_bytes_per_ledger: 1 << 20,
+        max_batch_bytes: 256 << 10,
+        ..opts()
+    };
+    // Large entries (written from the caller's buffer, pipelined).
+    let big = |fill: u8| vec![fill; 100 << 10];
+    let ml = ManagedLedger::open(tmp.path(), "pipe", o.clone()).unwrap();
+    let (tx, rx) = mpsc::channel();
+    for i in 0..40u8 {
+        let tx = tx.clone();
+        ml.append_async(big(i + 1), Box::new(move |r| tx.send((i, r)).unwrap()));
+    }
+    let mut good = Vec::new();
+    for want in 0..40u8 {
+        let (i, r) = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert_eq!(i, want);
+        let p = r.unwrap();
+        assert!(good.last().is_none_or(|l| p > *l));
+        good.push(p);
+    }
+    assert!(ml.ledgers().len() > 1, "rolled over while pipelined");
+
+    let faults = Arc::clone(ml.fault_injector());
+    faults.hold(FaultKind::Sync);
+    let (tx, rx) = mpsc::channel();
+    let send = |i: u8| {
+        let tx = tx.clone();
+        ml.append_async(big(200 + i), Box::new(move |r| tx.send((i, r)).unwrap()));
+    };
+    send(0);
+    assert!(faults.wait_held(FaultKind::Sync, Duration::from_secs(20)));
+    for i in 1..10u8 {
+        send(i);
+    }
+    // Let the writer thread write them behind the held sync.
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(rx.try_recv().is_err());
+    faults.inject(FaultKind::Sync, libc::EIO, 1);
+    faults.release(FaultKind::Sync);
+    for want in 0..10u8 {
+        let (i, r) = rx.recv_timeout(Duration::from_secs(30)).unwrap();
+        assert_eq!(i, want);
+        assert!(
+            matches!(
+                r,
+                Err(Error::Io {
+                    errno: Some(libc::EIO),
+                    ..
+                })
+            ),
+            "{r:?}"
+        );
+    }
+    let after = ml.append(b"after").unwrap();
+    assert!(after > good[good.len() - 1]);
+    let img = tmp.path().join("img");
+    let img_dir = crash_image(tmp.path(), &img, "pipe");
+    let dir = ml.dir().to_path_buf();
+    ml.close().unwrap();
+    for (data, dir) in [
+        (tmp.path(), dir.as_path()),
+        (img.as_path(), img_dir.as_path()),
+    ] {
+        let bytes = log_bytes(dir);
+        for i in 0..10u8 {
+            let run = vec![200 + i; 1024];
+            assert!(
+                !bytes.windows(1024).any(|w| w == run.as_slice()),
+                "fill {i}"
+            );
+        }
+        let r = ManagedLedger::open(data, "pipe", o.clone()).unwrap();
+        assert_eq!(r.entry_count(), 41);
+        for (i, p) in good.iter().enumerate() {
+            assert_eq!(r.read(*p).unwrap(), big(i as u8 + 1));
+        }
+        assert_eq!(r.read(after).unwrap(), b"after");
+        r.close().unwrap();
+    }
+}

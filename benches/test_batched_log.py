@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 from txnstream import BufferedWriter, ManagedLedger, TxnPosition, frame, proto
 from txnstream.replay import replay
 

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+
 import txnstream as ts
 from txnstream import ackset, frame, proto
 

@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from txnstream import frame, proto
 from txnstream._native import BufferedWriter, ManagedLedger, TxnPosition
 from txnstream.coordinator import TxnStatus

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from txnstream import ManagedLedger, Position
 
 SMALL = b"x" * 100

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import txnstream as ts
 from hypothesis import given
 from hypothesis import strategies as st
+
+import txnstream as ts
 from txnstream import ackset
 
 MASK64 = (1 << 64) - 1

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import txnstream as ts
 from hypothesis import given
 from hypothesis import strategies as st
+
+import txnstream as ts
 from txnstream import frame, proto
 
 u64 = st.integers(min_value=0, max_value=2**64 - 1)

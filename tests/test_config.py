@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from txnstream.config import BatchedWriteConfig, BrokerConfig
 from txnstream.errors import ConfigError, TxnStreamError
 

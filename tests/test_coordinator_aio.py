@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from test_coordinator_state import Env
+
 from txnstream.coordinator import TxnID, TxnStatus
 from txnstream.coordinator.coordinator import TransactionCoordinator
 from txnstream.errors import (

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
 from txnstream import CompactedTopic
 from txnstream.coordinator import (
     CoordinatorConfig,

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from test_coordinator_state import Env, full_txn, wait_for
+
 from txnstream.coordinator import RetryPolicy, TxnID, TxnStatus
 from txnstream.coordinator.coordinator import TransactionCoordinator
 from txnstream.coordinator.participants import ParticipantsFailed

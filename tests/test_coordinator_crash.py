@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from txnstream.coordinator import RecordingParticipants, TxnID, TxnStatus
 from txnstream.coordinator.coordinator import STEPS, TransactionCoordinator
 from txnstream.errors import TransactionAlreadyAborted, TransactionAlreadyCommitted

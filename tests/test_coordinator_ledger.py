@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from txnstream import ManagedLedger
 from txnstream.coordinator import RecordingParticipants, TxnID, TxnStatus
 from txnstream.coordinator.coordinator import TransactionCoordinator, log_name

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+
 from txnstream.config import BatchedWriteConfig
 from txnstream.coordinator import TransactionCoordinator, TxnStatus
 from txnstream.errors import TransactionAlreadyAborted

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from txnstream import ManagedLedger, proto
 from txnstream._native import (
     BufferedWriter,

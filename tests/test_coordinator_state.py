@@ -10,6 +10,7 @@ from concurrent.futures import Future
 from typing import Any
 
 import pytest
+
 from txnstream import TxnPosition, frame
 from txnstream.coordinator import RecordingParticipants, RetryPolicy, TxnID, TxnStatus
 from txnstream.coordinator.config import CoordinatorConfig

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from txnstream.coordinator.participants import (
     ParticipantsFailed,
     RecordingParticipants,

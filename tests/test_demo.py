@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from txnstream import demo
 from txnstream.coordinator import TransactionCoordinators
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 import txnstream as ts
 from txnstream import errors
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import contextlib
 
 import pytest
-import txnstream as ts
 from hypothesis import given
 from hypothesis import strategies as st
+
+import txnstream as ts
 from txnstream import frame, proto
 
 PREFIX = b"\x0e\x01\x00\x01"

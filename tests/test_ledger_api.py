@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from txnstream import (
     AckSet,
     ConfigError,

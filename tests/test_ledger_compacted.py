@@ -6,6 +6,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from txnstream import CompactedTopic, CorruptEntryError, LedgerClosedError, ManagedLedger
 
 

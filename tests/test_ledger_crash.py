@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+
 from txnstream import ManagedLedger, Position
 
 sys.path.insert(0, str(Path(__file__).parent))

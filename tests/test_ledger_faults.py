@@ -13,6 +13,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from txnstream import (
     CorruptLedgerError,
     InvalidArgumentError,

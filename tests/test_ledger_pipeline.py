@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from txnstream import ManagedLedger, Position, StorageError
 
 PAD = b"p" * (64 << 10)

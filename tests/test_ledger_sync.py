@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from txnstream import (
     BufferedWriter,
     InvalidArgumentError,

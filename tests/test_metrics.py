@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+
 from txnstream import BufferedWriter, ManagedLedger
 from txnstream.metrics import (
     PENDING_ACK_PREFIX,

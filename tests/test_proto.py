@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
+
 from txnstream import proto
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from txnstream import BufferedWriter, ManagedLedger, Position, TxnPosition
 from txnstream.errors import CorruptEntryError, InvalidArgumentError
 from txnstream.replay import replay, replay_chunks

@@ -4,6 +4,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 
 import pytest
+
 from txnstream.coordinator.status import TxnStatus
 from txnstream.coordinator.terminated import COMPACT_SLACK, TerminatedTxnStore, txn_key
 from txnstream.coordinator.txn_id import TxnID

@@ -9,6 +9,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
+
 from txnstream import BufferedWriter, ManagedLedger, TxnPosition, frame
 from txnstream.errors import ConfigError, StorageError, WriterClosedError
 

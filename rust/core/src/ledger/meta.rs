@@ -2,6 +2,11 @@
 //! replaced atomically (write `META.tmp`, fsync, rename, fsync directory),
 //! so a reader — in this process or another — sees the old or the new
 //! version, never a mix.
+//!
+//! Layout: `b"TXSM"` + `u32 LE crc32c(payload)` + `ManagedLedgerMeta`
+//! protobuf. The checksum matters because META decides which segment files
+//! exist: a flipped bit that still decodes as protobuf could otherwise drop
+//! ledgers from the list and get their files removed as leftovers.
 
 use super::segment::sync_dir;
 use crate::error::{Error, Result};
@@ -17,6 +22,10 @@ pub const META_FORMAT_VERSION: u32 = 1;
 /// Name of the metadata file in a managed ledger's directory.
 pub const META_FILE: &str = "META";
 const META_TMP: &str = "META.tmp";
+/// First bytes of every META file.
+const META_MAGIC: &[u8; 4] = b"TXSM";
+/// Magic + checksum.
+const META_HEADER_LEN: usize = 8;
 
 /// Turns a managed-ledger name into one path component, reversibly:
 /// `%`, `/` and a leading `.` are percent-encoded.
@@ -88,8 +97,9 @@ pub fn read_meta(dir: &Path) -> Result<Option<ManagedLedgerMeta>> {
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(Error::io(format!("reading {}", path.display()), &e)),
     };
-    let meta = ManagedLedgerMeta::decode(bytes.as_slice())
-        .map_err(|e| corrupt_meta(&path, format!("undecodable META: {e}")))?;
+    let meta =
+        ManagedLedgerMeta::decode(checked_payload(&bytes).map_err(|r| corrupt_meta(&path, r))?)
+            .map_err(|e| corrupt_meta(&path, format!("undecodable META: {e}")))?;
     if meta.format_version != META_FORMAT_VERSION {
         return Err(corrupt_meta(
             &path,
@@ -99,13 +109,37 @@ pub fn read_meta(dir: &Path) -> Result<Option<ManagedLedgerMeta>> {
     Ok(Some(meta))
 }
 
+/// The protobuf payload of a META file, after checking magic and checksum.
+fn checked_payload(bytes: &[u8]) -> std::result::Result<&[u8], String> {
+    if bytes.len() < META_HEADER_LEN || &bytes[..4] != META_MAGIC {
+        return Err(format!(
+            "not a txnstream META file (bad magic or only {} bytes)",
+            bytes.len()
+        ));
+    }
+    let stored = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]);
+    let payload = &bytes[META_HEADER_LEN..];
+    let actual = crc32c::crc32c(payload);
+    if stored != actual {
+        return Err(format!(
+            "META checksum mismatch (stored {stored:#010x}, computed {actual:#010x})"
+        ));
+    }
+    Ok(payload)
+}
+
 /// Replaces META atomically and durably.
 pub fn write_meta(dir: &Path, meta: &ManagedLedgerMeta) -> Result<()> {
     let tmp = dir.join(META_TMP);
     let dst = dir.join(META_FILE);
     let ctx = |what: &str| format!("{what} {}", tmp.display());
     let mut f = File::create(&tmp).map_err(|e| Error::io(ctx("creating"), &e))?;
-    f.write_all(&meta.encode_to_vec())
+    let payload = meta.encode_to_vec();
+    let mut bytes = Vec::with_capacity(META_HEADER_LEN + payload.len());
+    bytes.extend_from_slice(META_MAGIC);
+    bytes.extend_from_slice(&crc32c::crc32c(&payload).to_le_bytes());
+    bytes.extend_from_slice(&payload);
+    f.write_all(&bytes)
         .map_err(|e| Error::io(ctx("writing"), &e))?;
     f.sync_all().map_err(|e| Error::io(ctx("syncing"), &e))?;
     drop(f);
@@ -116,6 +150,28 @@ pub fn write_meta(dir: &Path, meta: &ManagedLedgerMeta) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn meta_checksum_detects_every_single_bit_flip() {
+        let dir = tempfile::tempdir().unwrap();
+        let meta = ManagedLedgerMeta {
+            format_version: META_FORMAT_VERSION,
+            next_ledger_id: Some(7),
+            ..Default::default()
+        };
+        write_meta(dir.path(), &meta).unwrap();
+        assert_eq!(read_meta(dir.path()).unwrap(), Some(meta));
+        let good = fs::read(dir.path().join(META_FILE)).unwrap();
+        for bit in 0..good.len() * 8 {
+            let mut bad = good.clone();
+            bad[bit / 8] ^= 1 << (bit % 8);
+            fs::write(dir.path().join(META_FILE), &bad).unwrap();
+            assert!(
+                matches!(read_meta(dir.path()), Err(Error::CorruptLedger { .. })),
+                "bit {bit} flip not detected"
+            );
+        }
+    }
 
     #[test]
     fn escape_roundtrip() {

@@ -24,7 +24,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +37,17 @@ from txnstream.coordinator.coordinator import TransactionCoordinator, log_name
 from txnstream.coordinator.ledger_log import CURSOR
 
 TXNS_PER_ROUND = {True: 6_000, False: 600}
+
+
+def run_threads(client: Callable[[int], None], n: int, errors: list[BaseException]) -> None:
+    """Run ``client(k)`` on ``n`` threads; re-raise the first error a client hit."""
+    ts = [threading.Thread(target=client, args=(k,)) for k in range(n)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join()
+    if errors:
+        raise errors[0]
 
 
 def run_clients(tc: TransactionCoordinator, threads: int, total: int) -> None:
@@ -53,13 +64,7 @@ def run_clients(tc: TransactionCoordinator, threads: int, total: int) -> None:
         except BaseException as exc:
             errors.append(exc)
 
-    ts = [threading.Thread(target=client, args=(k,)) for k in range(threads)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    if errors:
-        raise errors[0]
+    run_threads(client, threads, errors)
 
 
 @pytest.mark.parametrize("concurrency", [1, 16, 256])
@@ -107,13 +112,7 @@ def run_bulk_clients(tc: TransactionCoordinator, total: int) -> None:
         except BaseException as exc:
             errors.append(exc)
 
-    ts = [threading.Thread(target=client, args=(k,)) for k in range(BULK_THREADS)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join()
-    if errors:
-        raise errors[0]
+    run_threads(client, BULK_THREADS, errors)
 
 
 def test_commit_throughput_bulk(benchmark: Any, tmp_path: Path) -> None:

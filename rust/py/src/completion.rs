@@ -191,9 +191,28 @@ fn running_state(class: &Bound<'_, PyType>) -> PyResult<Option<Py<PyAny>>> {
     Ok(ok.then(|| running.unbind()))
 }
 
+/// Resolves one future with the core's result (runs on a core thread).
+pub type Resolve<T> = Box<dyn FnOnce(Result<T>) + Send + 'static>;
+
+/// A new RUNNING future plus the callback that resolves it on the completion
+/// thread: `wrap` picks the [`Job`] variant (e.g. `Job::Position`).
+pub fn future_with_callback<'py, T: Send + 'static>(
+    py: Python<'py>,
+    wrap: fn(Py<PyAny>, Result<T>) -> Job,
+) -> BindResult<(Bound<'py, PyAny>, Resolve<T>)> {
+    let fut = new_future(py)?;
+    let handle = fut.clone().unbind();
+    let tx = completer()?;
+    let done = Box::new(move |r: Result<T>| {
+        // The receiver lives for the whole process; a send cannot fail.
+        let _ = tx.send(wrap(handle, r));
+    });
+    Ok((fut, done))
+}
+
 /// A new `concurrent.futures.Future`, already RUNNING so it cannot be
 /// cancelled: once submitted, a write happens whatever the caller does.
-pub fn new_future(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
+fn new_future(py: Python<'_>) -> PyResult<Bound<'_, PyAny>> {
     let k = kit(py)?;
     let fut = k.class.bind(py).call0()?;
     match &k.running {

@@ -8,7 +8,7 @@
 
 use crate::ackset::PyAckSet;
 use crate::buffers::{bytes_list, with_slices};
-use crate::completion::{completer, new_future, object_list, Job};
+use crate::completion::{future_with_callback, object_list, Job};
 use crate::errors::BindResult;
 use crate::position::{position_of, PyPosition, PyTxnPosition};
 use pyo3::exceptions::PyTypeError;
@@ -202,15 +202,8 @@ impl PyManagedLedger {
         py: Python<'py>,
         data: &Bound<'py, PyBytes>,
     ) -> BindResult<Bound<'py, PyAny>> {
-        let fut = new_future(py)?;
-        let tx = completer()?;
-        let handle = fut.clone().unbind();
-        self.inner.append_async(
-            data.as_bytes().to_vec(),
-            Box::new(move |r| {
-                let _ = tx.send(Job::Position(handle, r));
-            }),
-        );
+        let (fut, done) = future_with_callback(py, Job::Position)?;
+        self.inner.append_async(data.as_bytes().to_vec(), done);
         Ok(fut)
     }
 
@@ -222,15 +215,8 @@ impl PyManagedLedger {
     ) -> BindResult<Bound<'py, PyAny>> {
         let objs = bytes_list(data, "data")?;
         let owned: Vec<Vec<u8>> = objs.iter().map(|b| b.as_bytes().to_vec()).collect();
-        let fut = new_future(py)?;
-        let tx = completer()?;
-        let handle = fut.clone().unbind();
-        self.inner.append_many_async(
-            owned,
-            Box::new(move |r| {
-                let _ = tx.send(Job::Positions(handle, r));
-            }),
-        );
+        let (fut, done) = future_with_callback(py, Job::Positions)?;
+        self.inner.append_many_async(owned, done);
         Ok(fut)
     }
 

@@ -6,7 +6,7 @@
 //! and need no Python at all.
 
 use crate::buffers::{bytes_list, with_slices};
-use crate::completion::{completer, new_future, object_list, Job};
+use crate::completion::{completer, future_with_callback, object_list, Job};
 use crate::errors::BindResult;
 use crate::ledger::PyManagedLedger;
 use crate::position::PyTxnPosition;
@@ -80,15 +80,8 @@ impl PyBufferedWriter {
 
     /// Write one record: a ``Future[TxnPosition]`` resolved once it is durable.
     fn write(&self, py: Python<'_>, record: &Bound<'_, PyBytes>) -> BindResult<Py<PyAny>> {
-        let fut = new_future(py)?;
-        let handle = fut.clone().unbind();
-        let tx = completer()?.clone();
-        self.writer.write(
-            record.as_bytes(),
-            Box::new(move |r| {
-                let _ = tx.send(Job::TxnPosition(handle, r));
-            }),
-        )?;
+        let (fut, done) = future_with_callback(py, Job::TxnPosition)?;
+        self.writer.write(record.as_bytes(), done)?;
         Ok(fut.unbind())
     }
 
@@ -99,14 +92,9 @@ impl PyBufferedWriter {
     fn write_many(&self, py: Python<'_>, records: &Bound<'_, PyAny>) -> BindResult<Py<PyAny>> {
         let objs = bytes_list(records, "records")?;
         let slices = with_slices(&objs)?;
-        let fut = new_future(py)?;
-        let handle = fut.clone().unbind();
-        let tx = completer()?.clone();
-        let cb = Box::new(move |r| {
-            let _ = tx.send(Job::TxnPositions(handle, r));
-        });
+        let (fut, done) = future_with_callback(py, Job::TxnPositions)?;
         // `bytes` are immutable and `objs` keeps them alive: safe without the GIL.
-        py.detach(|| self.writer.write_many(&slices, cb))?;
+        py.detach(|| self.writer.write_many(&slices, done))?;
         Ok(fut.unbind())
     }
 

@@ -5,6 +5,8 @@ VENV    ?= .venv
 PY      := $(VENV)/bin/python
 export VIRTUAL_ENV := $(abspath $(VENV))
 export PATH := $(VIRTUAL_ENV)/bin:$(PATH)
+# maturin develop installs runtime deps through pip; keep its output short.
+export PIP_QUIET := 1
 DEPS    := $(VENV)/.deps-stamp
 PYSRC   := python tests benches scripts
 

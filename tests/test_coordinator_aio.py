@@ -6,8 +6,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
-from test_coordinator_state import Env
 
+from tests.test_coordinator_state import Env
 from txnstream.coordinator import TxnID, TxnStatus
 from txnstream.coordinator.coordinator import TransactionCoordinator
 from txnstream.errors import (

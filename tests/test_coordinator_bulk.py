@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_coordinator_state import Env, full_txn, wait_for
 
+from tests.test_coordinator_state import Env, full_txn, wait_for
 from txnstream.coordinator import RetryPolicy, TxnID, TxnStatus
 from txnstream.coordinator.coordinator import TransactionCoordinator
 from txnstream.coordinator.participants import ParticipantsFailed

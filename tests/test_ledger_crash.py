@@ -12,10 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.ledger_crash_child import payload
 from txnstream import ManagedLedger, Position
-
-sys.path.insert(0, str(Path(__file__).parent))
-from ledger_crash_child import payload
 
 CHILD = Path(__file__).with_name("ledger_crash_child.py")
 NAME = "crash/topic"

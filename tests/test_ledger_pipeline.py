@@ -11,7 +11,6 @@ import errno
 import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,12 +22,8 @@ PAD = b"p" * (64 << 10)
 
 
 @pytest.fixture
-def ml(tmp_path: Path) -> Iterator[ManagedLedger]:
-    ledger = ManagedLedger.open(tmp_path, "p")
-    yield ledger
-    # A failing assertion must not leave the sync held at a gate.
-    ledger._clear_faults()
-    ledger.close()
+def ml(gated_ledger: ManagedLedger) -> ManagedLedger:
+    return gated_ledger
 
 
 def ledger_bytes(tmp_path: Path) -> bytes:
@@ -69,7 +64,7 @@ def test_group_written_during_a_failing_sync_fails_and_never_reappears(
     after = ml.append(b"after")
     assert after == Position(good.ledger_id, good.entry_id + 1)
     ml.close()
-    again = ManagedLedger.open(tmp_path, "p")
+    again = ManagedLedger.open(tmp_path, ml.name)
     try:
         assert again.entry_count() == 2
         assert [d for _, d in again.read_range(good, after)] == [b"good", b"after"]
@@ -98,7 +93,7 @@ def test_write_failure_behind_a_held_sync_keeps_the_durable_group(
     assert nxt == Position(p.ledger_id, p.entry_id + 1)
     ml.close()
     assert b"never-written" not in ledger_bytes(tmp_path)
-    again = ManagedLedger.open(tmp_path, "p")
+    again = ManagedLedger.open(tmp_path, ml.name)
     try:
         assert [d for _, d in again.read_range(p, nxt)] == [b"synced-first" + PAD, b"next"]
     finally:

@@ -9,7 +9,6 @@ import errno
 import subprocess
 import sys
 import textwrap
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,12 +25,8 @@ from txnstream import (
 
 
 @pytest.fixture
-def ml(tmp_path: Path) -> Iterator[ManagedLedger]:
-    ledger = ManagedLedger.open(tmp_path, "s")
-    yield ledger
-    # A failing assertion must not leave the writer held at a gate.
-    ledger._clear_faults()
-    ledger.close()
+def ml(gated_ledger: ManagedLedger) -> ManagedLedger:
+    return gated_ledger
 
 
 def test_no_append_resolves_before_its_sync(ml: ManagedLedger) -> None:
@@ -56,7 +51,7 @@ def test_no_append_resolves_before_its_sync(ml: ManagedLedger) -> None:
 
 def test_read_only_reader_never_sees_a_failed_group(tmp_path: Path, ml: ManagedLedger) -> None:
     good = ml.append_many([b"good %d" % i for i in range(3)])
-    ro = ManagedLedger.open(tmp_path, "s", read_only=True)
+    ro = ManagedLedger.open(tmp_path, ml.name, read_only=True)
     ml._hold_fault("sync")
     futs = [ml.append_async(b"doomed %d" % i) for i in range(5)]
     assert ml._wait_fault_held("sync", timeout=20)

@@ -8,6 +8,7 @@
 //! check the result against prost's decoding of the same bytes.
 
 use crate::error::{Error, Result};
+pub use crate::frame::RecordOrigin;
 use crate::frame::{for_each_record, with_entry_index};
 use crate::wire::{enum8, utf8, wrong_type, Value, Wire};
 
@@ -55,17 +56,6 @@ impl Utf8Column {
     }
 }
 
-/// Where each record of a bulk decode came from.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct RecordOrigin {
-    /// Index of the entry in the input.
-    pub entry_index: Vec<u32>,
-    /// Index within the entry.
-    pub batch_index: Vec<u32>,
-    /// Records in that entry.
-    pub batch_size: Vec<u32>,
-}
-
 /// Decodes every record of every entry with `f`, tracking origins.
 fn each_record<F>(entries: &[&[u8]], origin: &mut RecordOrigin, mut f: F) -> Result<()>
 where
@@ -89,10 +79,7 @@ where
                 idx,
             ));
         }
-        let idx = u32::try_from(idx).map_err(|_| Error::invalid("too many entries"))?;
-        origin.entry_index.extend(std::iter::repeat_n(idx, n));
-        origin.batch_index.extend(0..n as u32);
-        origin.batch_size.extend(std::iter::repeat_n(n as u32, n));
+        origin.push_entry(idx, n)?;
     }
     Ok(())
 }

@@ -153,24 +153,19 @@ pub fn decode_entry(entry: &[u8]) -> Result<Vec<&[u8]>> {
     Ok(out)
 }
 
-/// Records of many entries, flattened Arrow-style: record `i` is
-/// `data[offsets[i]..offsets[i + 1]]`, found in `entries[entry_index[i]]`
-/// at `batch_index[i]` of `batch_size[i]`.
+/// Where each record of a bulk decode came from: record `i` is record
+/// `batch_index[i]` of the `batch_size[i]` in input entry `entry_index[i]`.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct FlatRecords {
-    /// All record bytes back to back.
-    pub data: Vec<u8>,
-    /// `n + 1` offsets into `data`.
-    pub offsets: Vec<i64>,
-    /// Which input entry each record came from.
+pub struct RecordOrigin {
+    /// Index of the entry in the input.
     pub entry_index: Vec<u32>,
-    /// Index of the record within its entry.
+    /// Index within the entry.
     pub batch_index: Vec<u32>,
     /// Records in that entry (1 for unbatched entries).
     pub batch_size: Vec<u32>,
 }
 
-impl FlatRecords {
+impl RecordOrigin {
     /// Number of records.
     pub fn len(&self) -> usize {
         self.entry_index.len()
@@ -179,6 +174,40 @@ impl FlatRecords {
     /// True when there are no records.
     pub fn is_empty(&self) -> bool {
         self.entry_index.is_empty()
+    }
+
+    /// Records the `n` records of input entry `entry`.
+    pub fn push_entry(&mut self, entry: usize, n: usize) -> Result<()> {
+        let entry = u32::try_from(entry).map_err(|_| Error::invalid("too many entries"))?;
+        let n32 = u32::try_from(n).map_err(|_| Error::invalid("entry holds over 4G records"))?;
+        self.entry_index.extend(std::iter::repeat_n(entry, n));
+        self.batch_index.extend(0..n32);
+        self.batch_size.extend(std::iter::repeat_n(n32, n));
+        Ok(())
+    }
+}
+
+/// Records of many entries, flattened Arrow-style: record `i` is
+/// `data[offsets[i]..offsets[i + 1]]`, from `origin` entry/index `i`.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct FlatRecords {
+    /// All record bytes back to back.
+    pub data: Vec<u8>,
+    /// `n + 1` offsets into `data`.
+    pub offsets: Vec<i64>,
+    /// Where each record came from.
+    pub origin: RecordOrigin,
+}
+
+impl FlatRecords {
+    /// Number of records.
+    pub fn len(&self) -> usize {
+        self.origin.len()
+    }
+
+    /// True when there are no records.
+    pub fn is_empty(&self) -> bool {
+        self.origin.is_empty()
     }
 
     /// Record `i`.
@@ -198,18 +227,12 @@ pub fn decode_entries<E: AsRef<[u8]>>(entries: &[E]) -> Result<FlatRecords> {
     };
     out.offsets.push(0);
     for (idx, e) in entries.iter().enumerate() {
-        let first = out.entry_index.len();
         let n = for_each_record(e.as_ref(), |r| {
             out.data.extend_from_slice(r);
             out.offsets.push(out.data.len() as i64);
         })
         .map_err(|err| with_entry_index(err, idx))?;
-        let idx32 = u32::try_from(idx).map_err(|_| Error::invalid("too many entries"))?;
-        let n32 = n as u32;
-        out.entry_index.extend(std::iter::repeat_n(idx32, n));
-        out.batch_index.extend(0..n32);
-        out.batch_size.extend(std::iter::repeat_n(n32, n));
-        debug_assert_eq!(out.entry_index.len(), first + n);
+        out.origin.push_entry(idx, n)?;
     }
     Ok(out)
 }
@@ -303,8 +326,8 @@ mod tests {
         assert_eq!(flat.len(), 3);
         assert_eq!(flat.record(1), b"yy");
         assert_eq!(flat.record(2), b"\x08\x02");
-        assert_eq!(flat.entry_index, vec![0, 0, 1]);
-        assert_eq!(flat.batch_index, vec![0, 1, 0]);
-        assert_eq!(flat.batch_size, vec![2, 2, 1]);
+        assert_eq!(flat.origin.entry_index, vec![0, 0, 1]);
+        assert_eq!(flat.origin.batch_index, vec![0, 1, 0]);
+        assert_eq!(flat.origin.batch_size, vec![2, 2, 1]);
     }
 }

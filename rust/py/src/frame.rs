@@ -88,9 +88,9 @@ pub fn decode_entries<'py>(
     Ok((
         PyBytes::new(py, &flat.data),
         flat.offsets.into_pyarray(py),
-        flat.entry_index.into_pyarray(py),
-        flat.batch_index.into_pyarray(py),
-        flat.batch_size.into_pyarray(py),
+        flat.origin.entry_index.into_pyarray(py),
+        flat.origin.batch_index.into_pyarray(py),
+        flat.origin.batch_size.into_pyarray(py),
     ))
 }
 

@@ -1,0 +1,1 @@
+"""txnstream test suite (a package, so its conftest and helpers have unique module names)."""

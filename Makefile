@@ -34,8 +34,8 @@ demo: build
 
 rust-check:
 	cargo fmt --all --check
-	cargo clippy --workspace --all-targets --quiet -- -D warnings
-	cargo test --workspace --quiet
+	cargo clippy --workspace --all-targets --all-features --quiet -- -D warnings
+	cargo test --workspace --all-features --quiet
 
 py-check: build
 	ruff check $(PYSRC)

@@ -1,4 +1,5 @@
-"""Hypothesis fuzzing of on-disk damage: ledger segments and META.
+"""Hypothesis fuzzing of on-disk damage: ledger files, their indexes, the
+CATALOG, and journals of crash images of live data directories.
 
 Whatever the damage, opening and reading a managed ledger either fails with a
 typed ``TxnStreamError`` or returns entries that are byte-identical to what
@@ -40,6 +41,9 @@ def fresh_copy() -> tuple[Path, Path]:
     return root, root / "ledgers" / "log"
 
 
+CATALOG = "CATALOG"
+
+
 def expected() -> dict[tuple[int, int], bytes]:
     with ts.ManagedLedger.open(template(), "log", read_only=True) as ml:
         first, last = ml.first_position, ml.last_position
@@ -77,12 +81,12 @@ SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[Healt
 
 
 @SETTINGS
-@given(file_index=st.integers(0, 10), flips=damage)
-def test_damaged_segment_never_serves_garbage(
-    file_index: int, flips: list[tuple[int, int]]
+@given(file_index=st.integers(0, 10), flips=damage, index=st.booleans())
+def test_damaged_ledger_file_never_serves_garbage(
+    file_index: int, flips: list[tuple[int, int]], index: bool
 ) -> None:
     root, ldir = fresh_copy()
-    logs = sorted(ldir.glob("*.log"))
+    logs = sorted(ldir.glob("*.idx" if index else "*.log"))
     target = logs[file_index % len(logs)]
     data = bytearray(target.read_bytes())
     for offset, value in flips:
@@ -92,10 +96,12 @@ def test_damaged_segment_never_serves_garbage(
 
 
 @SETTINGS
-@given(file_index=st.integers(0, 10), keep=st.floats(0, 1))
-def test_truncated_segment_never_serves_garbage(file_index: int, keep: float) -> None:
+@given(file_index=st.integers(0, 10), keep=st.floats(0, 1), index=st.booleans())
+def test_truncated_ledger_file_never_serves_garbage(
+    file_index: int, keep: float, index: bool
+) -> None:
     root, ldir = fresh_copy()
-    logs = sorted(ldir.glob("*.log"))
+    logs = sorted(ldir.glob("*.idx" if index else "*.log"))
     target = logs[file_index % len(logs)]
     data = target.read_bytes()
     target.write_bytes(data[: int(len(data) * keep)])
@@ -104,29 +110,29 @@ def test_truncated_segment_never_serves_garbage(file_index: int, keep: float) ->
 
 @SETTINGS
 @given(meta=st.binary(max_size=200))
-def test_garbage_meta_is_a_typed_error(meta: bytes) -> None:
-    root, ldir = fresh_copy()
-    (ldir / "META").write_bytes(meta)
+def test_garbage_catalog_is_a_typed_error(meta: bytes) -> None:
+    root, _ = fresh_copy()
+    (root / CATALOG).write_bytes(meta)
     check_open(root, lossless=True)
 
 
 @SETTINGS
 @given(flips=damage)
-def test_damaged_meta_never_loses_entries_silently(flips: list[tuple[int, int]]) -> None:
-    root, ldir = fresh_copy()
-    data = bytearray((ldir / "META").read_bytes())
+def test_damaged_catalog_never_loses_entries_silently(flips: list[tuple[int, int]]) -> None:
+    root, _ = fresh_copy()
+    data = bytearray((root / CATALOG).read_bytes())
     for offset, value in flips:
         data[offset % len(data)] ^= value or 1
-    (ldir / "META").write_bytes(bytes(data))
+    (root / CATALOG).write_bytes(bytes(data))
     check_open(root, lossless=True)
 
 
-def test_every_single_bit_flip_of_meta_is_caught() -> None:
-    # Exhaustive: META is small, and one flip there must never make open drop entries.
-    size = len((template() / "ledgers" / "log" / "META").read_bytes())
+def test_every_single_bit_flip_of_the_catalog_is_caught() -> None:
+    # Exhaustive: the CATALOG is small, and one flip there must never make open drop entries.
+    size = len((template() / CATALOG).read_bytes())
     for bit in range(size * 8):
-        root, ldir = fresh_copy()
-        data = bytearray((ldir / "META").read_bytes())
+        root, _ = fresh_copy()
+        data = bytearray((root / CATALOG).read_bytes())
         data[bit // 8] ^= 1 << (bit % 8)
-        (ldir / "META").write_bytes(bytes(data))
+        (root / CATALOG).write_bytes(bytes(data))
         check_open(root, lossless=True)

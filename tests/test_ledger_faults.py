@@ -35,11 +35,36 @@ def data_end(entries: list[bytes]) -> int:
 
 
 def crash_image(src: Path, dst: Path, name: str) -> Path:
-    """Copy of a live ledger directory: what kill -9 would leave behind."""
-    ml_dir = src / "ledgers" / name
-    out = dst / "ledgers" / name
-    shutil.copytree(ml_dir, out)
+    """Copy of a live data directory: what kill -9 would leave behind (the
+    page cache survives a process). Returns the copy's ledger directory."""
+    shutil.copytree(src, dst, ignore=lambda d, names: [n for n in names if n == "LOCK"])
+    return dst / "ledgers" / name
+
+
+def journal_records(data: Path) -> list[tuple[Path, int, int, int, int, int]]:
+    """(segment, file offset, kind, ledger_id, entry_id, body length) of every
+    journal record, parsed with the documented layout (see journal.rs)."""
+    out = []
+    for seg in sorted((data / "journal").glob("*.wal")):
+        raw = seg.read_bytes()
+        off = 64
+        while off + 48 <= len(raw) and raw[off : off + 48] != bytes(48):
+            body_len, _crc, kind = struct.unpack_from("<IIB", raw, off)
+            ledger, entry = struct.unpack_from("<QQ", raw, off + 32)
+            out.append((seg, off, kind, ledger, entry, body_len))
+            off += 48 + body_len
     return out
+
+
+ENTRY = 1
+
+
+def entry_record(data: Path, p: Position) -> tuple[Path, int, int]:
+    """Segment, file offset and body length of the journal record of entry p."""
+    for seg, off, kind, ledger, entry, n in journal_records(data):
+        if kind == ENTRY and (ledger, entry) == (p.ledger_id, p.entry_id):
+            return seg, off, n
+    raise AssertionError(f"no journal record for {p}")
 
 
 @pytest.mark.parametrize("kind", ["sync", "write"])
@@ -123,57 +148,75 @@ def test_torn_tail_is_cut_and_reopens_clean(tmp_path: Path) -> None:
     ml = ManagedLedger.open(live, "t", preallocate_bytes=65536)
     entries = [payload(i) for i in range(30)]
     ps = ml.append_many(entries)
-    log = f"{ps[0].ledger_id}.log"
     for n, torn in enumerate([b"\x05", struct.pack("<I", 500) + b"\x01\x02", b"\xff" * 40]):
-        img = crash_image(live, tmp_path / f"img{n}", "t")
-        with open(img / log, "r+b") as f:
-            f.seek(data_end(entries))
+        img = tmp_path / f"img{n}"
+        crash_image(live, img, "t")
+        seg, off, body = entry_record(img, ps[-1])
+        end = off + 48 + body
+        with open(seg, "r+b") as f:
+            f.seek(end)
             f.write(torn)
-        with ManagedLedger.open(tmp_path / f"img{n}", "t") as rec:
+        with ManagedLedger.open(img, "t") as rec:
             assert rec.last_position == ps[-1]
             assert [d for _, d in rec.read_range(ps[0], END)] == entries
-        assert (img / log).stat().st_size == data_end(entries)
-        with ManagedLedger.open(tmp_path / f"img{n}", "t") as rec:
+            # The torn bytes were cut, durably, before anything new.
+            assert seg.read_bytes()[end : end + len(torn)] != torn
+        with ManagedLedger.open(img, "t") as rec:
             assert rec.entry_count() == 30
     ml.close()
 
 
 def test_flipped_bits(tmp_path: Path) -> None:
     live = tmp_path / "live"
-    ml = ManagedLedger.open(live, "b")
+    ml = ManagedLedger.open(live, "b", checkpoint_interval_ms=3_600_000)
     entries = [payload(i) for i in range(20)]
-    ps = ml.append_many(entries)
-    log = f"{ps[0].ledger_id}.log"
+    ps = [ml.append(e) for e in entries]
 
-    def flip(img: Path, offset: int) -> None:
-        with open(img / log, "r+b") as f:
+    def flip(path: Path, offset: int) -> None:
+        with open(path, "r+b") as f:
             f.seek(offset)
             b = f.read(1)
             f.seek(offset)
             f.write(bytes([b[0] ^ 0x01]))
 
-    # In the last record: an unacknowledged tail, cut off.
-    img = crash_image(live, tmp_path / "tail", "b")
-    flip(img, data_end(entries) - 3)
-    with ManagedLedger.open(tmp_path / "tail", "b") as rec:
-        assert rec.last_position == ps[-2]
-    # In the middle, payload or length: valid records follow, so it is
-    # corruption, reported with the position, and nothing is truncated.
-    for n, offset in enumerate([data_end(entries[:7]) - 1, data_end(entries[:7]) + 2]):
-        img = crash_image(live, tmp_path / f"mid{n}", "b")
-        flip(img, offset)
-        size = (img / log).stat().st_size
+    # In the last acknowledged record: the synced hint proves it was
+    # acknowledged, so read-write and read-only opens both report it.
+    img = tmp_path / "last"
+    crash_image(live, img, "b")
+    seg, off, body = entry_record(img, ps[-1])
+    flip(seg, off + 48 + body - 3)
+    for read_only in (False, True):
         with pytest.raises(CorruptLedgerError) as ei:
-            ManagedLedger.open(tmp_path / f"mid{n}", "b")
-        bad = 6 if n == 0 else 7
-        assert ei.value.position == (ps[bad].ledger_id, ps[bad].entry_id)
-        assert ei.value.offset == data_end(entries[:bad])
-        assert (img / log).stat().st_size == size
-    # A sealed ledger's header.
+            ManagedLedger.open(img, "b", read_only=read_only)
+        assert ei.value.position == (ps[-1].ledger_id, ps[-1].entry_id)
+        assert ei.value.offset == off
+    # With the hint lost as well (a power cut), nothing proves it was
+    # acknowledged: a torn tail, cut off.
+    (img / "journal" / "SYNCED").unlink()
+    with ManagedLedger.open(img, "b") as rec:
+        assert rec.last_position == ps[-2]
+    # In the middle, payload or header: later records carry an acknowledged
+    # point past it, so it is corruption, reported where it is, nothing cut.
+    for n, (k, delta) in enumerate([(6, None), (7, 2)]):
+        img = tmp_path / f"mid{n}"
+        crash_image(live, img, "b")
+        (img / "journal" / "SYNCED").unlink()
+        seg, off, body = entry_record(img, ps[k])
+        flip(seg, off + (48 + body - 1 if delta is None else delta))
+        size = seg.stat().st_size
+        with pytest.raises(CorruptLedgerError) as ei:
+            ManagedLedger.open(img, "b")
+        assert ei.value.offset == off
+        if delta is None:
+            assert ei.value.position == (ps[k].ledger_id, ps[k].entry_id)
+        assert seg.stat().st_size == size
+    # A sealed ledger's header: trusted at open, caught on read.
     ml.close()
-    flip(live / "ledgers" / "b", 3)
+    flip(live / "ledgers" / "b" / f"{ps[0].ledger_id}.log", 3)
+    again = ManagedLedger.open(live, "b")
     with pytest.raises(CorruptLedgerError, match="bad magic"):
-        ManagedLedger.open(live, "b")
+        again.read(ps[0])
+    again.close()
 
 
 WRITER = textwrap.dedent(

@@ -27,13 +27,16 @@ def ml(gated_ledger: ManagedLedger) -> ManagedLedger:
 
 
 def ledger_bytes(tmp_path: Path) -> bytes:
-    """Every ledger file's raw bytes (written, synced or not)."""
-    files = sorted((tmp_path / "ledgers").rglob("*.log"))
+    """Every storage file's raw bytes (journal and ledger files, written,
+    synced or not)."""
+    files = sorted((tmp_path / "journal").glob("*.wal")) + sorted(
+        (tmp_path / "ledgers").rglob("*.log")
+    )
     return b"".join(f.read_bytes() for f in files)
 
 
 def wait_on_disk(tmp_path: Path, payload: bytes, timeout: float = 20.0) -> None:
-    """Waits until the writer has written `payload` to a ledger file."""
+    """Waits until the writer has written `payload` to a storage file."""
     deadline = time.monotonic() + timeout
     while payload not in ledger_bytes(tmp_path):
         assert time.monotonic() < deadline, f"{payload!r} never written"

@@ -70,10 +70,10 @@ def test_read_only_reader_never_sees_a_failed_group(tmp_path: Path, ml: ManagedL
 
 
 def test_lock_waits_release_the_gil(tmp_path: Path) -> None:
-    # A META write (fsync under the META lock) is held at a gate; another
-    # thread asks for ledgers() and cursor_names(), which wait for that
-    # lock. If they kept the GIL, the main thread could never release the
-    # gate: run in a child so a regression is a timeout, not a hang.
+    # A checkpoint's CATALOG write (with its fsyncs) is held at a gate;
+    # another thread asks for ledgers() and cursor_names(). If they waited
+    # for the checkpoint holding the GIL, the main thread could never release
+    # the gate: run in a child so a regression is a timeout, not a hang.
     script = textwrap.dedent(
         f"""
         import threading, time
@@ -81,7 +81,7 @@ def test_lock_waits_release_the_gil(tmp_path: Path) -> None:
         ml = ManagedLedger.open({str(tmp_path)!r}, "g")
         ml.append(b"x")
         ml._hold_fault("meta")
-        flusher = threading.Thread(target=ml.flush)
+        flusher = threading.Thread(target=ml.checkpoint)
         flusher.start()
         assert ml._wait_fault_held("meta", timeout=20)
         out = []

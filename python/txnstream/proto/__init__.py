@@ -7,11 +7,12 @@ Field numbers are the compatibility contract (SPEC §3.2).
 
 from txnstream.proto.ledger_pb2 import (
     BatchDeletion,
+    Catalog,
     CompactedRecord,
     CursorState,
     DeletedRange,
     LedgerInfo,
-    ManagedLedgerMeta,
+    ManagedLedgerState,
 )
 from txnstream.proto.pending_ack_pb2 import (
     ABORT,
@@ -53,13 +54,14 @@ __all__ = [
     "BatchDeletion",
     "BatchedPendingAckMetadataEntry",
     "BatchedTransactionMetadataEntry",
+    "Catalog",
     "CompactedRecord",
     "Cumulative",
     "CursorState",
     "DeletedRange",
     "Individual",
     "LedgerInfo",
-    "ManagedLedgerMeta",
+    "ManagedLedgerState",
     "PendingAckMetadata",
     "PendingAckMetadataEntry",
     "PendingAckOp",

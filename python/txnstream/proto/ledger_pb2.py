@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cledger.proto\x12\ttxnstream\"D\n\nLedgerInfo\x12\x11\n\tledger_id\x18\x01 \x02(\x04\x12\x0f\n\x07\x65ntries\x18\x02 \x01(\x04\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\"l\n\x0c\x44\x65letedRange\x12\x17\n\x0fstart_ledger_id\x18\x01 \x02(\x04\x12\x16\n\x0estart_entry_id\x18\x02 \x02(\x04\x12\x15\n\rend_ledger_id\x18\x03 \x02(\x04\x12\x14\n\x0c\x65nd_entry_id\x18\x04 \x02(\x04\"Y\n\rBatchDeletion\x12\x11\n\tledger_id\x18\x01 \x02(\x04\x12\x10\n\x08\x65ntry_id\x18\x02 \x02(\x04\x12\x12\n\nbatch_size\x18\x03 \x02(\x05\x12\x0f\n\x07\x61\x63k_set\x18\x04 \x03(\x03\"\xb5\x01\n\x0b\x43ursorState\x12\x0c\n\x04name\x18\x01 \x02(\t\x12\x1d\n\x15mark_delete_ledger_id\x18\x02 \x02(\x04\x12\x1c\n\x14mark_delete_entry_id\x18\x03 \x02(\x03\x12(\n\x07\x64\x65leted\x18\x04 \x03(\x0b\x32\x17.txnstream.DeletedRange\x12\x31\n\x0f\x62\x61tch_deletions\x18\x05 \x03(\x0b\x32\x18.txnstream.BatchDeletion\"\xa7\x01\n\x11ManagedLedgerMeta\x12\x16\n\x0e\x66ormat_version\x18\x01 \x02(\r\x12&\n\x07ledgers\x18\x02 \x03(\x0b\x32\x15.txnstream.LedgerInfo\x12\'\n\x07\x63ursors\x18\x03 \x03(\x0b\x32\x16.txnstream.CursorState\x12\x16\n\x0enext_ledger_id\x18\x04 \x01(\x04\x12\x11\n\tcompacted\x18\x05 \x01(\x08\"-\n\x0f\x43ompactedRecord\x12\x0b\n\x03key\x18\x01 \x02(\t\x12\r\n\x05value\x18\x02 \x01(\x0c')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x0cledger.proto\x12\ttxnstream\"Z\n\nLedgerInfo\x12\x11\n\tledger_id\x18\x01 \x02(\x04\x12\x0f\n\x07\x65ntries\x18\x02 \x01(\x04\x12\x12\n\nsize_bytes\x18\x03 \x01(\x04\x12\x14\n\x0c\x66ile_entries\x18\x04 \x01(\x04\"l\n\x0c\x44\x65letedRange\x12\x17\n\x0fstart_ledger_id\x18\x01 \x02(\x04\x12\x16\n\x0estart_entry_id\x18\x02 \x02(\x04\x12\x15\n\rend_ledger_id\x18\x03 \x02(\x04\x12\x14\n\x0c\x65nd_entry_id\x18\x04 \x02(\x04\"Y\n\rBatchDeletion\x12\x11\n\tledger_id\x18\x01 \x02(\x04\x12\x10\n\x08\x65ntry_id\x18\x02 \x02(\x04\x12\x12\n\nbatch_size\x18\x03 \x02(\x05\x12\x0f\n\x07\x61\x63k_set\x18\x04 \x03(\x03\"\xb5\x01\n\x0b\x43ursorState\x12\x0c\n\x04name\x18\x01 \x02(\t\x12\x1d\n\x15mark_delete_ledger_id\x18\x02 \x02(\x04\x12\x1c\n\x14mark_delete_entry_id\x18\x03 \x02(\x03\x12(\n\x07\x64\x65leted\x18\x04 \x03(\x0b\x32\x17.txnstream.DeletedRange\x12\x31\n\x0f\x62\x61tch_deletions\x18\x05 \x03(\x0b\x32\x18.txnstream.BatchDeletion\"\xaa\x01\n\x12ManagedLedgerState\x12\n\n\x02id\x18\x01 \x02(\x04\x12\x0c\n\x04name\x18\x02 \x02(\t\x12&\n\x07ledgers\x18\x03 \x03(\x0b\x32\x15.txnstream.LedgerInfo\x12\'\n\x07\x63ursors\x18\x04 \x03(\x0b\x32\x16.txnstream.CursorState\x12\x16\n\x0enext_ledger_id\x18\x05 \x02(\x04\x12\x11\n\tcompacted\x18\x06 \x01(\x08\"\x8b\x01\n\x07\x43\x61talog\x12\x16\n\x0e\x66ormat_version\x18\x01 \x02(\r\x12\x12\n\ncheckpoint\x18\x02 \x02(\x04\x12\x12\n\nnext_ml_id\x18\x03 \x02(\x04\x12.\n\x07ledgers\x18\x04 \x03(\x0b\x32\x1d.txnstream.ManagedLedgerState\x12\x10\n\x08sequence\x18\x05 \x02(\x04\"-\n\x0f\x43ompactedRecord\x12\x0b\n\x03key\x18\x01 \x02(\t\x12\r\n\x05value\x18\x02 \x01(\x0c')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,15 +32,17 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'ledger_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_LEDGERINFO']._serialized_start=27
-  _globals['_LEDGERINFO']._serialized_end=95
-  _globals['_DELETEDRANGE']._serialized_start=97
-  _globals['_DELETEDRANGE']._serialized_end=205
-  _globals['_BATCHDELETION']._serialized_start=207
-  _globals['_BATCHDELETION']._serialized_end=296
-  _globals['_CURSORSTATE']._serialized_start=299
-  _globals['_CURSORSTATE']._serialized_end=480
-  _globals['_MANAGEDLEDGERMETA']._serialized_start=483
-  _globals['_MANAGEDLEDGERMETA']._serialized_end=650
-  _globals['_COMPACTEDRECORD']._serialized_start=652
-  _globals['_COMPACTEDRECORD']._serialized_end=697
+  _globals['_LEDGERINFO']._serialized_end=117
+  _globals['_DELETEDRANGE']._serialized_start=119
+  _globals['_DELETEDRANGE']._serialized_end=227
+  _globals['_BATCHDELETION']._serialized_start=229
+  _globals['_BATCHDELETION']._serialized_end=318
+  _globals['_CURSORSTATE']._serialized_start=321
+  _globals['_CURSORSTATE']._serialized_end=502
+  _globals['_MANAGEDLEDGERSTATE']._serialized_start=505
+  _globals['_MANAGEDLEDGERSTATE']._serialized_end=675
+  _globals['_CATALOG']._serialized_start=678
+  _globals['_CATALOG']._serialized_end=817
+  _globals['_COMPACTEDRECORD']._serialized_start=819
+  _globals['_COMPACTEDRECORD']._serialized_end=864
 # @@protoc_insertion_point(module_scope)

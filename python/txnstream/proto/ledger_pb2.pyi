@@ -7,14 +7,16 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class LedgerInfo(_message.Message):
-    __slots__ = ("ledger_id", "entries", "size_bytes")
+    __slots__ = ("ledger_id", "entries", "size_bytes", "file_entries")
     LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     ENTRIES_FIELD_NUMBER: _ClassVar[int]
     SIZE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FILE_ENTRIES_FIELD_NUMBER: _ClassVar[int]
     ledger_id: int
     entries: int
     size_bytes: int
-    def __init__(self, ledger_id: _Optional[int] = ..., entries: _Optional[int] = ..., size_bytes: _Optional[int] = ...) -> None: ...
+    file_entries: int
+    def __init__(self, ledger_id: _Optional[int] = ..., entries: _Optional[int] = ..., size_bytes: _Optional[int] = ..., file_entries: _Optional[int] = ...) -> None: ...
 
 class DeletedRange(_message.Message):
     __slots__ = ("start_ledger_id", "start_entry_id", "end_ledger_id", "end_entry_id")
@@ -54,19 +56,35 @@ class CursorState(_message.Message):
     batch_deletions: _containers.RepeatedCompositeFieldContainer[BatchDeletion]
     def __init__(self, name: _Optional[str] = ..., mark_delete_ledger_id: _Optional[int] = ..., mark_delete_entry_id: _Optional[int] = ..., deleted: _Optional[_Iterable[_Union[DeletedRange, _Mapping]]] = ..., batch_deletions: _Optional[_Iterable[_Union[BatchDeletion, _Mapping]]] = ...) -> None: ...
 
-class ManagedLedgerMeta(_message.Message):
-    __slots__ = ("format_version", "ledgers", "cursors", "next_ledger_id", "compacted")
-    FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
+class ManagedLedgerState(_message.Message):
+    __slots__ = ("id", "name", "ledgers", "cursors", "next_ledger_id", "compacted")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
     LEDGERS_FIELD_NUMBER: _ClassVar[int]
     CURSORS_FIELD_NUMBER: _ClassVar[int]
     NEXT_LEDGER_ID_FIELD_NUMBER: _ClassVar[int]
     COMPACTED_FIELD_NUMBER: _ClassVar[int]
-    format_version: int
+    id: int
+    name: str
     ledgers: _containers.RepeatedCompositeFieldContainer[LedgerInfo]
     cursors: _containers.RepeatedCompositeFieldContainer[CursorState]
     next_ledger_id: int
     compacted: bool
-    def __init__(self, format_version: _Optional[int] = ..., ledgers: _Optional[_Iterable[_Union[LedgerInfo, _Mapping]]] = ..., cursors: _Optional[_Iterable[_Union[CursorState, _Mapping]]] = ..., next_ledger_id: _Optional[int] = ..., compacted: _Optional[bool] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., ledgers: _Optional[_Iterable[_Union[LedgerInfo, _Mapping]]] = ..., cursors: _Optional[_Iterable[_Union[CursorState, _Mapping]]] = ..., next_ledger_id: _Optional[int] = ..., compacted: _Optional[bool] = ...) -> None: ...
+
+class Catalog(_message.Message):
+    __slots__ = ("format_version", "checkpoint", "next_ml_id", "ledgers", "sequence")
+    FORMAT_VERSION_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_FIELD_NUMBER: _ClassVar[int]
+    NEXT_ML_ID_FIELD_NUMBER: _ClassVar[int]
+    LEDGERS_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    format_version: int
+    checkpoint: int
+    next_ml_id: int
+    ledgers: _containers.RepeatedCompositeFieldContainer[ManagedLedgerState]
+    sequence: int
+    def __init__(self, format_version: _Optional[int] = ..., checkpoint: _Optional[int] = ..., next_ml_id: _Optional[int] = ..., ledgers: _Optional[_Iterable[_Union[ManagedLedgerState, _Mapping]]] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class CompactedRecord(_message.Message):
     __slots__ = ("key", "value")

@@ -13,6 +13,7 @@
 pub mod ackset;
 pub mod columns;
 pub mod error;
+pub mod fork;
 pub mod frame;
 pub mod ledger;
 pub mod position;

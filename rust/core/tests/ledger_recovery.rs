@@ -1,6 +1,6 @@
-//! Managed ledger: lost META, leftover files, recovery of multi-MiB damaged
-//! records, synced-offset hints for read-only readers, ack-after-sync
-//! ordering, cursor reads that do not block META writes.
+//! Managed ledger: lost CATALOG, leftover and unexplained files, recovery of
+//! multi-MiB damaged journal records, synced-end hints for read-only
+//! readers, ack-after-sync ordering, cursor reads that do not block writes.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::fs::{self, OpenOptions};
@@ -9,7 +9,8 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
-use txnstream_core::ledger::meta::ledger_dir;
+use txnstream_core::ledger::catalog::ledger_dir;
+use txnstream_core::ledger::journal;
 use txnstream_core::ledger::{FaultInjector, FaultKind, LedgerOptions, ManagedLedger};
 use txnstream_core::sink::EntrySink;
 use txnstream_core::{Error, Position};
@@ -31,6 +32,8 @@ impl Drop for Gates {
 fn opts() -> LedgerOptions {
     LedgerOptions {
         preallocate_bytes: 1 << 20,
+        // Tests that damage journal records need them still in use.
+        checkpoint_interval: Duration::from_secs(3600),
         ..LedgerOptions::default()
     }
 }
@@ -76,21 +79,15 @@ fn end_of(ml: &ManagedLedger, p: Position) -> u64 {
         .sum::<u64>()
 }
 
+mod support;
+
 /// What a crash leaves: the files as they are, nothing sealed.
-fn crash_image(src: &Path, dst: &Path, name: &str) {
-    let (s, d) = (
-        ledger_dir(src, name).unwrap(),
-        ledger_dir(dst, name).unwrap(),
-    );
-    fs::create_dir_all(&d).unwrap();
-    for e in fs::read_dir(&s).unwrap() {
-        let e = e.unwrap();
-        fs::copy(e.path(), d.join(e.file_name())).unwrap();
-    }
+fn crash_image(src: &Path, dst: &Path, _name: &str) {
+    support::copy_data_dir(src, dst);
 }
 
 #[test]
-fn missing_meta_is_an_error_and_removes_nothing() {
+fn missing_catalog_is_an_error_and_removes_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let o = LedgerOptions {
         max_entries_per_ledger: 3,
@@ -101,12 +98,11 @@ fn missing_meta_is_an_error_and_removes_nothing() {
         ml.append(&[i; 10]).unwrap();
     }
     ml.close().unwrap();
-    let dir = ledger_dir(tmp.path(), "m").unwrap();
-    fs::remove_file(dir.join("META")).unwrap();
+    fs::remove_file(tmp.path().join("CATALOG")).unwrap();
     match ManagedLedger::open(tmp.path(), "m", o.clone()) {
         Err(Error::CorruptLedger { path, reason, .. }) => {
-            assert!(path.ends_with("META"), "{path}");
-            assert!(reason.contains("1.log"), "{reason}");
+            assert!(path.ends_with("CATALOG"), "{path}");
+            assert!(reason.contains("ledgers"), "{reason}");
         }
         other => panic!("expected CorruptLedger, got {other:?}"),
     }
@@ -116,7 +112,7 @@ fn missing_meta_is_an_error_and_removes_nothing() {
 }
 
 #[test]
-fn only_provable_leftovers_are_removed() {
+fn only_provable_leftovers_are_removed_and_newer_files_refused() {
     let tmp = tempfile::tempdir().unwrap();
     let o = LedgerOptions {
         max_entries_per_ledger: 2,
@@ -124,24 +120,33 @@ fn only_provable_leftovers_are_removed() {
     };
     let ml = ManagedLedger::open(tmp.path(), "l", o.clone()).unwrap();
     let pos: Vec<Position> = (0..6u8).map(|i| ml.append(&[i; 20]).unwrap()).collect();
+    ml.checkpoint().unwrap();
     let first = fs::read(log_path(tmp.path(), "l", 1)).unwrap();
     let c = ml.open_cursor("c").unwrap();
     c.mark_delete(pos[3]).unwrap();
     ml.flush().unwrap();
     assert_eq!(ml.first_position(), Some(pos[4]));
+    assert!(!log_path(tmp.path(), "l", 1).exists());
     ml.close().unwrap();
-    // A trimmed ledger not yet unlinked, and one created past next_ledger_id
-    // by a rollover that never reached META.
+    // A trimmed ledger not yet unlinked: a provable leftover, removed.
     fs::write(log_path(tmp.path(), "l", 1), &first).unwrap();
+    // A ledger newer than the catalog knows (an older CATALOG restored over
+    // newer files): it may hold acknowledged entries, so open refuses and
+    // names it, removing nothing.
     fs::write(log_path(tmp.path(), "l", 50), &first).unwrap();
+    match ManagedLedger::open(tmp.path(), "l", o.clone()) {
+        Err(Error::CorruptLedger { reason, .. }) => assert!(reason.contains("50.log"), "{reason}"),
+        other => panic!("expected CorruptLedger, got {other:?}"),
+    }
+    assert!(log_path(tmp.path(), "l", 50).exists());
+    fs::remove_file(log_path(tmp.path(), "l", 50)).unwrap();
     let ml = ManagedLedger::open(tmp.path(), "l", o).unwrap();
     assert!(!log_path(tmp.path(), "l", 1).exists());
-    assert!(!log_path(tmp.path(), "l", 50).exists());
     assert_eq!(ml.entry_count(), 2);
     assert_eq!(ml.read(pos[5]).unwrap(), vec![5u8; 20]);
 }
 
-/// A ledger holding `before` small entries, then `big`, then `after`.
+/// A ledger holding a small entry, then `big`, then `after` small ones.
 fn ledger_with_big_entry(
     data: &Path,
     name: &str,
@@ -165,17 +170,24 @@ fn torn_multi_mib_record_is_cut() {
     let tmp = tempfile::tempdir().unwrap();
     let live = tmp.path().join("live");
     let (ml, pos) = ledger_with_big_entry(&live, "t", b"small", 0);
-    let data_end = end_of(&ml, pos[1]);
     // The header of an 8 MiB record and the first part of its payload
     // reached the disk, the rest did not.
     let img = tmp.path().join("img");
     crash_image(&live, &img, "t");
+    let (journal_file, end) = support::journal_end(&img);
     let payload = noise(8 << 20, 7);
     let mut rec = Vec::new();
-    rec.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-    rec.extend_from_slice(&crc32c::crc32c(b"not it").to_le_bytes());
+    journal::encode_head(
+        &mut rec,
+        journal::Kind::Entry,
+        0,
+        1,
+        pos[1].ledger_id,
+        2,
+        &payload,
+    );
     rec.extend_from_slice(&payload[..5 << 20]);
-    write_at(&log_path(&img, "t", 1), data_end, &rec);
+    write_at(&journal_file, end, &rec);
     let r = ManagedLedger::open(&img, "t", opts()).unwrap();
     assert_eq!(r.last_position(), Some(pos[1]));
     r.close().unwrap();
@@ -183,14 +195,16 @@ fn torn_multi_mib_record_is_cut() {
     // Pure garbage after the last record: no plausible header at all.
     let img = tmp.path().join("img2");
     crash_image(&live, &img, "t");
-    write_at(&log_path(&img, "t", 1), data_end, &noise(8 << 20, 11));
-    // A live read-only reader stops at the garbage.
+    let (journal_file, end) = support::journal_end(&img);
+    write_at(&journal_file, end, &noise(8 << 20, 11));
+    // A read-only reader stops at the garbage.
     let ro = ManagedLedger::open(&img, "t", read_only()).unwrap();
     assert_eq!(ro.last_position(), Some(pos[1]));
     drop(ro);
     let r = ManagedLedger::open(&img, "t", opts()).unwrap();
     assert_eq!(r.last_position(), Some(pos[1]));
     assert_eq!(r.read(pos[1]).unwrap(), b"small");
+    drop(ml);
 }
 
 #[test]
@@ -199,17 +213,19 @@ fn damaged_multi_mib_records_before_valid_data_are_reported() {
     let live = tmp.path().join("live");
     let big = noise(8 << 20, 3);
     let (ml, pos) = ledger_with_big_entry(&live, "d", &big, 2);
-    let big_at = end_of(&ml, pos[0]);
-    let log = |d: &Path| log_path(d, "d", 1);
+    let body = journal::RECORD_HEADER_LEN as u64;
 
-    // One flipped payload bit: the record after it proves mid-file damage.
+    // One flipped payload bit: later records carry an acknowledged point
+    // past it, so it is damage to acknowledged data.
     let img = tmp.path().join("flip");
     crash_image(&live, &img, "d");
-    write_at(&log(&img), big_at + 8 + 4_000_000, &[big[4_000_000] ^ 0x04]);
+    fs::remove_file(img.join("journal/SYNCED")).unwrap();
+    let (file, at) = support::entry_record(&img, pos[1]);
+    write_at(&file, at + body + 4_000_000, &[big[4_000_000] ^ 0x04]);
     match ManagedLedger::open(&img, "d", opts()) {
         Err(Error::CorruptLedger {
             position, offset, ..
-        }) => assert_eq!((position, offset), (pos[1], big_at)),
+        }) => assert_eq!((position, offset), (pos[1], at)),
         other => panic!("expected CorruptLedger, got {other:?}"),
     }
 
@@ -217,14 +233,13 @@ fn damaged_multi_mib_records_before_valid_data_are_reported() {
     // find it 8 MiB further on, through random bytes.
     let img = tmp.path().join("header");
     crash_image(&live, &img, "d");
-    write_at(&log(&img), big_at, &[0u8; 8]);
+    fs::remove_file(img.join("journal/SYNCED")).unwrap();
+    let (file, at) = support::entry_record(&img, pos[1]);
+    write_at(&file, at, &[0u8; 48]);
     match ManagedLedger::open(&img, "d", opts()) {
-        Err(Error::CorruptLedger {
-            position, reason, ..
-        }) => {
-            assert_eq!(position, pos[1]);
-            let next = big_at + 8 + big.len() as u64;
-            assert!(reason.contains(&format!("offset {next}")), "{reason}");
+        Err(Error::CorruptLedger { offset, reason, .. }) => {
+            assert_eq!(offset, at);
+            assert!(reason.contains("acknowledged point"), "{reason}");
         }
         other => panic!("expected CorruptLedger, got {other:?}"),
     }
@@ -233,7 +248,8 @@ fn damaged_multi_mib_records_before_valid_data_are_reported() {
     assert_eq!(ro.last_position(), Some(pos[3]));
     drop(ro);
 
-    // A flipped bit in the last entry of a sealed 16 MiB ledger.
+    // A flipped bit in the last entry of a sealed 16 MiB ledger: trusted at
+    // open, caught on read.
     ml.close().unwrap();
     drop(ml);
     let sealed = tmp.path().join("sealed");
@@ -246,7 +262,9 @@ fn damaged_multi_mib_records_before_valid_data_are_reported() {
         at + 8 + 12345,
         &[huge[12345] ^ 1],
     );
-    match ManagedLedger::open(&sealed, "s", opts()) {
+    let ml = ManagedLedger::open(&sealed, "s", opts()).unwrap();
+    assert_eq!(ml.read(pos[0]).unwrap(), b"first");
+    match ml.read(pos[1]) {
         Err(Error::CorruptLedger {
             position, offset, ..
         }) => assert_eq!((position, offset), (pos[1], at)),

@@ -5,6 +5,8 @@
 //! the GIL once per burst of jobs and resolves every
 //! `concurrent.futures.Future` in it. At interpreter shutdown it can no
 //! longer attach; the remaining futures are then unobservable and leaked.
+//! After `fork()` the child has no such thread: it is started again there
+//! on first use (one per fork generation, see `txnstream_core::fork`).
 
 use crate::errors::{to_pyerr, BindResult};
 use crate::position::{PyPosition, PyTxnPosition};
@@ -12,9 +14,9 @@ use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyList, PyType};
+use std::cell::RefCell;
 use std::sync::mpsc::{self, Receiver, Sender};
-use std::sync::OnceLock;
-use txnstream_core::{Error, Position, Result, TxnPosition};
+use txnstream_core::{fork, Error, Position, Result, TxnPosition};
 
 /// Work for the completion thread.
 pub enum Job {
@@ -33,20 +35,54 @@ pub enum Job {
 /// Most jobs run per GIL acquisition, so other threads get the GIL too.
 const JOBS_PER_GIL: usize = 4096;
 
-static COMPLETER: OnceLock<Sender<Job>> = OnceLock::new();
+/// The completion thread's queue of the current fork generation.
+static COMPLETER: parking_lot::Mutex<Option<(u64, Sender<Job>)>> = parking_lot::Mutex::new(None);
 
-/// The completion thread's queue, starting the thread on first use.
-pub fn completer() -> BindResult<&'static Sender<Job>> {
-    if let Some(tx) = COMPLETER.get() {
+thread_local! {
+    /// Per-thread copy of the queue, so the hot path takes no lock.
+    static LOCAL: RefCell<Option<(u64, Sender<Job>)>> = const { RefCell::new(None) };
+}
+
+/// The completion thread's queue, starting the thread on first use (in
+/// this process: a forked child starts its own).
+pub fn completer() -> BindResult<Sender<Job>> {
+    let gen = fork::generation();
+    let cached = LOCAL.with(|l| match &*l.borrow() {
+        Some((g, tx)) if *g == gen => Some(tx.clone()),
+        _ => None,
+    });
+    if let Some(tx) = cached {
         return Ok(tx);
     }
-    let (tx, rx) = mpsc::channel::<Job>();
-    std::thread::Builder::new()
-        .name("txnstream-completion".into())
-        .spawn(move || completion_loop(&rx))
-        .map_err(|e| Error::io("starting the completion thread", &e))?;
-    // A racing initialiser's thread simply idles on a channel nobody feeds.
-    Ok(COMPLETER.get_or_init(|| tx))
+    let tx = {
+        let _gate = fork::gate();
+        let mut c = COMPLETER.lock();
+        match &*c {
+            Some((g, tx)) if *g == gen => tx.clone(),
+            _ => {
+                // A parent's queue leads to a thread this process lacks;
+                // forget it without running anything of it.
+                if let Some(old) = c.take() {
+                    std::mem::forget(old);
+                }
+                let (tx, rx) = mpsc::channel::<Job>();
+                std::thread::Builder::new()
+                    .name("txnstream-completion".into())
+                    .spawn(move || completion_loop(&rx))
+                    .map_err(|e| Error::io("starting the completion thread", &e))?;
+                *c = Some((gen, tx.clone()));
+                tx
+            }
+        }
+    };
+    LOCAL.with(|l| {
+        if let Some(old) = l.borrow_mut().replace((gen, tx.clone())) {
+            if old.0 != gen {
+                std::mem::forget(old);
+            }
+        }
+    });
+    Ok(tx)
 }
 
 fn completion_loop(rx: &Receiver<Job>) {

@@ -102,37 +102,79 @@ fn opt_u64(key: &str, v: Option<i64>, default: u64) -> BindResult<u64> {
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-fn options(
+/// Keyword options of `ManagedLedger.open` (`None`: the default).
+#[derive(Debug, Default)]
+struct OpenArgs {
     max_entries_per_ledger: Option<i64>,
     max_bytes_per_ledger: Option<i64>,
     read_only: bool,
     preallocate_bytes: Option<i64>,
     cursor_flush_interval_ms: Option<i64>,
     max_batch_bytes: Option<i64>,
-) -> BindResult<LedgerOptions> {
+    journal_segment_bytes: Option<i64>,
+    checkpoint_bytes: Option<i64>,
+    checkpoint_interval_ms: Option<i64>,
+    max_pending_bytes: Option<i64>,
+    append_timeout_ms: Option<i64>,
+    max_open_files: Option<i64>,
+}
+
+fn options(a: OpenArgs) -> BindResult<LedgerOptions> {
     let d = LedgerOptions::default();
+    let ms = |key: &str, v: Option<i64>, default: Duration| -> BindResult<Duration> {
+        Ok(Duration::from_millis(opt_u64(
+            key,
+            v,
+            default.as_millis() as u64,
+        )?))
+    };
     let o = LedgerOptions {
         max_entries_per_ledger: opt_u64(
             "max_entries_per_ledger",
-            max_entries_per_ledger,
+            a.max_entries_per_ledger,
             d.max_entries_per_ledger,
         )?,
         max_bytes_per_ledger: opt_u64(
             "max_bytes_per_ledger",
-            max_bytes_per_ledger,
+            a.max_bytes_per_ledger,
             d.max_bytes_per_ledger,
         )?,
-        read_only,
-        preallocate_bytes: opt_u64("preallocate_bytes", preallocate_bytes, d.preallocate_bytes)?,
-        cursor_flush_interval: Duration::from_millis(opt_u64(
+        read_only: a.read_only,
+        preallocate_bytes: opt_u64(
+            "preallocate_bytes",
+            a.preallocate_bytes,
+            d.preallocate_bytes,
+        )?,
+        cursor_flush_interval: ms(
             "cursor_flush_interval_ms",
-            cursor_flush_interval_ms,
-            d.cursor_flush_interval.as_millis() as u64,
-        )?),
-        max_batch_bytes: opt_u64("max_batch_bytes", max_batch_bytes, d.max_batch_bytes as u64)?
-            as usize,
-        fault_injector: None,
+            a.cursor_flush_interval_ms,
+            d.cursor_flush_interval,
+        )?,
+        max_batch_bytes: opt_u64(
+            "max_batch_bytes",
+            a.max_batch_bytes,
+            d.max_batch_bytes as u64,
+        )? as usize,
+        journal_segment_bytes: opt_u64(
+            "journal_segment_bytes",
+            a.journal_segment_bytes,
+            d.journal_segment_bytes,
+        )?,
+        checkpoint_bytes: opt_u64("checkpoint_bytes", a.checkpoint_bytes, d.checkpoint_bytes)?,
+        checkpoint_interval: ms(
+            "checkpoint_interval_ms",
+            a.checkpoint_interval_ms,
+            d.checkpoint_interval,
+        )?,
+        max_pending_bytes: opt_u64(
+            "max_pending_bytes",
+            a.max_pending_bytes,
+            d.max_pending_bytes,
+        )?,
+        append_timeout: ms("append_timeout_ms", a.append_timeout_ms, d.append_timeout)?,
+        max_open_files: opt_u64("max_open_files", a.max_open_files, d.max_open_files as u64)?
+            .min(usize::MAX as u64) as usize,
+        ..d
     };
     o.validate()?;
     Ok(o)
@@ -151,9 +193,15 @@ pub struct PyManagedLedger {
 #[pymethods]
 impl PyManagedLedger {
     /// Open (creating if needed) managed ledger ``name`` under ``directory``.
+    ///
+    /// Every managed ledger of a data directory shares its journal; the
+    /// data-directory options (``preallocate_bytes`` and below) are fixed by
+    /// the directory's first open in the process.
     #[staticmethod]
     #[pyo3(signature = (directory, name, *, max_entries_per_ledger=None, max_bytes_per_ledger=None,
-        read_only=false, preallocate_bytes=None, cursor_flush_interval_ms=None, max_batch_bytes=None))]
+        read_only=false, preallocate_bytes=None, cursor_flush_interval_ms=None, max_batch_bytes=None,
+        journal_segment_bytes=None, checkpoint_bytes=None, checkpoint_interval_ms=None,
+        max_pending_bytes=None, append_timeout_ms=None, max_open_files=None))]
     #[allow(clippy::too_many_arguments)]
     fn open(
         py: Python<'_>,
@@ -165,15 +213,27 @@ impl PyManagedLedger {
         preallocate_bytes: Option<i64>,
         cursor_flush_interval_ms: Option<i64>,
         max_batch_bytes: Option<i64>,
+        journal_segment_bytes: Option<i64>,
+        checkpoint_bytes: Option<i64>,
+        checkpoint_interval_ms: Option<i64>,
+        max_pending_bytes: Option<i64>,
+        append_timeout_ms: Option<i64>,
+        max_open_files: Option<i64>,
     ) -> BindResult<Self> {
-        let opts = options(
+        let opts = options(OpenArgs {
             max_entries_per_ledger,
             max_bytes_per_ledger,
             read_only,
             preallocate_bytes,
             cursor_flush_interval_ms,
             max_batch_bytes,
-        )?;
+            journal_segment_bytes,
+            checkpoint_bytes,
+            checkpoint_interval_ms,
+            max_pending_bytes,
+            append_timeout_ms,
+            max_open_files,
+        })?;
         let inner = py.detach(|| ManagedLedger::open(&directory, name, opts))?;
         Ok(Self { inner })
     }
@@ -271,6 +331,35 @@ impl PyManagedLedger {
         self.inner.dir().to_path_buf()
     }
 
+    /// The data directory it lives in (shared with other managed ledgers).
+    #[getter]
+    fn data_directory(&self) -> PathBuf {
+        self.inner.data_dir().to_path_buf()
+    }
+
+    /// Counters of the data directory's storage: journal syncs and groups,
+    /// bytes read and written, file syncs, checkpoints, open ledger files…
+    fn storage_stats<'py>(&self, py: Python<'py>) -> BindResult<Bound<'py, PyDict>> {
+        let stats = py.detach(|| self.inner.storage_stats());
+        let d = PyDict::new(py);
+        for (k, v) in stats {
+            d.set_item(k, v)?;
+        }
+        Ok(d)
+    }
+
+    /// Make everything written so far durable in ledger files and the
+    /// data directory's catalog now (the flusher does so periodically).
+    fn checkpoint(&self, py: Python<'_>) -> BindResult<()> {
+        Ok(py.detach(|| self.inner.checkpoint())?)
+    }
+
+    /// Remove this managed ledger with all its entries and cursors, and
+    /// close the handle.
+    fn delete(&self, py: Python<'_>) -> BindResult<()> {
+        Ok(py.detach(|| self.inner.delete())?)
+    }
+
     #[getter]
     fn read_only(&self) -> bool {
         self.inner.is_read_only()
@@ -283,7 +372,6 @@ impl PyManagedLedger {
 
     /// ``(ledger_id, entries, sealed)`` for each ledger.
     fn ledgers(&self, py: Python<'_>) -> Vec<(u64, u64, bool)> {
-        // The META lock is held across META's fsync.
         py.detach(|| self.inner.ledgers())
     }
 
@@ -476,7 +564,7 @@ impl PyCursor {
             .collect()
     }
 
-    /// Persist the cursor state to META now.
+    /// Persist the cursor state now (durably).
     fn flush(&self, py: Python<'_>) -> BindResult<()> {
         Ok(py.detach(|| self.inner.flush())?)
     }
@@ -516,15 +604,13 @@ impl PyCompactedTopic {
         max_bytes_per_ledger: Option<i64>,
         preallocate_bytes: Option<i64>,
     ) -> BindResult<Self> {
-        let opts = options(
+        let opts = options(OpenArgs {
             max_entries_per_ledger,
             max_bytes_per_ledger,
             read_only,
-            // Compacted topics are small and written rarely.
-            Some(preallocate_bytes.unwrap_or(1 << 20)),
-            None,
-            None,
-        )?;
+            preallocate_bytes,
+            ..OpenArgs::default()
+        })?;
         let t = py.detach(|| CompactedTopic::open(&directory, name, opts))?;
         Ok(Self { inner: Arc::new(t) })
     }

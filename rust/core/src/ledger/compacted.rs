@@ -1,7 +1,7 @@
 //! Compacted topics: a managed ledger of keyed records (`CompactedRecord`
 //! protobuf entries) where readers see only the newest value per key and a
 //! record without a value deletes its key. `compact()` rewrites the live
-//! records into one new ledger and swaps it in atomically (one META write).
+//! records into one new ledger and swaps it in atomically (one journal group).
 
 use super::{LedgerOptions, ManagedLedger};
 use crate::error::{Error, Result};
@@ -95,13 +95,13 @@ impl CompactedTopic {
             );
             let chunk = self.ml.read_range(start, end.min(last))?;
             let Some(&(tail, _)) = chunk.last() else {
-                next = self.ml.shared.next_after(Some(end));
+                next = self.ml.next_after(Some(end));
                 continue;
             };
             for (pos, entry) in chunk {
                 apply(&mut index, pos, decode(pos, &entry)?);
             }
-            next = self.ml.shared.next_after(Some(tail));
+            next = self.ml.next_after(Some(tail));
         }
         *self.index.lock() = index;
         Ok(())

@@ -1,8 +1,8 @@
 //! Cursors: named readers with a durable mark-delete position, individually
 //! deleted ranges beyond it and batch-index ack sets.
 //!
-//! Changes apply in memory at once; the ledger's background flush writes them
-//! to META (coalesced), as do `flush()` and `close()`. After a crash a cursor
+//! Changes apply in memory at once; the data directory's flusher journals
+//! them (coalesced), as do `flush()` and `close()`. After a crash a cursor
 //! may be slightly behind, so consumers can see deleted records again.
 
 use super::Shared;
@@ -165,8 +165,7 @@ impl CursorData {
 #[derive(Debug)]
 pub(crate) struct CursorInner {
     pub name: String,
-    /// Held only briefly, never across I/O: `persist` takes it under the
-    /// META lock, which rollover needs.
+    /// Held only briefly, never across I/O.
     pub data: Mutex<CursorData>,
     /// Serialises `read_next` calls (held across their reads) so two
     /// readers of one cursor never get the same entries.
@@ -379,9 +378,9 @@ impl Cursor {
             .collect()
     }
 
-    /// Writes the cursor states to META now (atomically, fsynced).
+    /// Journals the cursor states now (durably) and trims passed ledgers.
     pub fn flush(&self) -> Result<()> {
         self.shared.check_writable()?;
-        self.shared.persist(true)
+        self.shared.persist()
     }
 }

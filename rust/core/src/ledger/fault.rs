@@ -22,7 +22,7 @@ pub enum FaultKind {
     Preallocate,
     /// A read of entries (by position, range or cursor).
     Read,
-    /// A write of META (under the META lock, as its fsync is).
+    /// A write of the data directory's CATALOG (at a checkpoint).
     Meta,
 }
 

@@ -1,6 +1,13 @@
-//! Tuning knobs of a managed ledger.
+//! Tuning knobs: per managed ledger (rollover) and per data directory (the
+//! journal, checkpoints, bounds), both given to
+//! [`ManagedLedger::open`](super::ManagedLedger::open).
+//!
+//! Data-directory settings are fixed by the first open of the directory in
+//! a process; a later open that asks for a different non-default value gets
+//! a `Config` error naming the setting, never a silent mismatch.
 
 use super::fault::FaultInjector;
+use super::fs::Fs;
 use crate::error::{Error, Result};
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,20 +24,38 @@ pub struct LedgerOptions {
     pub max_entries_per_ledger: u64,
     /// Roll over to a new ledger once it holds this many bytes.
     pub max_bytes_per_ledger: u64,
-    /// Open without the writer lock: no recovery truncation, no writes; other
-    /// processes may keep appending ([`ManagedLedger::refresh`](super::ManagedLedger::refresh)
-    /// picks up what they wrote).
+    /// Open without the writer lock: no recovery, no writes; another
+    /// process may keep appending ([`ManagedLedger::refresh`](super::ManagedLedger::refresh)
+    /// picks up what it wrote).
     pub read_only: bool,
-    /// Bytes reserved with `fallocate` ahead of the write offset, so a sync
-    /// does not also have to commit a growing file size (0 disables).
+    /// Data directory: bytes reserved with `fallocate` ahead of the journal's
+    /// write offset, so a sync need not also commit a growing file size
+    /// (0 disables; a disk too full to reserve simply goes without).
     pub preallocate_bytes: u64,
-    /// How long cursor changes may stay in memory before the background
-    /// flush writes META (they are also written on `flush()` and `close()`).
+    /// Data directory: how long cursor changes may stay in memory before the
+    /// flusher journals them (they are also written on `flush()`/`close()`).
     pub cursor_flush_interval: Duration,
-    /// Largest number of payload bytes one group commit writes before syncing.
+    /// Data directory: most payload bytes one group commit writes.
     pub max_batch_bytes: usize,
-    /// Test hook: makes writes, syncs or preallocation fail on demand.
+    /// Data directory: a journal segment is sealed after this many bytes.
+    pub journal_segment_bytes: u64,
+    /// Data directory: a checkpoint runs once the journal grew this much.
+    pub checkpoint_bytes: u64,
+    /// Data directory: ... or once this much time passed with changes.
+    pub checkpoint_interval: Duration,
+    /// Data directory: appends not yet durable may hold this many bytes;
+    /// beyond, appends wait (backpressure) up to `append_timeout`.
+    pub max_pending_bytes: u64,
+    /// Data directory: the longest an append waits for queue space.
+    pub append_timeout: Duration,
+    /// Data directory: ledger files kept open (two descriptors per ledger).
+    pub max_open_files: usize,
+    /// Data directory, test hook: makes writes, syncs, reads or
+    /// preallocation fail on demand.
     pub fault_injector: Option<Arc<FaultInjector>>,
+    /// Data directory: the file system (the real one by default; tests use
+    /// a simulated one that can lose power).
+    pub fs: Option<Arc<dyn Fs>>,
 }
 
 impl Default for LedgerOptions {
@@ -42,7 +67,14 @@ impl Default for LedgerOptions {
             preallocate_bytes: 16 << 20,
             cursor_flush_interval: Duration::from_millis(100),
             max_batch_bytes: 8 << 20,
+            journal_segment_bytes: 64 << 20,
+            checkpoint_bytes: 64 << 20,
+            checkpoint_interval: Duration::from_secs(10),
+            max_pending_bytes: 256 << 20,
+            append_timeout: Duration::from_secs(30),
+            max_open_files: 128,
             fault_injector: None,
+            fs: None,
         }
     }
 }
@@ -85,6 +117,94 @@ impl LedgerOptions {
         if self.max_batch_bytes == 0 {
             return Err(bad("max_batch_bytes", 0, "must be >= 1"));
         }
+        if self.journal_segment_bytes < 4096 || self.journal_segment_bytes > 1 << 40 {
+            return Err(bad(
+                "journal_segment_bytes",
+                self.journal_segment_bytes,
+                "must be in 4096..=2**40",
+            ));
+        }
+        if self.checkpoint_bytes < 4096 {
+            return Err(bad(
+                "checkpoint_bytes",
+                self.checkpoint_bytes,
+                "must be >= 4096",
+            ));
+        }
+        if self.checkpoint_interval < Duration::from_millis(1)
+            || self.checkpoint_interval > Duration::from_secs(86_400)
+        {
+            return Err(bad(
+                "checkpoint_interval",
+                format!("{:?}", self.checkpoint_interval),
+                "must be between 1 ms and 1 day",
+            ));
+        }
+        if self.max_pending_bytes < 1 << 20 {
+            return Err(bad(
+                "max_pending_bytes",
+                self.max_pending_bytes,
+                "must be >= 1 MiB",
+            ));
+        }
+        if self.append_timeout > Duration::from_secs(86_400) {
+            return Err(bad(
+                "append_timeout",
+                format!("{:?}", self.append_timeout),
+                "must be <= 1 day",
+            ));
+        }
+        if !(8..=65_536).contains(&self.max_open_files) {
+            return Err(bad(
+                "max_open_files",
+                self.max_open_files,
+                "must be in 8..=65536",
+            ));
+        }
         Ok(())
+    }
+
+    /// The first data-directory setting of `self` that is not the default
+    /// and differs from `open` (the settings a directory is open with).
+    pub(crate) fn conflict_with(&self, open: &LedgerOptions) -> Option<Error> {
+        let d = LedgerOptions::default();
+        macro_rules! check {
+            ($field:ident) => {
+                if self.$field != d.$field && self.$field != open.$field {
+                    return Some(bad(
+                        stringify!($field),
+                        format!("{:?}", self.$field),
+                        &format!(
+                            "the data directory is already open in this process with {:?} \
+                             (data-directory settings are fixed by its first open)",
+                            open.$field
+                        ),
+                    ));
+                }
+            };
+        }
+        check!(preallocate_bytes);
+        check!(cursor_flush_interval);
+        check!(max_batch_bytes);
+        check!(journal_segment_bytes);
+        check!(checkpoint_bytes);
+        check!(checkpoint_interval);
+        check!(max_pending_bytes);
+        check!(append_timeout);
+        check!(max_open_files);
+        if let Some(f) = &self.fault_injector {
+            if !open
+                .fault_injector
+                .as_ref()
+                .is_some_and(|o| Arc::ptr_eq(o, f))
+            {
+                return Some(bad(
+                    "fault_injector",
+                    "given",
+                    "the data directory is already open with another fault injector",
+                ));
+            }
+        }
+        None
     }
 }

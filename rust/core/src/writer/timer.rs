@@ -6,10 +6,11 @@
 //! pending-ack logs cost nothing while idle.
 
 use crate::error::{Error, Result};
+use crate::fork;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
-use std::sync::{OnceLock, Weak};
+use std::sync::Weak;
 use std::thread;
 use std::time::Instant;
 
@@ -53,23 +54,32 @@ pub(crate) struct Scheduler {
     wake: Condvar,
 }
 
-static SCHEDULER: OnceLock<Scheduler> = OnceLock::new();
-static STARTED: Mutex<bool> = Mutex::new(false);
+/// The scheduler of the current fork generation (a forked child has no
+/// timer thread: it gets a new scheduler, see [`crate::fork`]).
+static SCHEDULER: Mutex<Option<(u64, &'static Scheduler)>> = Mutex::new(None);
 
-/// The shared scheduler, starting its thread on first use.
+/// The shared scheduler, starting its thread on first use (in this
+/// process).
 pub(crate) fn scheduler() -> Result<&'static Scheduler> {
-    let s = SCHEDULER.get_or_init(|| Scheduler {
+    let gen = fork::generation();
+    let _gate = fork::gate();
+    let mut cur = SCHEDULER.lock();
+    if let Some((g, s)) = *cur {
+        if g == gen {
+            return Ok(s);
+        }
+    }
+    // One per generation, living for the rest of the process (the parent's
+    // is left untouched: its lock may have been held at the fork).
+    let s: &'static Scheduler = Box::leak(Box::new(Scheduler {
         heap: Mutex::new(Heap::default()),
         wake: Condvar::new(),
-    });
-    let mut started = STARTED.lock();
-    if !*started {
-        thread::Builder::new()
-            .name("txnstream-writer-timer".into())
-            .spawn(move || s.run())
-            .map_err(|e| Error::io("starting the buffered-writer timer thread", &e))?;
-        *started = true;
-    }
+    }));
+    thread::Builder::new()
+        .name("txnstream-writer-timer".into())
+        .spawn(move || s.run())
+        .map_err(|e| Error::io("starting the buffered-writer timer thread", &e))?;
+    *cur = Some((gen, s));
     Ok(s)
 }
 

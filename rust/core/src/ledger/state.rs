@@ -1,0 +1,850 @@
+//! The in-memory state of managed ledgers, and the one place it changes:
+//! [`MlState::apply`] applies a journal record. The writer applies what it
+//! wrote once it is durable (publishing it), recovery applies the journal
+//! tail after the catalog, a read-only reader applies what it scans: one
+//! state machine, three users.
+//!
+//! A ledger's entries live in two places: `[0, file_entries)` in its
+//! `.log`/`.idx` files (written behind the journal by the flusher), and
+//! `[file_entries, count)` still only in the journal (`tail`, their journal
+//! locations).
+
+use super::cursor::{CursorData, CursorInner};
+use super::fault::FaultInjector;
+use super::fault::FaultKind;
+use super::fs::{Fs, FsFile, OpenMode};
+use super::journal::{self, Head, Kind, RECORD_HEADER_LEN};
+use super::ledger_file::{self, LedgerFiles};
+use crate::error::{Error, Result};
+use crate::position::Position;
+use crate::proto::{CursorState, LedgerInfo, ManagedLedgerState};
+use parking_lot::{Mutex, RwLock};
+use prost::Message;
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// First ledger id of a new managed ledger.
+pub(crate) const FIRST_LEDGER_ID: u64 = 1;
+
+/// Where an entry's record lives in the journal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Loc {
+    /// Journal offset of the record.
+    pub at: u64,
+    /// Payload length.
+    pub len: u32,
+    /// Payload checksum ([`journal::body_crc`]).
+    pub crc: u32,
+}
+
+/// One ledger of a managed ledger.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct LedgerState {
+    /// Durable (published) entries.
+    pub count: u64,
+    /// Entry count once sealed.
+    pub sealed: Option<u64>,
+    /// Entries in the ledger's files.
+    pub file_entries: u64,
+    /// End of the `.log` file's records.
+    pub file_bytes: u64,
+    /// Journal locations of entries `[file_entries, count)`.
+    pub tail: VecDeque<Loc>,
+}
+
+impl LedgerState {
+    fn new() -> Self {
+        Self {
+            file_bytes: ledger_file::HEADER_LEN,
+            ..Self::default()
+        }
+    }
+}
+
+/// Bookkeeping of one managed ledger besides its ledgers.
+#[derive(Debug, Default)]
+pub(crate) struct MetaState {
+    pub next_ledger_id: u64,
+    /// The ledger appends go to, if one is open.
+    pub active: Option<u64>,
+    pub compacted: bool,
+    /// Cursor states as persisted, for cursors not open now.
+    pub persisted_cursors: BTreeMap<String, CursorData>,
+    /// A compaction whose commit record has not been applied yet
+    /// (recovery and read-only scans): ledger id, entry count, the ledger.
+    pub replace: Option<(u64, u64, LedgerState)>,
+    /// Removed (`MlDelete`).
+    pub deleted: bool,
+}
+
+/// Rollover thresholds of a managed ledger (per open).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Rollover {
+    pub max_entries: u64,
+    pub max_bytes: u64,
+}
+
+/// Open files of one ledger.
+#[derive(Debug, Clone)]
+pub(crate) struct LedgerHandles {
+    pub log: Arc<dyn FsFile>,
+    pub idx: Arc<dyn FsFile>,
+    pub log_path: PathBuf,
+    pub idx_path: PathBuf,
+}
+
+impl LedgerHandles {
+    pub fn files(&self, id: u64) -> LedgerFiles<'_> {
+        LedgerFiles {
+            id,
+            log: self.log.as_ref(),
+            log_path: &self.log_path,
+            idx: self.idx.as_ref(),
+            idx_path: &self.idx_path,
+        }
+    }
+}
+
+/// A least-recently-used cache of ledger file handles: descriptors stay
+/// bounded whatever the number of ledgers.
+#[derive(Debug, Default)]
+pub(crate) struct FileCache {
+    map: HashMap<(u64, u64), (LedgerHandles, u64)>,
+    tick: u64,
+    cap: usize,
+}
+
+impl FileCache {
+    pub fn new(cap: usize) -> Self {
+        Self {
+            cap: cap.max(1),
+            ..Self::default()
+        }
+    }
+
+    fn get(&mut self, key: (u64, u64)) -> Option<LedgerHandles> {
+        self.tick += 1;
+        let t = self.tick;
+        self.map.get_mut(&key).map(|(h, used)| {
+            *used = t;
+            h.clone()
+        })
+    }
+
+    fn put(&mut self, key: (u64, u64), h: LedgerHandles) {
+        if self.map.len() >= self.cap {
+            if let Some(&old) = self.map.iter().min_by_key(|(_, (_, u))| *u).map(|(k, _)| k) {
+                self.map.remove(&old);
+            }
+        }
+        self.tick += 1;
+        self.map.insert(key, (h, self.tick));
+    }
+
+    /// Forgets the handles of ledger `key` (before its files are removed).
+    pub fn evict(&mut self, key: (u64, u64)) {
+        self.map.remove(&key);
+    }
+
+    /// Forgets every ledger of managed ledger `ml`.
+    pub fn evict_ml(&mut self, ml: u64) {
+        self.map.retain(|k, _| k.0 != ml);
+    }
+
+    /// Open descriptors (two per cached ledger).
+    pub fn descriptors(&self) -> usize {
+        self.map.len() * 2
+    }
+}
+
+/// The I/O side of a data directory that managed ledgers read through:
+/// open journal segments and a cache of ledger files.
+#[derive(Debug)]
+pub(crate) struct StoreIo {
+    pub fs: Arc<dyn Fs>,
+    pub data_dir: PathBuf,
+    pub read_only: bool,
+    pub faults: Arc<FaultInjector>,
+    /// Journal segments by base offset (only existing ones).
+    pub segments: RwLock<BTreeMap<u64, Arc<dyn FsFile>>>,
+    pub files: Mutex<FileCache>,
+    /// Entry reads served from ledger files / from the journal.
+    pub file_reads: AtomicU64,
+    pub journal_reads: AtomicU64,
+}
+
+impl StoreIo {
+    /// The test hook in front of every read.
+    fn read_fault(&self, name: &str) -> Result<()> {
+        self.faults
+            .check(FaultKind::Read)
+            .map_err(|e| Error::io(format!("reading managed ledger {name:?}"), &e))
+    }
+
+    /// Handles of ledger `ledger` of `ml` (opening its files if needed;
+    /// creating them, with headers, when `create`).
+    pub fn ledger_files(&self, ml: &MlState, ledger: u64, create: bool) -> Result<LedgerHandles> {
+        if let Some(h) = self.files.lock().get((ml.id, ledger)) {
+            return Ok(h);
+        }
+        let log_path = ledger_file::log_path(&ml.dir, ledger);
+        let idx_path = ledger_file::idx_path(&ml.dir, ledger);
+        let open = |path: &Path, idx: bool| -> Result<Arc<dyn FsFile>> {
+            let ctx = |e: &std::io::Error| Error::io(format!("opening {}", path.display()), e);
+            if self.read_only || !create {
+                let mode = if self.read_only {
+                    OpenMode::READ
+                } else {
+                    OpenMode::WRITE
+                };
+                let f = self.fs.open(path, mode).map_err(|e| ctx(&e))?;
+                ledger_file::check_header(f.as_ref(), path, ledger, idx)?;
+                return Ok(f);
+            }
+            let f = self.fs.open(path, OpenMode::CREATE).map_err(|e| ctx(&e))?;
+            let len = f.size().map_err(|e| ctx(&e))?;
+            if len < ledger_file::HEADER_LEN {
+                f.write_all_at(&ledger_file::encode_header(ledger, idx), 0)
+                    .map_err(|e| ctx(&e))?;
+            } else {
+                ledger_file::check_header(f.as_ref(), path, ledger, idx)?;
+            }
+            Ok(f)
+        };
+        let h = LedgerHandles {
+            log: open(&log_path, false)?,
+            idx: open(&idx_path, true)?,
+            log_path,
+            idx_path,
+        };
+        self.files.lock().put((ml.id, ledger), h.clone());
+        Ok(h)
+    }
+
+    /// Reads one journal record's body at `loc`, verifying it.
+    fn read_journal(
+        &self,
+        ml: &MlState,
+        p: Position,
+        locs: &[Loc],
+    ) -> Result<Option<Vec<Vec<u8>>>> {
+        let mut out = Vec::with_capacity(locs.len());
+        let segments = self.segments.read();
+        let mut i = 0;
+        while i < locs.len() {
+            let Some((&base, file)) = segments.range(..=locs[i].at).next_back() else {
+                return Ok(None);
+            };
+            let file = Arc::clone(file);
+            // A run of records back to back in one segment: one read.
+            let mut j = i + 1;
+            let mut end = locs[i].at + RECORD_HEADER_LEN as u64 + u64::from(locs[i].len);
+            while j < locs.len() && locs[j].at == end {
+                end += RECORD_HEADER_LEN as u64 + u64::from(locs[j].len);
+                j += 1;
+            }
+            if segments.range(base + 1..end).next().is_some() {
+                // Crosses into the next segment: read one at a time.
+                j = i + 1;
+                end = locs[i].at + RECORD_HEADER_LEN as u64 + u64::from(locs[i].len);
+            }
+            let start = locs[i].at;
+            let mut buf = vec![0u8; (end - start) as usize];
+            let path = journal::segment_path(&self.data_dir, base);
+            let off = journal::SEGMENT_HEADER_LEN + (start - base);
+            match file.read_exact_at(&mut buf, off) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                    return Err(journal::corrupt(
+                        &path,
+                        off,
+                        p,
+                        "journal shorter than a published record",
+                    ));
+                }
+                Err(e) => return Err(Error::io(format!("reading {}", path.display()), &e)),
+            }
+            let mut at = 0usize;
+            for (k, loc) in locs[i..j].iter().enumerate() {
+                let head = journal::decode_head(&buf[at..at + RECORD_HEADER_LEN]);
+                let body = &buf[at + RECORD_HEADER_LEN..at + RECORD_HEADER_LEN + loc.len as usize];
+                let pos = Position::new(p.ledger_id, p.entry_id + (i + k) as u64);
+                let ok = head.is_some_and(|h| {
+                    h.kind == Kind::Entry
+                        && h.ml == ml.id
+                        && h.position() == pos
+                        && h.body_crc == loc.crc
+                }) && journal::body_crc(body) == loc.crc;
+                if !ok {
+                    return Err(journal::corrupt(
+                        &path,
+                        off + at as u64,
+                        pos,
+                        "journal record checksum mismatch on read",
+                    ));
+                }
+                out.push(body.to_vec());
+                at += RECORD_HEADER_LEN + loc.len as usize;
+            }
+            i = j;
+        }
+        self.journal_reads
+            .fetch_add(locs.len() as u64, Ordering::Relaxed);
+        Ok(Some(out))
+    }
+}
+
+/// One managed ledger's state, shared by its handles, the storage threads
+/// and the catalog.
+pub(crate) struct MlState {
+    /// Journal id.
+    pub id: u64,
+    pub name: String,
+    /// `<data>/ledgers/<escaped name>`.
+    pub dir: PathBuf,
+    pub io: Arc<StoreIo>,
+    pub ledgers: RwLock<BTreeMap<u64, LedgerState>>,
+    pub meta: Mutex<MetaState>,
+    pub cursors: Mutex<BTreeMap<String, Arc<CursorInner>>>,
+    /// A cursor changed since its state was last journaled.
+    pub cursors_dirty: AtomicBool,
+    /// A writable handle is open.
+    pub open: AtomicBool,
+    pub rollover: Mutex<Rollover>,
+}
+
+impl fmt::Debug for MlState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MlState")
+            .field("id", &self.id)
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What applying a record left for the storage threads to do.
+#[derive(Debug, Default)]
+pub(crate) struct Applied {
+    /// Ledgers that left the managed ledger (their files can go once a
+    /// checkpoint no longer lists them).
+    pub dropped: Vec<u64>,
+    /// New entries went to the journal tail.
+    pub appended: bool,
+}
+
+fn corrupt_record(io: &StoreIo, at: u64, p: Position, reason: String) -> Error {
+    Error::CorruptLedger {
+        path: io.data_dir.join(journal::JOURNAL_DIR).display().to_string(),
+        position: p,
+        offset: at,
+        reason,
+    }
+}
+
+impl MlState {
+    pub fn new(id: u64, name: String, dir: PathBuf, io: Arc<StoreIo>, rollover: Rollover) -> Self {
+        Self {
+            id,
+            name,
+            dir,
+            io,
+            ledgers: RwLock::new(BTreeMap::new()),
+            meta: Mutex::new(MetaState {
+                next_ledger_id: FIRST_LEDGER_ID,
+                ..MetaState::default()
+            }),
+            cursors: Mutex::new(BTreeMap::new()),
+            cursors_dirty: AtomicBool::new(false),
+            open: AtomicBool::new(false),
+            rollover: Mutex::new(rollover),
+        }
+    }
+
+    /// Loads the catalog's view of this managed ledger.
+    pub fn load(&self, s: &ManagedLedgerState) -> Result<()> {
+        let mut ledgers = BTreeMap::new();
+        for info in &s.ledgers {
+            let file_entries = info.file_entries.unwrap_or(0);
+            let file_bytes = info.size_bytes.unwrap_or(ledger_file::HEADER_LEN);
+            if info.entries.is_some_and(|n| n < file_entries)
+                || file_bytes < ledger_file::HEADER_LEN
+            {
+                return Err(
+                    self.bad_catalog(format!("ledger {} has inconsistent counts", info.ledger_id))
+                );
+            }
+            ledgers.insert(
+                info.ledger_id,
+                LedgerState {
+                    count: file_entries,
+                    sealed: info.entries,
+                    file_entries,
+                    file_bytes,
+                    tail: VecDeque::new(),
+                },
+            );
+        }
+        let mut persisted = BTreeMap::new();
+        for c in &s.cursors {
+            let d = CursorData::from_proto(c).map_err(|r| self.bad_catalog(r))?;
+            persisted.insert(c.name.clone(), d);
+        }
+        let mut m = self.meta.lock();
+        m.next_ledger_id = s.next_ledger_id;
+        m.compacted = s.compacted.unwrap_or(false);
+        m.active = ledgers
+            .iter()
+            .next_back()
+            .filter(|(_, l)| l.sealed.is_none())
+            .map(|(&id, _)| id);
+        m.persisted_cursors = persisted;
+        m.replace = None;
+        m.deleted = false;
+        if ledgers.keys().any(|&id| id >= m.next_ledger_id) {
+            return Err(self.bad_catalog("a ledger id at or past next_ledger_id".to_owned()));
+        }
+        *self.ledgers.write() = ledgers;
+        Ok(())
+    }
+
+    fn bad_catalog(&self, reason: String) -> Error {
+        Error::CorruptLedger {
+            path: self
+                .io
+                .data_dir
+                .join(super::catalog::CATALOG_FILE)
+                .display()
+                .to_string(),
+            position: Position::default(),
+            offset: 0,
+            reason: format!("managed ledger {:?}: {reason}", self.name),
+        }
+    }
+
+    /// This managed ledger as the catalog stores it.
+    pub fn snapshot(&self) -> ManagedLedgerState {
+        let m = self.meta.lock();
+        let ledgers = self
+            .ledgers
+            .read()
+            .iter()
+            .map(|(&id, l)| LedgerInfo {
+                ledger_id: id,
+                entries: l.sealed,
+                size_bytes: Some(l.file_bytes),
+                file_entries: Some(l.file_entries),
+            })
+            .collect();
+        let mut cursors: BTreeMap<String, CursorState> = m
+            .persisted_cursors
+            .iter()
+            .map(|(n, d)| (n.clone(), d.to_proto(n)))
+            .collect();
+        for (n, c) in self.cursors.lock().iter() {
+            cursors.insert(n.clone(), c.data.lock().to_proto(n));
+        }
+        ManagedLedgerState {
+            id: self.id,
+            name: self.name.clone(),
+            ledgers,
+            cursors: cursors.into_values().collect(),
+            next_ledger_id: m.next_ledger_id,
+            compacted: Some(m.compacted),
+        }
+    }
+
+    /// Applies one journal record (see the module docs). `at` is its journal
+    /// offset; `body` its body (may be empty for `Entry`).
+    pub fn apply(&self, at: u64, head: &Head, body: &[u8]) -> Result<Applied> {
+        let mut out = Applied::default();
+        let mut m = self.meta.lock();
+        let bad = |reason: String| corrupt_record(&self.io, at, head.position(), reason);
+        match head.kind {
+            Kind::Entry => {
+                let loc = Loc {
+                    at,
+                    len: head.body_len,
+                    crc: head.body_crc,
+                };
+                if let Some((id, n, l)) = m.replace.as_mut() {
+                    if *id == head.a {
+                        if head.b != l.count || l.count >= *n {
+                            return Err(bad(format!("compaction entry {} out of order", head.b)));
+                        }
+                        l.count += 1;
+                        l.tail.push_back(loc);
+                        return Ok(out);
+                    }
+                }
+                let mut ledgers = self.ledgers.write();
+                let Some(l) = ledgers.get_mut(&head.a) else {
+                    if head.a < m.next_ledger_id {
+                        return Ok(out); // trimmed or compacted away since
+                    }
+                    return Err(bad(format!(
+                        "entry of ledger {} that was never opened",
+                        head.a
+                    )));
+                };
+                if head.b < l.count {
+                    return Ok(out); // already in the ledger's files
+                }
+                if head.b > l.count || l.sealed.is_some_and(|n| head.b >= n) {
+                    return Err(bad(format!(
+                        "entry {} of ledger {} out of order (ledger has {} entries{})",
+                        head.b,
+                        head.a,
+                        l.count,
+                        l.sealed
+                            .map(|n| format!(", sealed at {n}"))
+                            .unwrap_or_default()
+                    )));
+                }
+                l.count += 1;
+                l.tail.push_back(loc);
+                out.appended = true;
+            }
+            Kind::LedgerOpen => {
+                let mut ledgers = self.ledgers.write();
+                if ledgers.contains_key(&head.a) || head.a < m.next_ledger_id {
+                    return Ok(out);
+                }
+                if let Some(prev) = m.active.and_then(|id| ledgers.get_mut(&id)) {
+                    prev.sealed.get_or_insert(prev.count);
+                }
+                ledgers.insert(head.a, LedgerState::new());
+                m.active = Some(head.a);
+                m.next_ledger_id = head.a + 1;
+            }
+            Kind::Seal => {
+                let mut ledgers = self.ledgers.write();
+                if let Some(l) = ledgers.get_mut(&head.a) {
+                    if l.count > head.b {
+                        return Err(bad(format!(
+                            "ledger {} sealed at {} but has {} entries",
+                            head.a, head.b, l.count
+                        )));
+                    }
+                    l.sealed = Some(head.b);
+                }
+                if m.active == Some(head.a) {
+                    m.active = None;
+                }
+            }
+            Kind::Cursor => {
+                let s = CursorState::decode(body)
+                    .map_err(|e| bad(format!("undecodable cursor state: {e}")))?;
+                let d = CursorData::from_proto(&s).map_err(bad)?;
+                m.persisted_cursors.insert(s.name, d);
+            }
+            Kind::CursorDelete => {
+                let name = std::str::from_utf8(body)
+                    .map_err(|_| bad("cursor name is not UTF-8".to_owned()))?;
+                m.persisted_cursors.remove(name);
+            }
+            Kind::Trim => {
+                if body.len() % 8 != 0 {
+                    return Err(bad("trim record of odd length".to_owned()));
+                }
+                let mut ledgers = self.ledgers.write();
+                for chunk in body.chunks_exact(8) {
+                    let mut b = [0u8; 8];
+                    b.copy_from_slice(chunk);
+                    let id = u64::from_le_bytes(b);
+                    if ledgers.remove(&id).is_some() {
+                        out.dropped.push(id);
+                    }
+                    if m.active == Some(id) {
+                        m.active = None;
+                    }
+                }
+            }
+            Kind::ReplaceBegin => {
+                if self.ledgers.read().contains_key(&head.a) || head.a < m.next_ledger_id {
+                    return Ok(out); // the catalog has it already
+                }
+                m.replace = Some((head.a, head.b, LedgerState::new()));
+            }
+            Kind::ReplaceCommit => {
+                let Some((id, n, mut l)) = m.replace.take() else {
+                    return Ok(out); // the catalog has it already
+                };
+                if id != head.a || l.count != n {
+                    return Err(bad(format!(
+                        "compaction into ledger {id} commits ledger {} after {} of {n} entries",
+                        head.a, l.count
+                    )));
+                }
+                l.sealed = Some(n);
+                let mut ledgers = self.ledgers.write();
+                out.dropped.extend(ledgers.keys().copied());
+                ledgers.clear();
+                ledgers.insert(id, l);
+                m.active = None;
+                m.next_ledger_id = id + 1;
+                out.appended = n > 0;
+            }
+            Kind::SetCompacted => m.compacted = true,
+            Kind::MlCreate | Kind::MlDelete => {}
+        }
+        Ok(out)
+    }
+
+    /// Seals every open ledger at its count (after recovery: appends go to
+    /// a new ledger). Fails if a sealed ledger lacks entries.
+    pub fn finish_recovery(&self) -> Result<()> {
+        let mut m = self.meta.lock();
+        m.replace = None;
+        m.active = None;
+        let mut ledgers = self.ledgers.write();
+        for (&id, l) in ledgers.iter_mut() {
+            match l.sealed {
+                Some(n) if n != l.count => {
+                    return Err(corrupt_record(
+                        &self.io,
+                        0,
+                        Position::new(id, l.count),
+                        format!(
+                            "managed ledger {:?}: ledger {id} was sealed at {n} entries, only {} survive",
+                            self.name, l.count
+                        ),
+                    ));
+                }
+                Some(_) => {}
+                None => l.sealed = Some(l.count),
+            }
+        }
+        Ok(())
+    }
+
+    // ------------------------------------------------------------- queries
+
+    pub fn first_position(&self) -> Option<Position> {
+        self.ledgers
+            .read()
+            .iter()
+            .find(|(_, l)| l.count > 0)
+            .map(|(&id, _)| Position::new(id, 0))
+    }
+
+    pub fn last_position(&self) -> Option<Position> {
+        self.ledgers
+            .read()
+            .iter()
+            .rev()
+            .find_map(|(&id, l)| (l.count > 0).then(|| Position::new(id, l.count - 1)))
+    }
+
+    /// The first existing entry after `p` (after nothing: the first entry).
+    pub fn next_after(&self, p: Option<Position>) -> Option<Position> {
+        let (ledger, entry) = match p {
+            None => (0, 0),
+            Some(p) => match p.entry_id.checked_add(1) {
+                Some(e) => (p.ledger_id, e),
+                None => (p.ledger_id.checked_add(1)?, 0),
+            },
+        };
+        let ledgers = self.ledgers.read();
+        for (&id, l) in ledgers.range(ledger..) {
+            let e = if id == ledger { entry } else { 0 };
+            if e < l.count {
+                return Some(Position::new(id, e));
+            }
+        }
+        None
+    }
+
+    pub fn exists(&self, p: Position) -> bool {
+        self.ledgers
+            .read()
+            .get(&p.ledger_id)
+            .is_some_and(|l| p.entry_id < l.count)
+    }
+
+    /// A position between existing entries that names no entry (in a
+    /// trimmed or empty ledger): valid as a mark-delete bound.
+    pub fn is_gap(&self, p: Position) -> bool {
+        !self.ledgers.read().contains_key(&p.ledger_id)
+            && self.last_position().is_some_and(|l| p < l)
+    }
+
+    pub fn not_found(&self, p: Position) -> Error {
+        let reason = match self.ledgers.read().get(&p.ledger_id) {
+            Some(l) => format!("ledger {} has {} entries", p.ledger_id, l.count),
+            None => match (self.first_position(), self.last_position()) {
+                (Some(f), _) if p < f => format!("trimmed (first entry is {f})"),
+                (_, Some(l)) if p > l => format!("past the end (last entry is {l})"),
+                (_, None) => "the managed ledger is empty".to_owned(),
+                _ => format!("ledger {} does not exist", p.ledger_id),
+            },
+        };
+        Error::PositionNotFound {
+            position: p,
+            reason,
+        }
+    }
+
+    pub fn entry_count(&self) -> u64 {
+        self.ledgers.read().values().map(|l| l.count).sum()
+    }
+
+    // ------------------------------------------------------------- reads
+
+    /// Reads entries `[first, first + n)` of ledger `ledger` (all published).
+    pub fn read_run(&self, ledger: u64, first: u64, n: u64) -> Result<Vec<Vec<u8>>> {
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        // A checkpoint may retire a journal segment between the plan and
+        // the read: the entries are in the ledger files then; plan again.
+        for _ in 0..8 {
+            let (in_files, locs) = {
+                let ledgers = self.ledgers.read();
+                let Some(l) = ledgers.get(&ledger) else {
+                    return Err(self.not_found(Position::new(ledger, first)));
+                };
+                if first + n > l.count {
+                    return Err(self.not_found(Position::new(ledger, first + n - 1)));
+                }
+                let in_files = l.file_entries.saturating_sub(first).min(n);
+                let from = (first + in_files).saturating_sub(l.file_entries) as usize;
+                let locs: Vec<Loc> = l
+                    .tail
+                    .range(from..from + (n - in_files) as usize)
+                    .copied()
+                    .collect();
+                (in_files, locs)
+            };
+            let mut out = if in_files > 0 {
+                let h = self.io.ledger_files(self, ledger, false)?;
+                let v = h.files(ledger).read(first, in_files)?;
+                self.io.file_reads.fetch_add(in_files, Ordering::Relaxed);
+                v
+            } else {
+                Vec::new()
+            };
+            if locs.is_empty() {
+                return Ok(out);
+            }
+            let p = Position::new(ledger, first + in_files);
+            if let Some(v) = self.io.read_journal(self, p, &locs)? {
+                out.extend(v);
+                return Ok(out);
+            }
+        }
+        Err(Error::io(
+            format!("reading managed ledger {:?}", self.name),
+            &std::io::Error::other("journal segments kept moving under the read"),
+        ))
+    }
+
+    pub fn read(&self, p: Position) -> Result<Vec<u8>> {
+        self.io.read_fault(&self.name)?;
+        let mut v = self.read_run(p.ledger_id, p.entry_id, 1)?;
+        v.pop().ok_or_else(|| self.not_found(p))
+    }
+
+    /// Reads existing positions (ascending), one read per contiguous run.
+    pub fn read_positions(&self, ps: &[Position]) -> Result<Vec<Vec<u8>>> {
+        if !ps.is_empty() {
+            self.io.read_fault(&self.name)?;
+        }
+        let mut out = Vec::with_capacity(ps.len());
+        let mut i = 0;
+        while i < ps.len() {
+            let first = ps[i];
+            let mut j = i + 1;
+            while j < ps.len()
+                && ps[j].ledger_id == first.ledger_id
+                && ps[j].entry_id == ps[j - 1].entry_id + 1
+            {
+                j += 1;
+            }
+            out.extend(self.read_run(first.ledger_id, first.entry_id, (j - i) as u64)?);
+            i = j;
+        }
+        Ok(out)
+    }
+
+    pub fn read_range(&self, start: Position, end: Position) -> Result<Vec<(Position, Vec<u8>)>> {
+        if start > end {
+            return Err(Error::invalid(format!(
+                "read_range start {start} is after end {end}"
+            )));
+        }
+        match self.last_position() {
+            Some(l) if start <= l => {}
+            _ => return Err(self.not_found(start)),
+        }
+        self.io.read_fault(&self.name)?;
+        let runs: Vec<(u64, u64, u64)> = self
+            .ledgers
+            .read()
+            .range(start.ledger_id..=end.ledger_id)
+            .filter_map(|(&id, l)| {
+                let a = if id == start.ledger_id {
+                    start.entry_id
+                } else {
+                    0
+                };
+                let b = if id == end.ledger_id {
+                    end.entry_id.saturating_add(1).min(l.count)
+                } else {
+                    l.count
+                };
+                (a < b).then_some((id, a, b - a))
+            })
+            .collect();
+        let mut out = Vec::new();
+        for (id, a, n) in runs {
+            for (k, data) in self.read_run(id, a, n)?.into_iter().enumerate() {
+                out.push((Position::new(id, a + k as u64), data));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Ledgers wholly before every cursor's mark-delete (never the newest
+    /// nor the open one); none without cursors.
+    pub fn trimmable(&self) -> Vec<u64> {
+        let m = self.meta.lock();
+        let mut min_md: Option<Position> = None;
+        {
+            let cursors = self.cursors.lock();
+            let persisted = m
+                .persisted_cursors
+                .iter()
+                .filter(|(n, _)| !cursors.contains_key(*n))
+                .map(|(_, d)| d.mark_delete);
+            let live = cursors.values().map(|c| c.data.lock().mark_delete);
+            let mut any = false;
+            for md in live.chain(persisted) {
+                any = true;
+                match md {
+                    None => return Vec::new(),
+                    Some(p) => min_md = Some(min_md.map_or(p, |q: Position| q.min(p))),
+                }
+            }
+            if !any {
+                return Vec::new();
+            }
+        }
+        let Some(md) = min_md else {
+            return Vec::new();
+        };
+        let ledgers = self.ledgers.read();
+        let newest = ledgers.keys().next_back().copied();
+        ledgers
+            .iter()
+            .filter(|(&id, _)| Some(id) != newest && Some(id) != m.active)
+            .filter(|(&id, l)| match l.count {
+                0 => id <= md.ledger_id,
+                c => Position::new(id, c - 1) <= md,
+            })
+            .map(|(&id, _)| id)
+            .collect()
+    }
+}

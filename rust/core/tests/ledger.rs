@@ -259,28 +259,25 @@ fn torn_tail_is_truncated() {
     let pos: Vec<Position> = (0..20)
         .map(|i| ml.append(&payload(i + 1)).unwrap())
         .collect();
-    for (k, cut) in [(0u64, 3u64), (1, 9), (2, 40)] {
+    for (k, cut) in [(0u64, 3usize), (1, 9), (2, 40)] {
         let img = tmp.path().join(format!("img{k}"));
-        let dir = crash_image(&live, &img, "t");
-        let log = last_log(&dir);
+        crash_image(&live, &img, "t");
         // A partial record after the last acknowledged one.
-        let f = OpenOptions::new().write(true).open(&log).unwrap();
+        let (journal_file, end) = support::journal_end(&img);
         let mut rec = Vec::new();
-        rec.extend_from_slice(&100u32.to_le_bytes());
-        rec.extend_from_slice(&[0xAB; 60]);
-        let probe = ManagedLedger::open(
-            &img,
-            "t",
-            LedgerOptions {
-                read_only: true,
-                ..opts()
-            },
-        )
-        .unwrap();
-        assert_eq!(probe.last_position(), Some(pos[19]));
-        let data_end = data_end_of(&probe, pos[19]);
-        drop(probe);
-        f.write_all_at(&rec[..cut as usize], data_end).unwrap();
+        let body = vec![0xAB; 60];
+        journal::encode_head(
+            &mut rec,
+            journal::Kind::Entry,
+            0,
+            1,
+            pos[19].ledger_id,
+            20,
+            &body,
+        );
+        rec.extend_from_slice(&body);
+        let f = OpenOptions::new().write(true).open(&journal_file).unwrap();
+        f.write_all_at(&rec[..cut], end).unwrap();
         drop(f);
         let ml2 = ManagedLedger::open(&img, "t", opts()).unwrap();
         assert_eq!(ml2.last_position(), Some(pos[19]));
@@ -288,20 +285,10 @@ fn torn_tail_is_truncated() {
             assert_eq!(ml2.read(*p).unwrap(), payload(i as u64 + 1));
         }
         ml2.close().unwrap();
-        // The sealed ledger reopens clean, without the torn bytes.
+        // It reopens clean, without the torn bytes.
         let ml3 = ManagedLedger::open(&img, "t", opts()).unwrap();
         assert_eq!(ml3.entry_count(), 20);
     }
-}
-
-/// File offset just past entry `p` (the ledger's data end when `p` is last).
-fn data_end_of(ml: &ManagedLedger, p: Position) -> u64 {
-    // Header (32) + records; recompute from payload sizes.
-    let mut end = 32u64;
-    for (_, d) in ml.read_range(Position::new(p.ledger_id, 0), p).unwrap() {
-        end += 8 + d.len() as u64;
-    }
-    end
 }
 
 use support::entry_record;

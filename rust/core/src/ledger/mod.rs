@@ -45,7 +45,7 @@ pub use options::{LedgerOptions, MAX_ENTRY_SIZE};
 use crate::error::{Error, Result};
 use crate::position::Position;
 use crate::sink::{AppendCallback, EntrySink};
-use cursor::{CursorData, CursorInner};
+use cursor::CursorInner;
 use group_commit::{Command, Done};
 use parking_lot::Mutex;
 use state::MlState;
@@ -372,10 +372,13 @@ impl ManagedLedger {
         if name.is_empty() {
             return Err(Error::invalid("cursor name must not be empty"));
         }
+        // Lock order everywhere: `meta` before `cursors`; never held across
+        // a journal write (publishing takes `meta`).
         let ml = &self.shared.ml;
-        if let Some(c) = ml.cursors.lock().get(name) {
+        let existing = ml.cursors.lock().get(name).cloned();
+        if let Some(c) = existing {
             return Ok(Cursor {
-                inner: Arc::clone(c),
+                inner: c,
                 shared: Arc::clone(&self.shared),
             });
         }
@@ -383,16 +386,17 @@ impl ManagedLedger {
         let new = persisted.is_none();
         let inner = Arc::new(CursorInner {
             name: name.to_owned(),
-            data: Mutex::new(persisted.unwrap_or_else(CursorData::default)),
+            data: Mutex::new(persisted.unwrap_or_default()),
             reading: Mutex::new(()),
             rewinds: std::sync::atomic::AtomicU64::new(0),
         });
         if new && !self.is_read_only() {
             self.shared.store.create_cursor(ml, &inner)?;
         }
+        let mut m = ml.meta.lock();
         let mut cursors = ml.cursors.lock();
         let inner = Arc::clone(cursors.entry(name.to_owned()).or_insert(inner));
-        ml.meta.lock().persisted_cursors.remove(name);
+        m.persisted_cursors.remove(name);
         Ok(Cursor {
             inner,
             shared: Arc::clone(&self.shared),
@@ -403,14 +407,17 @@ impl ManagedLedger {
     pub fn delete_cursor(&self, name: &str) -> Result<()> {
         self.shared.check_writable()?;
         let ml = &self.shared.ml;
-        let known = ml.cursors.lock().contains_key(name)
-            || ml.meta.lock().persisted_cursors.contains_key(name);
+        let known = {
+            let m = ml.meta.lock();
+            m.persisted_cursors.contains_key(name) || ml.cursors.lock().contains_key(name)
+        };
         if !known {
             return Err(Error::invalid(format!("no cursor named {name:?}")));
         }
         self.shared.store.delete_cursor(ml, name)?;
+        let mut m = ml.meta.lock();
+        m.persisted_cursors.remove(name);
         ml.cursors.lock().remove(name);
-        ml.meta.lock().persisted_cursors.remove(name);
         Ok(())
     }
 

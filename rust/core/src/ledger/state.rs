@@ -87,6 +87,17 @@ pub(crate) struct Rollover {
     pub max_bytes: u64,
 }
 
+/// How [`StoreIo::ledger_files`] opens a ledger's files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FileOpen {
+    /// Files that hold entries (reads, syncs).
+    Existing,
+    /// The write-behind's files of a ledger with entries in them already.
+    Create,
+    /// The write-behind's first write to a ledger: start the files over.
+    Fresh,
+}
+
 /// Open files of one ledger.
 #[derive(Debug, Clone)]
 pub(crate) struct LedgerHandles {
@@ -184,35 +195,44 @@ impl StoreIo {
             .map_err(|e| Error::io(format!("reading managed ledger {name:?}"), &e))
     }
 
-    /// Handles of ledger `ledger` of `ml` (opening its files if needed;
-    /// creating them, with headers, when `create`).
-    pub fn ledger_files(&self, ml: &MlState, ledger: u64, create: bool) -> Result<LedgerHandles> {
-        if let Some(h) = self.files.lock().get((ml.id, ledger)) {
-            return Ok(h);
+    /// Handles of ledger `ledger` of `ml`, opening its files if needed.
+    /// `Create`: the write-behind's open; `Fresh`: the same, for a ledger
+    /// with no entry in its files yet, whose files (if any) hold nothing to
+    /// trust (a crash may have left a half-written header) and start over.
+    pub fn ledger_files(&self, ml: &MlState, ledger: u64, how: FileOpen) -> Result<LedgerHandles> {
+        if how != FileOpen::Fresh {
+            if let Some(h) = self.files.lock().get((ml.id, ledger)) {
+                return Ok(h);
+            }
         }
         let log_path = ledger_file::log_path(&ml.dir, ledger);
         let idx_path = ledger_file::idx_path(&ml.dir, ledger);
         let open = |path: &Path, idx: bool| -> Result<Arc<dyn FsFile>> {
             let ctx = |e: &std::io::Error| Error::io(format!("opening {}", path.display()), e);
-            if self.read_only || !create {
-                let mode = if self.read_only {
-                    OpenMode::READ
-                } else {
-                    OpenMode::WRITE
-                };
-                let f = self.fs.open(path, mode).map_err(|e| ctx(&e))?;
-                ledger_file::check_header(f.as_ref(), path, ledger, idx)?;
-                return Ok(f);
+            match how {
+                FileOpen::Existing => {
+                    let mode = if self.read_only {
+                        OpenMode::READ
+                    } else {
+                        OpenMode::WRITE
+                    };
+                    let f = self.fs.open(path, mode).map_err(|e| ctx(&e))?;
+                    ledger_file::check_header(f.as_ref(), path, ledger, idx)?;
+                    Ok(f)
+                }
+                FileOpen::Create => {
+                    let f = self.fs.open(path, OpenMode::CREATE).map_err(|e| ctx(&e))?;
+                    ledger_file::check_header(f.as_ref(), path, ledger, idx)?;
+                    Ok(f)
+                }
+                FileOpen::Fresh => {
+                    let f = self.fs.open(path, OpenMode::CREATE).map_err(|e| ctx(&e))?;
+                    f.set_len(0)
+                        .and_then(|()| f.write_all_at(&ledger_file::encode_header(ledger, idx), 0))
+                        .map_err(|e| ctx(&e))?;
+                    Ok(f)
+                }
             }
-            let f = self.fs.open(path, OpenMode::CREATE).map_err(|e| ctx(&e))?;
-            let len = f.size().map_err(|e| ctx(&e))?;
-            if len < ledger_file::HEADER_LEN {
-                f.write_all_at(&ledger_file::encode_header(ledger, idx), 0)
-                    .map_err(|e| ctx(&e))?;
-            } else {
-                ledger_file::check_header(f.as_ref(), path, ledger, idx)?;
-            }
-            Ok(f)
         };
         let h = LedgerHandles {
             log: open(&log_path, false)?,
@@ -299,6 +319,10 @@ impl StoreIo {
 
 /// One managed ledger's state, shared by its handles, the storage threads
 /// and the catalog.
+///
+/// Lock order: `meta`, then `cursors`, then a cursor's `data`, then
+/// `ledgers`. None is held across a journal write (publishing a group takes
+/// `meta` and `ledgers`).
 pub(crate) struct MlState {
     /// Journal id.
     pub id: u64,
@@ -719,7 +743,7 @@ impl MlState {
                 (in_files, locs)
             };
             let mut out = if in_files > 0 {
-                let h = self.io.ledger_files(self, ledger, false)?;
+                let h = self.io.ledger_files(self, ledger, FileOpen::Existing)?;
                 let v = h.files(ledger).read(first, in_files)?;
                 self.io.file_reads.fetch_add(in_files, Ordering::Relaxed);
                 v

@@ -54,7 +54,7 @@ use super::group_commit::{
 use super::journal::{self, Kind, JOURNAL_DIR};
 use super::ledger_file;
 use super::options::LedgerOptions;
-use super::state::{Applied, FileCache, MlState, Rollover, StoreIo};
+use super::state::{Applied, FileCache, FileOpen, MlState, Rollover, StoreIo};
 use crate::error::{Error, Result};
 use crate::fork;
 use crate::position::Position;
@@ -888,14 +888,14 @@ impl Store {
             match self.refresh_once() {
                 Ok(()) => return Ok(()),
                 // A checkpoint may remove a segment between our catalog read
-                // and its open; a live tail may look torn mid-write.
+                // and its open. (Below the synced hint every record is
+                // complete: damage there is real, reported at once.)
                 Err(
                     e @ Error::Io {
                         errno: Some(libc::ENOENT),
                         ..
                     },
-                )
-                | Err(e @ Error::CorruptLedger { .. }) => last_err = Some(e),
+                ) => last_err = Some(e),
                 Err(e) => return Err(e),
             }
             std::thread::sleep(Duration::from_millis(5));
@@ -1519,7 +1519,7 @@ impl Store {
             let Some(ml) = self.mls.read().get(&ml_id).cloned() else {
                 continue;
             };
-            let (skip, file_bytes) = {
+            let (skip, file_bytes, fresh) = {
                 let ledgers = ml.ledgers.read();
                 let Some(l) = ledgers.get(&ledger) else {
                     continue;
@@ -1530,7 +1530,11 @@ impl Store {
                         ml.name, l.file_entries
                     )));
                 }
-                ((l.file_entries - first) as usize, l.file_bytes)
+                (
+                    (l.file_entries - first) as usize,
+                    l.file_bytes,
+                    l.file_entries == 0,
+                )
             };
             if skip >= lens.len() {
                 continue;
@@ -1544,9 +1548,21 @@ impl Store {
             let records = &records[skip..];
             if !self.io.fs.is_dir(&ml.dir) {
                 create_dirs(self.io.fs.as_ref(), &ml.dir)?;
-                self.ckpt.lock().dirs.push(ml.dir.clone());
             }
-            let h = self.io.ledger_files(&ml, ledger, true)?;
+            if fresh {
+                // New names in the directory: synced before a catalog
+                // refers to them.
+                let mut c = self.ckpt.lock();
+                if !c.dirs.contains(&ml.dir) {
+                    c.dirs.push(ml.dir.clone());
+                }
+            }
+            let how = if fresh {
+                FileOpen::Fresh
+            } else {
+                FileOpen::Create
+            };
+            let h = self.io.ledger_files(&ml, ledger, how)?;
             let first_new = first + skip as u64;
             let end = ledger_file::append(&h.files(ledger), first_new, file_bytes, records)?;
             self.ckpt.lock().unsynced.insert((ml_id, ledger));
@@ -1590,7 +1606,7 @@ impl Store {
                 if !ml.ledgers.read().contains_key(&ledger) {
                     continue;
                 }
-                let h = self.io.ledger_files(&ml, ledger, false)?;
+                let h = self.io.ledger_files(&ml, ledger, FileOpen::Existing)?;
                 h.log
                     .sync_data()
                     .and_then(|()| h.idx.sync_data())

@@ -38,7 +38,7 @@ def template() -> Path:
 def fresh_copy() -> tuple[Path, Path]:
     root = Path(tempfile.mkdtemp(prefix="txnstream-fuzz-case-"))
     shutil.copytree(template(), root, dirs_exist_ok=True)
-    return root, root / "ledgers" / "log"
+    return root, root / "ledgers"
 
 
 CATALOG = "CATALOG"
@@ -86,7 +86,7 @@ def test_damaged_ledger_file_never_serves_garbage(
     file_index: int, flips: list[tuple[int, int]], index: bool
 ) -> None:
     root, ldir = fresh_copy()
-    logs = sorted(ldir.glob("*.idx" if index else "*.log"))
+    logs = sorted(ldir.glob("log@*.idx" if index else "log@*.log"))
     target = logs[file_index % len(logs)]
     data = bytearray(target.read_bytes())
     for offset, value in flips:
@@ -101,7 +101,7 @@ def test_truncated_ledger_file_never_serves_garbage(
     file_index: int, keep: float, index: bool
 ) -> None:
     root, ldir = fresh_copy()
-    logs = sorted(ldir.glob("*.idx" if index else "*.log"))
+    logs = sorted(ldir.glob("log@*.idx" if index else "log@*.log"))
     target = logs[file_index % len(logs)]
     data = target.read_bytes()
     target.write_bytes(data[: int(len(data) * keep)])

@@ -42,7 +42,8 @@ def test_append_read_reopen(tmp_path: Path) -> None:
         assert ml.read((positions[7].ledger_id, positions[7].entry_id)) == payload(7)
         assert ml.last_position == positions[-1]
         assert ml.entry_count() == 50
-        assert ml.directory.name == "public%2Fdefault%2Fout"
+        assert ml.directory == tmp_path.resolve()
+        assert ml.file_prefix == tmp_path.resolve() / "ledgers" / "public%2Fdefault%2Fout"
     assert ml.closed
     with ManagedLedger.open(tmp_path, "public/default/out") as ml:
         got = ml.read_range(positions[0], END)
@@ -208,7 +209,7 @@ def test_trimming_follows_the_slowest_cursor(tmp_path: Path) -> None:
         ml.flush()
         # The newest ledger always stays.
         assert ml.first_position == ps[8]
-        assert not (ml.directory / f"{ps[0].ledger_id}.log").exists()
+        assert not Path(f"{ml.file_prefix}@{ps[0].ledger_id}.log").exists()
     with ManagedLedger.open(tmp_path, "trim") as ml:
         assert ml.first_position == ps[8]
         assert ml.open_cursor("slow").read_next(10) == []

@@ -7,8 +7,9 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
-use txnstream_core::ledger::catalog::ledger_dir;
+use txnstream_core::ledger::catalog::ledger_prefix;
 use txnstream_core::ledger::journal;
+use txnstream_core::ledger::ledger_file::log_path;
 use txnstream_core::ledger::{
     CompactedTopic, FaultKind, LedgerOptions, ManagedLedger, MAX_ENTRY_SIZE,
 };
@@ -32,22 +33,27 @@ fn payload(i: u64) -> Vec<u8> {
 mod support;
 
 /// A crash image of a live data directory (see `support`); returns the
-/// copy's directory of managed ledger `name`.
+/// copy's file prefix of managed ledger `name`.
 fn crash_image(src_data: &Path, dst_data: &Path, name: &str) -> PathBuf {
     support::copy_data_dir(src_data, dst_data);
-    ledger_dir(dst_data, name).unwrap()
+    ledger_prefix(dst_data, name).unwrap()
 }
 
-fn last_log(dir: &Path) -> PathBuf {
+/// The newest ledger data file of the managed ledger with file prefix
+/// `prefix`.
+fn last_log(prefix: &Path) -> PathBuf {
+    let dir = prefix.parent().unwrap();
+    let stem = prefix.file_name().unwrap().to_str().unwrap().to_owned();
     let mut ids: Vec<u64> = fs::read_dir(dir)
         .unwrap()
         .filter_map(|e| {
             let n = e.unwrap().file_name().into_string().unwrap();
-            n.strip_suffix(".log").and_then(|s| s.parse().ok())
+            let (ml, id) = n.strip_suffix(".log")?.rsplit_once('@')?;
+            (ml == stem).then(|| id.parse().ok()).flatten()
         })
         .collect();
     ids.sort();
-    dir.join(format!("{}.log", ids.last().unwrap()))
+    log_path(prefix, *ids.last().unwrap())
 }
 
 fn flip_byte(path: &Path, off: u64) {
@@ -376,8 +382,8 @@ fn bit_flips_tail_truncated_middle_reported() {
 
     // A sealed ledger file is trusted at open and verified on read.
     ml.close().unwrap();
-    let dir = ledger_dir(&live, "b").unwrap();
-    flip_byte(&last_log(&dir), end_of_closed(&live, 9) - 1);
+    let prefix = ledger_prefix(&live, "b").unwrap();
+    flip_byte(&last_log(&prefix), end_of_closed(&live, 9) - 1);
     let ml = ManagedLedger::open(&live, "b", opts()).unwrap();
     assert_eq!(ml.read(pos[8]).unwrap(), payload(13));
     match ml.read(pos[9]) {
@@ -519,8 +525,8 @@ fn ledgers_before_every_cursor_are_trimmed() {
         ml.read(pos[3]),
         Err(Error::PositionNotFound { .. })
     ));
-    let dir = ledger_dir(tmp.path(), "trim").unwrap();
-    assert!(!dir.join(format!("{}.log", pos[0].ledger_id)).exists());
+    let prefix = ledger_prefix(tmp.path(), "trim").unwrap();
+    assert!(!log_path(&prefix, pos[0].ledger_id).exists());
     // Deleting a trimmed position is a no-op, not an error.
     b.delete(&[pos[2]]).unwrap();
     b.mark_delete(pos[22]).unwrap();
@@ -682,12 +688,18 @@ fn read_only_follows_a_live_writer() {
 }
 
 /// Every `.log` file's bytes in a ledger directory.
-fn log_bytes(dir: &Path) -> Vec<u8> {
+/// Every storage file's bytes (journal segments and ledger files).
+fn storage_bytes(data: &Path) -> Vec<u8> {
     let mut out = Vec::new();
-    for e in fs::read_dir(dir).unwrap() {
-        let path = e.unwrap().path();
-        if path.extension().is_some_and(|x| x == "log") {
-            out.extend(fs::read(path).unwrap());
+    for sub in ["journal", "ledgers"] {
+        let Ok(rd) = fs::read_dir(data.join(sub)) else {
+            continue;
+        };
+        for e in rd {
+            let path = e.unwrap().path();
+            if path.extension().is_some_and(|x| x == "log" || x == "wal") {
+                out.extend(fs::read(path).unwrap());
+            }
         }
     }
     out
@@ -753,14 +765,10 @@ fn pipelined_groups_after_a_failed_sync_fail_in_order_and_never_reappear() {
     let after = ml.append(b"after").unwrap();
     assert!(after > good[good.len() - 1]);
     let img = tmp.path().join("img");
-    let img_dir = crash_image(tmp.path(), &img, "pipe");
-    let dir = ml.dir().to_path_buf();
+    crash_image(tmp.path(), &img, "pipe");
     ml.close().unwrap();
-    for (data, dir) in [
-        (tmp.path(), dir.as_path()),
-        (img.as_path(), img_dir.as_path()),
-    ] {
-        let bytes = log_bytes(dir);
+    for data in [tmp.path(), img.as_path()] {
+        let bytes = storage_bytes(data);
         for i in 0..10u8 {
             let run = vec![200 + i; 1024];
             assert!(

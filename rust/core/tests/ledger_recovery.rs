@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
-use txnstream_core::ledger::catalog::ledger_dir;
+use txnstream_core::ledger::catalog::ledger_prefix;
 use txnstream_core::ledger::journal;
 use txnstream_core::ledger::{FaultInjector, FaultKind, LedgerOptions, ManagedLedger};
 use txnstream_core::sink::EntrySink;
@@ -61,7 +61,7 @@ fn noise(n: usize, seed: u64) -> Vec<u8> {
 }
 
 fn log_path(data: &Path, name: &str, id: u64) -> PathBuf {
-    ledger_dir(data, name).unwrap().join(format!("{id}.log"))
+    txnstream_core::ledger::ledger_file::log_path(&ledger_prefix(data, name).unwrap(), id)
 }
 
 fn write_at(path: &Path, off: u64, bytes: &[u8]) {
@@ -135,7 +135,7 @@ fn only_provable_leftovers_are_removed_and_newer_files_refused() {
     // names it, removing nothing.
     fs::write(log_path(tmp.path(), "l", 50), &first).unwrap();
     match ManagedLedger::open(tmp.path(), "l", o.clone()) {
-        Err(Error::CorruptLedger { reason, .. }) => assert!(reason.contains("50.log"), "{reason}"),
+        Err(Error::CorruptLedger { reason, .. }) => assert!(reason.contains("@50.log"), "{reason}"),
         other => panic!("expected CorruptLedger, got {other:?}"),
     }
     assert!(log_path(tmp.path(), "l", 50).exists());

@@ -325,16 +325,17 @@ impl PyManagedLedger {
         self.inner.name()
     }
 
-    /// The ledger's own directory (``<data_dir>/ledgers/<escaped name>``).
-    #[getter]
-    fn directory(&self) -> PathBuf {
-        self.inner.dir().to_path_buf()
-    }
-
     /// The data directory it lives in (shared with other managed ledgers).
     #[getter]
-    fn data_directory(&self) -> PathBuf {
+    fn directory(&self) -> PathBuf {
         self.inner.data_dir().to_path_buf()
+    }
+
+    /// Path prefix of its ledger files: ``<prefix>@<ledger_id>.log`` (data)
+    /// and ``.idx`` (index), under ``<directory>/ledgers``.
+    #[getter]
+    fn file_prefix(&self) -> PathBuf {
+        self.inner.file_prefix().to_path_buf()
     }
 
     /// Counters of the data directory's storage: journal syncs and groups,

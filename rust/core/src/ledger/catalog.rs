@@ -48,9 +48,10 @@ pub fn escape_name(name: &str) -> Result<String> {
             c => out.push(c),
         }
     }
-    if out.len() > 240 {
+    // Leaves room for "@<20 digits>.log" in a 255-byte file name.
+    if out.len() > 224 {
         return Err(Error::invalid(format!(
-            "managed ledger name {name:?} is too long ({} bytes escaped, max 240)",
+            "managed ledger name {name:?} is too long ({} bytes escaped, max 224)",
             out.len()
         )));
     }
@@ -75,8 +76,9 @@ pub fn unescape_name(escaped: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
-/// Directory of managed ledger `name` under `data_dir`.
-pub fn ledger_dir(data_dir: &Path, name: &str) -> Result<PathBuf> {
+/// Path prefix of managed ledger `name`'s files under `data_dir`:
+/// `<data_dir>/ledgers/<escaped name>` (see [`super::ledger_file::log_path`]).
+pub fn ledger_prefix(data_dir: &Path, name: &str) -> Result<PathBuf> {
     Ok(data_dir.join("ledgers").join(escape_name(name)?))
 }
 

@@ -43,7 +43,7 @@
 use super::fault::FaultKind;
 use super::fs::{FsFile, OpenMode};
 use super::journal::{self, Kind, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN};
-use super::state::{Applied, MlState, Rollover, StoreIo};
+use super::state::{Applied, MlState, Rollover, StoreIo, CREATED, CREATE_FAILED};
 use crate::error::{Error, Result};
 use crate::position::Position;
 use crate::sink::AppendCallback;
@@ -146,6 +146,15 @@ pub(crate) enum Command {
 }
 
 impl Command {
+    fn ml(&self) -> Option<&Arc<MlState>> {
+        match self {
+            Command::Append { ml, .. } | Command::Meta { ml, .. } | Command::Replace { ml, .. } => {
+                Some(ml)
+            }
+            Command::Barrier { .. } | Command::Close { .. } => None,
+        }
+    }
+
     fn bytes(&self) -> u64 {
         match self {
             Command::Append { bytes, .. } | Command::Replace { bytes, .. } => *bytes,
@@ -699,10 +708,14 @@ impl WriterThread {
         });
     }
 
-    /// Frames one command (`Close` is never in a group: it comes back).
+    /// Frames one command (`Close` is never in a group: it comes back, and
+    /// so does a command of a ledger whose creation failed).
     fn stage(&mut self, cmd: Command) -> std::result::Result<Staged, Box<Command>> {
         let mut recs = Vec::new();
         let mut positions = Vec::new();
+        if cmd.ml().is_some_and(|ml| ml.creation_failed()) {
+            return Err(Box::new(cmd));
+        }
         match cmd {
             Command::Append {
                 ml,
@@ -885,7 +898,15 @@ impl WriterThread {
         for cmd in it.by_ref() {
             match self.stage(cmd) {
                 Ok(s) => staged.push(s),
-                Err(close) => self.deferred.push_back(*close),
+                Err(cmd) if matches!(*cmd, Command::Close { .. }) => self.deferred.push_back(*cmd),
+                Err(cmd) => {
+                    let name = cmd.ml().map(|ml| ml.name.clone()).unwrap_or_default();
+                    self.j.publisher.released(cmd.bytes());
+                    cmd.fail(&Error::io(
+                        format!("writing to managed ledger {name:?}"),
+                        &std::io::Error::other("its creation failed; open it again"),
+                    ));
+                }
             }
         }
         if let Err(e) = self.commit(&mut staged) {
@@ -926,10 +947,43 @@ impl WriterThread {
         while let Some(cmd) = self.try_next() {
             match cmd {
                 c @ Command::Close { .. } => keep.push_back(c),
-                c => queued.push(c),
+                c => {
+                    if let Command::Meta {
+                        ml,
+                        op: MetaOp::Create,
+                        ..
+                    } = &c
+                    {
+                        ml.created.store(CREATE_FAILED, Ordering::Release);
+                    }
+                    queued.push(c)
+                }
             }
         }
         self.deferred = keep;
+        // Creations in the failed groups failed: no later record of those
+        // ledgers may be written (this thread stages every record, so
+        // marking them here, before anyone is told, closes every race).
+        let failed_creates = given_back
+            .iter()
+            .flat_map(|(_, back)| back.iter())
+            .chain(staged.iter())
+            .filter(|s| s.recs.iter().any(|r| r.kind == Kind::MlCreate));
+        for s in failed_creates {
+            if let Some(ml) = &s.ml {
+                ml.created.store(CREATE_FAILED, Ordering::Release);
+            }
+        }
+        for c in &rest {
+            if let Command::Meta {
+                ml,
+                op: MetaOp::Create,
+                ..
+            } = c
+            {
+                ml.created.store(CREATE_FAILED, Ordering::Release);
+            }
+        }
         let mut released = 0;
         if let Some((se, back)) = given_back {
             for s in back {
@@ -1132,6 +1186,9 @@ fn sync_and_complete(
             let Some(ml) = &s.ml else { continue };
             let mut acc = Applied::default();
             for r in &s.recs {
+                if r.kind == Kind::MlCreate {
+                    ml.created.store(CREATED, Ordering::Release);
+                }
                 let head = journal::Head {
                     kind: r.kind,
                     lac: 0,

@@ -42,14 +42,37 @@ pub const SLOT_LEN: u64 = 8;
 /// Largest `.log` size a slot can address.
 pub const MAX_LOG_BYTES: u64 = (1 << 48) - 1;
 
-/// Path of ledger `id`'s data file in a managed ledger's directory.
-pub fn log_path(dir: &Path, id: u64) -> PathBuf {
-    dir.join(format!("{id}.log"))
+/// Path of ledger `id`'s data file: `<prefix>@<id>.log`, `prefix` being
+/// `<data>/ledgers/<escaped managed-ledger name>` (all ledger files of a
+/// data directory share one directory, so one directory sync covers every
+/// file a checkpoint created).
+pub fn log_path(prefix: &Path, id: u64) -> PathBuf {
+    with_suffix(prefix, id, "log")
 }
 
-/// Path of ledger `id`'s index file.
-pub fn idx_path(dir: &Path, id: u64) -> PathBuf {
-    dir.join(format!("{id}.idx"))
+/// Path of ledger `id`'s index file: `<prefix>@<id>.idx`.
+pub fn idx_path(prefix: &Path, id: u64) -> PathBuf {
+    with_suffix(prefix, id, "idx")
+}
+
+fn with_suffix(prefix: &Path, id: u64, ext: &str) -> PathBuf {
+    let mut s = prefix.as_os_str().to_owned();
+    s.push(format!("@{id}.{ext}"));
+    PathBuf::from(s)
+}
+
+/// Splits a ledger file name into (escaped managed-ledger name, ledger id,
+/// is index).
+pub fn parse_file_name(name: &str) -> Option<(&str, u64, bool)> {
+    let (stem, idx) = match name.strip_suffix(".log") {
+        Some(s) => (s, false),
+        None => (name.strip_suffix(".idx")?, true),
+    };
+    let (ml, id) = stem.rsplit_once('@')?;
+    if id.is_empty() || !id.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((ml, id.parse().ok()?, idx))
 }
 
 /// The 32-byte header of a `.log` (`idx = false`) or `.idx` file.

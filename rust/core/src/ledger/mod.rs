@@ -135,7 +135,7 @@ impl fmt::Debug for ManagedLedger {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ManagedLedger")
             .field("name", &self.shared.name)
-            .field("dir", &self.shared.ml.dir)
+            .field("data_dir", &self.shared.store.io.data_dir)
             .field("read_only", &self.is_read_only())
             .finish()
     }
@@ -189,9 +189,9 @@ impl ManagedLedger {
         &self.shared.name
     }
 
-    /// Its directory (where its ledger files are).
-    pub fn dir(&self) -> &Path {
-        &self.shared.ml.dir
+    /// The path prefix of its ledger files: `<prefix>@<id>.log`/`.idx`.
+    pub fn file_prefix(&self) -> &Path {
+        &self.shared.ml.prefix
     }
 
     /// The data directory it lives in.

@@ -550,4 +550,21 @@ impl Fs for SimFs {
     fn stats(&self) -> &IoStats {
         &self.stats
     }
+
+    fn sync_filesystem(&self, _path: &Path) -> io::Result<()> {
+        IoStats::add(&self.stats.dir_syncs, 1);
+        let mut st = self.state.lock();
+        for d in st.dirs.values_mut() {
+            d.durable = d.current.clone();
+            d.pending.clear();
+            for node in d.current.values() {
+                if let Node::File(ino) = node {
+                    let mut data = ino.data.lock();
+                    data.durable = data.current.clone();
+                    data.pending.clear();
+                }
+            }
+        }
+        Ok(())
+    }
 }

@@ -23,7 +23,7 @@ use prost::Message;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
 /// First ledger id of a new managed ledger.
@@ -205,8 +205,8 @@ impl StoreIo {
                 return Ok(h);
             }
         }
-        let log_path = ledger_file::log_path(&ml.dir, ledger);
-        let idx_path = ledger_file::idx_path(&ml.dir, ledger);
+        let log_path = ledger_file::log_path(&ml.prefix, ledger);
+        let idx_path = ledger_file::idx_path(&ml.prefix, ledger);
         let open = |path: &Path, idx: bool| -> Result<Arc<dyn FsFile>> {
             let ctx = |e: &std::io::Error| Error::io(format!("opening {}", path.display()), e);
             match how {
@@ -327,8 +327,11 @@ pub(crate) struct MlState {
     /// Journal id.
     pub id: u64,
     pub name: String,
-    /// `<data>/ledgers/<escaped name>`.
-    pub dir: PathBuf,
+    /// `<data>/ledgers/<escaped name>`: its files are `<prefix>@<id>.log`
+    /// and `.idx`.
+    pub prefix: PathBuf,
+    /// Its files were checked against its state (once per store).
+    pub checked: AtomicBool,
     pub io: Arc<StoreIo>,
     pub ledgers: RwLock<BTreeMap<u64, LedgerState>>,
     pub meta: Mutex<MetaState>,
@@ -338,7 +341,20 @@ pub(crate) struct MlState {
     /// A writable handle is open.
     pub open: AtomicBool,
     pub rollover: Mutex<Rollover>,
+    /// Whether its creation record is durable: [`CREATED`], [`CREATING`]
+    /// (written, not yet synced) or [`CREATE_FAILED`] (set by the journal
+    /// writer, which then fails every later command of this ledger: its
+    /// records must never reach the journal without the creation before
+    /// them).
+    pub created: AtomicU8,
 }
+
+/// [`MlState::created`]: durable (or loaded from disk).
+pub(crate) const CREATED: u8 = 0;
+/// [`MlState::created`]: the creation record is queued or in flight.
+pub(crate) const CREATING: u8 = 1;
+/// [`MlState::created`]: the creation record failed.
+pub(crate) const CREATE_FAILED: u8 = 2;
 
 impl fmt::Debug for MlState {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -369,11 +385,18 @@ fn corrupt_record(io: &StoreIo, at: u64, p: Position, reason: String) -> Error {
 }
 
 impl MlState {
-    pub fn new(id: u64, name: String, dir: PathBuf, io: Arc<StoreIo>, rollover: Rollover) -> Self {
+    pub fn new(
+        id: u64,
+        name: String,
+        prefix: PathBuf,
+        io: Arc<StoreIo>,
+        rollover: Rollover,
+    ) -> Self {
         Self {
             id,
             name,
-            dir,
+            prefix,
+            checked: AtomicBool::new(false),
             io,
             ledgers: RwLock::new(BTreeMap::new()),
             meta: Mutex::new(MetaState {
@@ -384,7 +407,18 @@ impl MlState {
             cursors_dirty: AtomicBool::new(false),
             open: AtomicBool::new(false),
             rollover: Mutex::new(rollover),
+            created: AtomicU8::new(CREATED),
         }
+    }
+
+    /// Its creation record is about to be queued.
+    pub fn mark_creating(&self) {
+        self.created.store(CREATING, Ordering::Release);
+    }
+
+    /// True if its creation record failed (it can take no more records).
+    pub fn creation_failed(&self) -> bool {
+        self.created.load(Ordering::Acquire) == CREATE_FAILED
     }
 
     /// Loads the catalog's view of this managed ledger.

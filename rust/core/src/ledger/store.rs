@@ -62,7 +62,7 @@ use crate::proto::{Catalog, ManagedLedgerState};
 use crossbeam_channel::Sender;
 use parking_lot::{Condvar, Mutex, RwLock};
 use prost::Message;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -179,8 +179,8 @@ struct Checkpoint {
     copied: u64,
     /// Ledger files written since the last checkpoint (to sync).
     unsynced: HashSet<(u64, u64)>,
-    /// Directories created since the last checkpoint (to sync).
-    dirs: Vec<PathBuf>,
+    /// Directories with names created since the last checkpoint (to sync).
+    dirs: BTreeSet<PathBuf>,
     when: Option<Instant>,
     /// Failures of background work (reported by stats, retried).
     errors: u64,
@@ -210,6 +210,10 @@ pub(crate) struct Store {
     closing: AtomicBool,
     /// Serialises checkpoints and write-behind (flusher, close, callers).
     serial: Mutex<()>,
+    /// Ledger files found at open, by escaped managed-ledger name: (ledger
+    /// id, is index). Checked against each managed ledger's state when it
+    /// is first opened.
+    listing: Mutex<HashMap<String, Vec<(u64, bool)>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -254,6 +258,50 @@ fn create_dirs(fs: &dyn Fs, dir: &Path) -> Result<()> {
             .map_err(|e| io_err(format!("syncing directory {}", parent.display()), &e))?;
     }
     Ok(())
+}
+
+/// Past this many files and directories to sync, a checkpoint syncs the
+/// whole file system with one call instead.
+const SYNCFS_THRESHOLD: usize = 64;
+
+/// Creates `dir` and any missing parents without syncing (the caller syncs
+/// their parents before relying on them); returns the ones created.
+fn make_dirs(fs: &dyn Fs, dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut missing = Vec::new();
+    let mut p = Some(dir);
+    while let Some(d) = p.filter(|d| !d.as_os_str().is_empty()) {
+        if fs.is_dir(d) {
+            break;
+        }
+        missing.push(d.to_path_buf());
+        p = d.parent();
+    }
+    missing.reverse();
+    for d in &missing {
+        match fs.create_dir(d) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && fs.is_dir(d) => {}
+            Err(e) => return Err(io_err(format!("creating directory {}", d.display()), &e)),
+        }
+    }
+    Ok(missing)
+}
+
+/// Ledger files in `<data_dir>/ledgers`, by escaped managed-ledger name.
+fn list_ledger_files(fs: &dyn Fs, data_dir: &Path) -> Result<HashMap<String, Vec<(u64, bool)>>> {
+    let dir = data_dir.join(LEDGERS_DIR);
+    let names = match fs.read_dir(&dir) {
+        Ok(n) => n,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(HashMap::new()),
+        Err(e) => return Err(io_err(format!("listing {}", dir.display()), &e)),
+    };
+    let mut out: HashMap<String, Vec<(u64, bool)>> = HashMap::new();
+    for n in &names {
+        if let Some((ml, id, idx)) = n.to_str().and_then(ledger_file::parse_file_name) {
+            out.entry(ml.to_owned()).or_default().push((id, idx));
+        }
+    }
+    Ok(out)
 }
 
 /// Journal segments in `data_dir`, by base offset.
@@ -452,6 +500,7 @@ impl Store {
             handles: AtomicUsize::new(0),
             closing: AtomicBool::new(false),
             serial: Mutex::new(()),
+            listing: Mutex::new(HashMap::new()),
         }
     }
 
@@ -474,7 +523,7 @@ impl Store {
                 _ => Arc::new(MlState::new(
                     s.id,
                     s.name.clone(),
-                    catalog::ledger_dir(&self.io.data_dir, &s.name)?,
+                    catalog::ledger_prefix(&self.io.data_dir, &s.name)?,
                     Arc::clone(&self.io),
                     Self::rollover_default(&self.opts),
                 )),
@@ -535,7 +584,7 @@ impl Store {
                 let ml = Arc::new(MlState::new(
                     h.ml,
                     name.clone(),
-                    catalog::ledger_dir(&self.io.data_dir, &name)?,
+                    catalog::ledger_prefix(&self.io.data_dir, &name)?,
                     Arc::clone(&self.io),
                     Self::rollover_default(&self.opts),
                 ));
@@ -792,6 +841,7 @@ impl Store {
             }
         };
         create_dirs(fs.as_ref(), &data_dir.join(JOURNAL_DIR))?;
+        *store.listing.lock() = list_ledger_files(fs.as_ref(), data_dir)?;
         store.load_catalog(&cat)?;
         let tail = store.replay_journal(cat.checkpoint, None, true)?;
         for ml in store.mls.read().values() {
@@ -970,7 +1020,8 @@ impl Store {
         let mut names = self.names.lock();
         if let Some(&id) = names.get(name) {
             let ml = self.mls.read().get(&id).cloned();
-            if let Some(ml) = ml {
+            // One whose creation failed is made again below, with a new id.
+            if let Some(ml) = ml.filter(|ml| !ml.creation_failed()) {
                 if ml.open.swap(true, Ordering::AcqRel) {
                     return Err(Error::io(
                         format!("opening managed ledger {name:?}"),
@@ -988,7 +1039,7 @@ impl Store {
                 return Ok(ml);
             }
         }
-        let dir = catalog::ledger_dir(&self.io.data_dir, name)?;
+        let dir = catalog::ledger_prefix(&self.io.data_dir, name)?;
         let id = self.next_ml_id.fetch_add(1, Ordering::AcqRel);
         let ml = Arc::new(MlState::new(
             id,
@@ -998,59 +1049,74 @@ impl Store {
             rollover,
         ));
         self.check_files(&ml)?;
-        self.submit_wait(Command::Meta {
-            ml: Arc::clone(&ml),
-            op: MetaOp::Create,
-            done: Done::Nothing,
-        })?;
+        // Registered before its creation record is durable, so that a
+        // concurrent open of the same name sees it (and refuses a second
+        // writer); waited for without holding the name lock, so that
+        // concurrent creations share syncs. If the record fails, the writer
+        // fails every later command of this ledger (see `MlState::created`)
+        // and it is unregistered here.
+        ml.mark_creating();
         ml.open.store(true, Ordering::Release);
         names.insert(name.to_owned(), id);
         self.mls.write().insert(id, Arc::clone(&ml));
+        drop(names);
+        let created = self.submit_wait(Command::Meta {
+            ml: Arc::clone(&ml),
+            op: MetaOp::Create,
+            done: Done::Nothing,
+        });
+        if let Err(e) = created {
+            let mut names = self.names.lock();
+            if names.get(name) == Some(&id) {
+                names.remove(name);
+            }
+            self.mls.write().remove(&id);
+            ml.open.store(false, Ordering::Release);
+            return Err(e);
+        }
         Ok(ml)
     }
 
-    /// Checks `ml`'s directory against its state: removes provable
-    /// leftovers (ledgers trimmed before the catalog said so), refuses
-    /// files the catalog cannot explain that may hold data (a restored
-    /// older catalog), and reports listed files that are missing.
+    /// Checks `ml`'s files against its state, once per store: removes
+    /// provable leftovers (ledgers trimmed before the catalog said so),
+    /// refuses files the catalog cannot explain that may hold data (an older
+    /// CATALOG restored over newer files), and reports listed files that are
+    /// missing.
     fn check_files(&self, ml: &MlState) -> Result<()> {
+        if ml.checked.load(Ordering::Acquire) {
+            return Ok(());
+        }
         let fs = &self.io.fs;
-        let names = match fs.read_dir(&ml.dir) {
-            Ok(n) => n,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => Vec::new(),
-            Err(e) => return Err(io_err(format!("listing {}", ml.dir.display()), &e)),
-        };
+        let escaped = catalog::escape_name(&ml.name)?;
+        let files = self
+            .listing
+            .lock()
+            .get(&escaped)
+            .cloned()
+            .unwrap_or_default();
         let ledgers = ml.ledgers.read();
         let next = ml.meta.lock().next_ledger_id;
         let lowest = ledgers.keys().next().copied().unwrap_or(next);
-        let mut present: HashSet<(u64, bool)> = HashSet::new();
         let mut unexplained = Vec::new();
-        for n in &names {
-            let Some(s) = n.to_str() else { continue };
-            let parsed = s
-                .strip_suffix(".log")
-                .map(|i| (i, false))
-                .or_else(|| s.strip_suffix(".idx").map(|i| (i, true)));
-            let Some((id, is_idx)) =
-                parsed.and_then(|(i, x)| i.parse::<u64>().ok().map(|i| (i, x)))
-            else {
-                continue;
-            };
-            present.insert((id, is_idx));
+        let mut leftovers = Vec::new();
+        for &(id, is_idx) in &files {
             if ledgers.contains_key(&id) {
                 continue;
             }
-            let path = ml.dir.join(s);
+            let path = if is_idx {
+                ledger_file::idx_path(&ml.prefix, id)
+            } else {
+                ledger_file::log_path(&ml.prefix, id)
+            };
             if id >= next {
                 unexplained.push(path.display().to_string());
             } else if id < lowest {
-                fs.remove_file(&path)
-                    .map_err(|e| io_err(format!("removing {}", path.display()), &e))?;
+                leftovers.push(path);
             }
         }
         if !unexplained.is_empty() {
             return Err(Error::CorruptLedger {
-                path: ml.dir.display().to_string(),
+                path: ml.prefix.display().to_string(),
                 position: Position::new(next, 0),
                 offset: 0,
                 reason: format!(
@@ -1065,11 +1131,11 @@ impl Store {
                 continue;
             }
             for is_idx in [false, true] {
-                if !present.contains(&(id, is_idx)) {
+                if !files.contains(&(id, is_idx)) {
                     let p = if is_idx {
-                        ledger_file::idx_path(&ml.dir, id)
+                        ledger_file::idx_path(&ml.prefix, id)
                     } else {
-                        ledger_file::log_path(&ml.dir, id)
+                        ledger_file::log_path(&ml.prefix, id)
                     };
                     return Err(ledger_file::corrupt(
                         &p,
@@ -1084,6 +1150,12 @@ impl Store {
                 }
             }
         }
+        drop(ledgers);
+        for path in leftovers {
+            fs.remove_file(&path)
+                .map_err(|e| io_err(format!("removing {}", path.display()), &e))?;
+        }
+        ml.checked.store(true, Ordering::Release);
         Ok(())
     }
 
@@ -1092,14 +1164,21 @@ impl Store {
         if self.io.read_only {
             return Ok(());
         }
-        let r = self.persist_cursors(ml, true).and_then(|()| {
-            self.submit_wait(Command::Meta {
-                ml: Arc::clone(ml),
-                op: MetaOp::Seal,
-                done: Done::Nothing,
-            })
-            .map(|_| ())
-        });
+        // Cursor states are made durable before close returns; the seal
+        // need not be waited for (recovery seals an open ledger at its
+        // durable end just the same, and the journal keeps it ahead of any
+        // later append).
+        let has_cursors = !ml.cursors.lock().is_empty();
+        let r = if has_cursors {
+            self.persist_cursors(ml, true)
+        } else {
+            Ok(())
+        };
+        let r = r.and(self.submit(Command::Meta {
+            ml: Arc::clone(ml),
+            op: MetaOp::Seal,
+            done: Done::Nothing,
+        }));
         ml.open.store(false, Ordering::Release);
         r
     }
@@ -1546,15 +1625,15 @@ impl Store {
                 off += len as usize;
             }
             let records = &records[skip..];
-            if !self.io.fs.is_dir(&ml.dir) {
-                create_dirs(self.io.fs.as_ref(), &ml.dir)?;
-            }
             if fresh {
-                // New names in the directory: synced before a catalog
-                // refers to them.
+                // New names in `ledgers/` (maybe the directory itself): made
+                // durable by the checkpoint before a catalog refers to them.
+                let ldir = self.io.data_dir.join(LEDGERS_DIR);
+                let created = make_dirs(self.io.fs.as_ref(), &ldir)?;
                 let mut c = self.ckpt.lock();
-                if !c.dirs.contains(&ml.dir) {
-                    c.dirs.push(ml.dir.clone());
+                c.dirs.insert(ldir);
+                if !created.is_empty() {
+                    c.dirs.insert(self.io.data_dir.clone());
                 }
             }
             let how = if fresh {
@@ -1598,40 +1677,18 @@ impl Store {
             let mut c = self.ckpt.lock();
             (std::mem::take(&mut c.unsynced), std::mem::take(&mut c.dirs))
         };
-        let sync_result = (|| {
-            for &(ml_id, ledger) in &unsynced {
-                let Some(ml) = self.mls.read().get(&ml_id).cloned() else {
-                    continue;
-                };
-                if !ml.ledgers.read().contains_key(&ledger) {
-                    continue;
-                }
-                let h = self.io.ledger_files(&ml, ledger, FileOpen::Existing)?;
-                h.log
-                    .sync_data()
-                    .and_then(|()| h.idx.sync_data())
-                    .map_err(|e| io_err(format!("syncing {}", h.log_path.display()), &e))?;
-            }
-            let mut parents: Vec<PathBuf> = Vec::new();
-            for d in &dirs {
-                self.io
-                    .fs
-                    .sync_dir(d)
-                    .map_err(|e| io_err(format!("syncing {}", d.display()), &e))?;
-                if let Some(p) = d.parent() {
-                    if !parents.contains(&p.to_path_buf()) {
-                        parents.push(p.to_path_buf());
-                    }
-                }
-            }
-            for p in parents {
-                self.io
-                    .fs
-                    .sync_dir(&p)
-                    .map_err(|e| io_err(format!("syncing {}", p.display()), &e))?;
-            }
-            Ok(())
-        })();
+        let sync_result = if unsynced.len() + dirs.len() > SYNCFS_THRESHOLD {
+            // Thousands of files and directories: one syncfs beats
+            // thousands of fsyncs.
+            self.io.fs.sync_filesystem(&self.io.data_dir).map_err(|e| {
+                io_err(
+                    format!("syncing the file system of {}", self.io.data_dir.display()),
+                    &e,
+                )
+            })
+        } else {
+            self.sync_each(&unsynced, &dirs)
+        };
         if let Err(e) = sync_result {
             let mut c = self.ckpt.lock();
             c.unsynced.extend(unsynced);
@@ -1697,11 +1754,14 @@ impl Store {
         // leftover that the next open removes).
         for (ml, id) in deletes {
             self.io.files.lock().evict((ml.id, id));
-            let _ = self.io.fs.remove_file(&ledger_file::log_path(&ml.dir, id));
-            let _ = self.io.fs.remove_file(&ledger_file::idx_path(&ml.dir, id));
-            if ml.meta.lock().deleted {
-                let _ = self.io.fs.remove_dir(&ml.dir);
-            }
+            let _ = self
+                .io
+                .fs
+                .remove_file(&ledger_file::log_path(&ml.prefix, id));
+            let _ = self
+                .io
+                .fs
+                .remove_file(&ledger_file::idx_path(&ml.prefix, id));
         }
         Ok(())
     }
@@ -1709,6 +1769,30 @@ impl Store {
     /// True if ledger files wait for a checkpoint to be removed.
     pub fn has_pending_deletes(&self) -> bool {
         !self.signals.flush.lock().deletes.is_empty()
+    }
+
+    /// Syncs the given ledger files, then the given directories.
+    fn sync_each(&self, files: &HashSet<(u64, u64)>, dirs: &BTreeSet<PathBuf>) -> Result<()> {
+        for &(ml_id, ledger) in files {
+            let Some(ml) = self.mls.read().get(&ml_id).cloned() else {
+                continue;
+            };
+            if !ml.ledgers.read().contains_key(&ledger) {
+                continue;
+            }
+            let h = self.io.ledger_files(&ml, ledger, FileOpen::Existing)?;
+            h.log
+                .sync_data()
+                .and_then(|()| h.idx.sync_data())
+                .map_err(|e| io_err(format!("syncing {}", h.log_path.display()), &e))?;
+        }
+        for d in dirs {
+            self.io
+                .fs
+                .sync_dir(d)
+                .map_err(|e| io_err(format!("syncing {}", d.display()), &e))?;
+        }
+        Ok(())
     }
 
     /// Runs a checkpoint now (and waits for it).

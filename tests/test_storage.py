@@ -229,3 +229,23 @@ def test_data_directory_settings_conflict_is_an_error(tmp_path: Path) -> None:
             ManagedLedger.open(tmp_path, "b", preallocate_bytes=1 << 20)
         # Not asking for a value is not a conflict.
         ManagedLedger.open(tmp_path, "c").close()
+
+
+def test_two_storage_threads_without_pipelining(tmp_path: Path) -> None:
+    def threads() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    with ManagedLedger.open(tmp_path / "warm", "t") as ml:
+        ml.append_async(b"starts the completion thread").result(timeout=30)
+    base = threads()
+    with ManagedLedger.open(tmp_path / "two", "t", storage_threads=2) as ml:
+        two = threads() - base
+        futs = [ml.append_async(b"%d" % i) for i in range(500)]
+        assert [ml.read(f.result(timeout=30)) for f in futs] == [b"%d" % i for i in range(500)]
+        ml._inject_fault("sync", errno=errno.EIO)
+        with pytest.raises(StorageError):
+            ml.append(b"lost")
+        assert ml.read(ml.append(b"next")) == b"next"
+    with ManagedLedger.open(tmp_path / "three", "t") as ml:
+        three = threads() - base
+    assert two == three - 1, (two, three)

@@ -56,7 +56,11 @@ fn random_power_cuts_keep_every_acknowledged_entry() {
     for round in 0..rounds() {
         let mut rng = Rng::new(0xC0FFEE + round);
         let fs = Arc::new(SimFs::new());
-        let o = opts(&fs);
+        // Odd rounds: the writer thread syncs its own groups (2 threads).
+        let o = LedgerOptions {
+            storage_threads: 2 + (round % 2) as usize,
+            ..opts(&fs)
+        };
         let mls: Vec<Arc<ManagedLedger>> = (0..4)
             .map(|i| ManagedLedger::open(Path::new(DATA), &format!("ns/t{i}"), o.clone()).unwrap())
             .collect();

@@ -117,6 +117,7 @@ struct OpenArgs {
     max_pending_bytes: Option<i64>,
     append_timeout_ms: Option<i64>,
     max_open_files: Option<i64>,
+    storage_threads: Option<i64>,
 }
 
 fn options(a: OpenArgs) -> BindResult<LedgerOptions> {
@@ -174,6 +175,12 @@ fn options(a: OpenArgs) -> BindResult<LedgerOptions> {
         append_timeout: ms("append_timeout_ms", a.append_timeout_ms, d.append_timeout)?,
         max_open_files: opt_u64("max_open_files", a.max_open_files, d.max_open_files as u64)?
             .min(usize::MAX as u64) as usize,
+        storage_threads: opt_u64(
+            "storage_threads",
+            a.storage_threads,
+            d.storage_threads as u64,
+        )?
+        .min(usize::MAX as u64) as usize,
         ..d
     };
     o.validate()?;
@@ -201,7 +208,7 @@ impl PyManagedLedger {
     #[pyo3(signature = (directory, name, *, max_entries_per_ledger=None, max_bytes_per_ledger=None,
         read_only=false, preallocate_bytes=None, cursor_flush_interval_ms=None, max_batch_bytes=None,
         journal_segment_bytes=None, checkpoint_bytes=None, checkpoint_interval_ms=None,
-        max_pending_bytes=None, append_timeout_ms=None, max_open_files=None))]
+        max_pending_bytes=None, append_timeout_ms=None, max_open_files=None, storage_threads=None))]
     #[allow(clippy::too_many_arguments)]
     fn open(
         py: Python<'_>,
@@ -219,6 +226,7 @@ impl PyManagedLedger {
         max_pending_bytes: Option<i64>,
         append_timeout_ms: Option<i64>,
         max_open_files: Option<i64>,
+        storage_threads: Option<i64>,
     ) -> BindResult<Self> {
         let opts = options(OpenArgs {
             max_entries_per_ledger,
@@ -233,6 +241,7 @@ impl PyManagedLedger {
             max_pending_bytes,
             append_timeout_ms,
             max_open_files,
+            storage_threads,
         })?;
         let inner = py.detach(|| ManagedLedger::open(&directory, name, opts))?;
         Ok(Self { inner })

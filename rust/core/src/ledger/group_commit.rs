@@ -282,6 +282,8 @@ impl Pipeline {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct JournalOptions {
     pub segment_bytes: u64,
+    /// Sync on a thread of its own, pipelined with the writes.
+    pub sync_thread: bool,
     pub preallocate_bytes: u64,
     pub max_batch_bytes: usize,
 }
@@ -535,12 +537,21 @@ impl WriterThread {
         let (wake_tx, wake_rx) = crossbeam_channel::bounded(1);
         let sj = Arc::clone(&j);
         let sp = Arc::clone(&pipe);
-        let sync = std::thread::Builder::new()
-            .name(format!("txs-sync-{name}"))
-            .spawn(move || {
-                mark_storage_thread();
-                sync_loop(&sj, &sp, &jobs_rx, &wake_tx)
-            })?;
+        // Without a sync thread every group is synced by the writer thread
+        // itself (no pipelining: one thread fewer).
+        let sync = if j.opts.sync_thread {
+            Some(
+                std::thread::Builder::new()
+                    .name(format!("txs-sync-{name}"))
+                    .spawn(move || {
+                        mark_storage_thread();
+                        sync_loop(&sj, &sp, &jobs_rx, &wake_tx)
+                    })?,
+            )
+        } else {
+            None
+        };
+        let jobs_tx = sync.as_ref().map(|_| jobs_tx);
         let me = WriterThread {
             j,
             rx,
@@ -550,9 +561,9 @@ impl WriterThread {
             mls: HashMap::new(),
             poisoned: None,
             pipe,
-            jobs: Some(jobs_tx),
+            jobs: jobs_tx,
             wake: wake_rx,
-            sync_thread: Some(sync),
+            sync_thread: sync,
         };
         let writer = std::thread::Builder::new()
             .name(format!("txs-journal-{name}"))
@@ -1030,7 +1041,7 @@ impl WriterThread {
         if self.group.len == 0 {
             // Only barriers and no-op changes: nothing to write, but they
             // complete after everything before them.
-            return self.hand_over(staged, false);
+            return self.hand_over(staged, self.jobs.is_none());
         }
         let len = self.group.len as u64;
         let used = self.active.end - self.active.base;
@@ -1071,7 +1082,8 @@ impl WriterThread {
         }
         a.end = end;
         self.j.groups.fetch_add(1, Ordering::Relaxed);
-        let inline = len < PIPELINE_MIN_BYTES as u64 && self.pipe.is_idle()?;
+        let inline =
+            self.jobs.is_none() || (len < PIPELINE_MIN_BYTES as u64 && self.pipe.is_idle()?);
         self.hand_over(staged, inline)
     }
 

@@ -50,6 +50,10 @@ pub struct LedgerOptions {
     pub append_timeout: Duration,
     /// Data directory: ledger files kept open (two descriptors per ledger).
     pub max_open_files: usize,
+    /// Data directory: storage threads, whatever the number of ledgers: 3
+    /// (journal writer, journal sync pipelined with it, flusher) or 2 (the
+    /// writer syncs its groups itself: fewer threads, no pipelining).
+    pub storage_threads: usize,
     /// Data directory, test hook: makes writes, syncs, reads or
     /// preallocation fail on demand.
     pub fault_injector: Option<Arc<FaultInjector>>,
@@ -73,6 +77,7 @@ impl Default for LedgerOptions {
             max_pending_bytes: 256 << 20,
             append_timeout: Duration::from_secs(30),
             max_open_files: 128,
+            storage_threads: 3,
             fault_injector: None,
             fs: None,
         }
@@ -154,6 +159,13 @@ impl LedgerOptions {
                 "must be <= 1 day",
             ));
         }
+        if !(2..=3).contains(&self.storage_threads) {
+            return Err(bad(
+                "storage_threads",
+                self.storage_threads,
+                "must be 2 or 3",
+            ));
+        }
         if !(8..=65_536).contains(&self.max_open_files) {
             return Err(bad(
                 "max_open_files",
@@ -192,6 +204,7 @@ impl LedgerOptions {
         check!(max_pending_bytes);
         check!(append_timeout);
         check!(max_open_files);
+        check!(storage_threads);
         if let Some(f) = &self.fault_injector {
             if !open
                 .fault_injector

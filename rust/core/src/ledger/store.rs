@@ -857,6 +857,7 @@ impl Store {
             .open(&journal::synced_path(data_dir), OpenMode::CREATE)
             .map_err(|e| io_err("opening the journal's SYNCED hint", &e))?;
         let jopts = JournalOptions {
+            sync_thread: opts.storage_threads >= 3,
             segment_bytes: opts.journal_segment_bytes,
             preallocate_bytes: opts.preallocate_bytes,
             max_batch_bytes: opts.max_batch_bytes,

@@ -785,3 +785,62 @@ fn pipelined_groups_after_a_failed_sync_fail_in_order_and_never_reappear() {
         r.close().unwrap();
     }
 }
+
+#[test]
+fn read_only_view_never_goes_back_across_checkpoints() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = LedgerOptions {
+        max_entries_per_ledger: 20,
+        checkpoint_interval: Duration::from_millis(1),
+        journal_segment_bytes: 8 << 10,
+        ..opts()
+    };
+    let ml = ManagedLedger::open(tmp.path(), "mono", o.clone()).unwrap();
+    ml.append(b"first").unwrap();
+    let ro = ManagedLedger::open(
+        tmp.path(),
+        "mono",
+        LedgerOptions {
+            read_only: true,
+            ..o.clone()
+        },
+    )
+    .unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let s2 = Arc::clone(&stop);
+    let writer = std::thread::spawn(move || {
+        let mut i = 0u64;
+        while !s2.load(std::sync::atomic::Ordering::Acquire) {
+            ml.append(&payload(i)).unwrap();
+            i += 1;
+        }
+        ml.close().unwrap();
+        i
+    });
+    let mut last = None;
+    let mut count = 0;
+    let mut refreshes = 0;
+    while refreshes < 300 {
+        ro.refresh().unwrap();
+        refreshes += 1;
+        let now = ro.last_position();
+        assert!(now >= last, "went back from {last:?} to {now:?}");
+        let c = ro.entry_count();
+        assert!(c >= count, "entry count went back from {count} to {c}");
+        if let Some(p) = now {
+            assert!(ro.read(p).is_ok());
+        }
+        last = now;
+        count = c;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Release);
+    let written = writer.join().unwrap();
+    ro.refresh().unwrap();
+    assert_eq!(ro.entry_count(), written + 1);
+    // The writer's last checkpoint removed every journal segment: the
+    // reader, now reading the ledger files, holds none of them open.
+    assert!(ro
+        .storage_stats()
+        .iter()
+        .any(|(k, v)| *k == "journal_segments" && *v == 0));
+}

@@ -482,6 +482,21 @@ impl MlState {
         }
     }
 
+    /// Takes over `other`'s ledgers and bookkeeping at once (a read-only
+    /// reload; `other` is a private copy).
+    pub fn adopt(&self, other: &MlState) {
+        let mut m = self.meta.lock();
+        let mut om = other.meta.lock();
+        let mut ledgers = self.ledgers.write();
+        *ledgers = std::mem::take(&mut *other.ledgers.write());
+        m.next_ledger_id = om.next_ledger_id;
+        m.active = om.active;
+        m.compacted = om.compacted;
+        m.persisted_cursors = std::mem::take(&mut om.persisted_cursors);
+        m.replace = om.replace.take();
+        m.deleted = om.deleted;
+    }
+
     /// This managed ledger as the catalog stores it.
     pub fn snapshot(&self) -> ManagedLedgerState {
         let m = self.meta.lock();

@@ -260,6 +260,11 @@ fn create_dirs(fs: &dyn Fs, dir: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The flusher writes published entries behind into ledger files once this
+/// many journal bytes are waiting, or this long after the last time.
+const WRITE_BEHIND_BYTES: u64 = 8 << 20;
+const WRITE_BEHIND_EVERY: Duration = Duration::from_millis(200);
+
 /// Past this many files and directories to sync, a checkpoint syncs the
 /// whole file system with one call instead.
 const SYNCFS_THRESHOLD: usize = 64;
@@ -987,17 +992,71 @@ impl Store {
             }
         };
         let (scanned, seq) = *ro;
-        let from = if cat.sequence != seq || scanned == 0 || scanned < cat.checkpoint {
-            // A new checkpoint: start over from it.
-            self.io.segments.write().clear();
-            self.load_catalog(&cat)?;
-            cat.checkpoint
-        } else {
-            scanned
-        };
-        let tail = self.replay_journal(from, limit, false)?;
+        if cat.sequence == seq && scanned != 0 && scanned >= cat.checkpoint {
+            let tail = self.replay_journal(scanned, limit, false)?;
+            *ro = (tail.end, seq);
+            return Ok(());
+        }
+        // A new checkpoint: load it and its journal tail on the side, then
+        // swap each managed ledger's state in at once, so that a reader
+        // never sees a log shorter than before (and old journal segments,
+        // now in ledger files, are let go).
+        let shadow_io = Arc::new(StoreIo {
+            fs: Arc::clone(&self.io.fs),
+            data_dir: self.io.data_dir.clone(),
+            read_only: true,
+            faults: Arc::clone(&self.io.faults),
+            segments: RwLock::new(BTreeMap::new()),
+            files: Mutex::new(FileCache::new(1)),
+            file_reads: AtomicU64::new(0),
+            journal_reads: AtomicU64::new(0),
+        });
+        let shadow = Self::bare(
+            shadow_io,
+            &self.opts,
+            self.key.clone(),
+            None,
+            Arc::new(Signals::default()),
+        );
+        shadow.load_catalog(&cat)?;
+        let tail = shadow.replay_journal(cat.checkpoint, limit, false)?;
+        self.adopt(&shadow);
         *ro = (tail.end.max(cat.checkpoint), cat.sequence);
         Ok(())
+    }
+
+    /// Takes over the managed-ledger states and journal segments of
+    /// `shadow` (a read-only reload), keeping the `MlState`s handles hold.
+    fn adopt(&self, shadow: &Store) {
+        let smls = shadow.mls.read();
+        let mut mls = self.mls.write();
+        let mut next: HashMap<u64, Arc<MlState>> = HashMap::new();
+        for (&id, s) in smls.iter() {
+            let live = match mls.get(&id) {
+                Some(m) if m.name == s.name => Arc::clone(m),
+                _ => Arc::new(MlState::new(
+                    id,
+                    s.name.clone(),
+                    s.prefix.clone(),
+                    Arc::clone(&self.io),
+                    Self::rollover_default(&self.opts),
+                )),
+            };
+            live.adopt(s);
+            next.insert(id, live);
+        }
+        // Segments first: the new states point into them.
+        *self.io.segments.write() = std::mem::take(&mut *shadow.io.segments.write());
+        for (id, m) in mls.drain() {
+            if !next.contains_key(&id) {
+                m.meta.lock().deleted = true;
+                m.ledgers.write().clear();
+            }
+        }
+        *mls = next;
+        *self.names.lock() = shadow.names.lock().clone();
+        self.next_ml_id
+            .store(shadow.next_ml_id.load(Ordering::Acquire), Ordering::Release);
     }
 
     // ------------------------------------------------------------- handles
@@ -1442,15 +1501,15 @@ impl Store {
             .opts
             .cursor_flush_interval
             .max(Duration::from_millis(1));
-        let copy_every = Duration::from_millis(20);
         let mut last_cursor_flush = Instant::now();
+        let mut last_copy = Instant::now();
         loop {
             let (stop, cursors, dirty, want_ckpt) = {
                 let mut f = self.signals.flush.lock();
-                let wait = if f.dirty.is_empty() && !f.cursors {
-                    tick.max(Duration::from_millis(50))
+                let wait = if f.cursors {
+                    tick
                 } else {
-                    copy_every
+                    WRITE_BEHIND_EVERY.min(tick.max(Duration::from_millis(50)))
                 };
                 if !f.stop && !f.checkpoint_wanted {
                     self.signals.flush_cv.wait_for(&mut f, wait);
@@ -1478,23 +1537,30 @@ impl Store {
                     }
                 }
             }
-            let due = {
+            let (due, behind) = {
                 let c = self.ckpt.lock();
                 let synced = self
                     .journal
                     .as_ref()
                     .map_or(0, |j| j.synced.load(Ordering::Acquire));
                 let grown = synced.saturating_sub(c.at);
-                grown >= self.opts.checkpoint_bytes
+                let due = grown >= self.opts.checkpoint_bytes
                     || (grown > 0
                         && c.when
-                            .is_some_and(|w| w.elapsed() >= self.opts.checkpoint_interval))
+                            .is_some_and(|w| w.elapsed() >= self.opts.checkpoint_interval));
+                (due, synced.saturating_sub(c.copied))
             };
+            // Write-behind in batches: every ledger written then gets many
+            // entries per write, whatever the number of ledgers.
+            let copy = dirty
+                && (behind >= WRITE_BEHIND_BYTES || last_copy.elapsed() >= WRITE_BEHIND_EVERY);
             let r = {
                 let _g = self.serial.lock();
                 if due || want_ckpt {
+                    last_copy = Instant::now();
                     self.checkpoint(false)
-                } else if dirty {
+                } else if copy {
+                    last_copy = Instant::now();
                     self.copy_behind()
                 } else {
                     Ok(())

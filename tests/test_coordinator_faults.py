@@ -166,18 +166,18 @@ def test_background_end_retries_a_failed_final_record(tmp_path: Path) -> None:
         tc.close()
 
 
-def test_background_end_retries_a_failed_store_write() -> None:
+def in_memory(**kw: Any) -> tuple[TransactionCoordinator, ManualClock, TimerService]:
+    """A coordinator over in-memory doubles on manual time (timers run on settle)."""
     clock = ManualClock()
     timers = TimerService(clock, start=False)
+    kw.setdefault("transaction_meta_persist_count", 10)
+    tc = TransactionCoordinator(0, InMemoryTransactionLog(), clock=clock, timers=timers, **kw)
+    return tc, clock, timers
+
+
+def test_background_end_retries_a_failed_store_write() -> None:
     topic = InMemoryTerminatedPersistence()
-    tc = TransactionCoordinator(
-        0,
-        InMemoryTransactionLog(),
-        terminated=topic,
-        clock=clock,
-        timers=timers,
-        transaction_meta_persist_count=10,
-    )
+    tc, clock, timers = in_memory(terminated=topic)
     try:
         txn = tc.new_transaction(timeout_ms=1_000, client_name="c")
         topic.fail_next(1)
@@ -451,17 +451,7 @@ def test_force_abort_of_a_transaction_stuck_in_committing() -> None:
     parts = RecordingParticipants()
     dead = parts.partition("dead")
     dead.fail_next(10**9)
-    clock = ManualClock()
-    timers = TimerService(clock, start=False)
-    tc = TransactionCoordinator(
-        0,
-        InMemoryTransactionLog(),
-        participants=parts,
-        clock=clock,
-        timers=timers,
-        end_timeout_ms=1,
-        transaction_meta_persist_count=10,
-    )
+    tc, _, _ = in_memory(participants=parts, end_timeout_ms=1)
     try:
         stuck = tc.new_transaction(client_name="c")
         tc.add_produced_partitions(stuck, ["dead", "ok"])
@@ -510,11 +500,15 @@ def test_many_threads_on_the_real_ledger_with_faults(tmp_path: Path, batched: bo
     lock = threading.Lock()
     stop = threading.Event()
 
+    failed_writes = [0]
+
     def retry(fn: Any, *args: Any) -> Any:
         for _ in range(1_000):
             try:
                 return fn(*args)
             except StorageError:
+                with lock:
+                    failed_writes[0] += 1
                 stop.wait(0.001)
         raise AssertionError("a write kept failing")
 
@@ -559,6 +553,7 @@ def test_many_threads_on_the_real_ledger_with_faults(tmp_path: Path, batched: bo
     testing.clear_faults(ml)
     assert failures == []
     assert acked, "some transactions must have ended"
+    assert failed_writes[0] > 0, "the injected faults must have failed some calls"
     testing.wait_until(lambda: tc.stats()["ending"] == 0)
     tc.close()
 

@@ -546,3 +546,36 @@ def test_several_coordinators_route_by_most_bits() -> None:
     with pytest.raises(CoordinatorNotFound):
         group.get_transaction(TxnID(9, 0))
     group.close()
+
+
+def test_concurrent_same_ends_all_get_the_outcome_store_off() -> None:
+    """Ends waiting for another thread's end of the same transaction get its outcome."""
+    e = Env(persist_count=0)
+    txn = full_txn(e.tc)
+    gate, entered = threading.Event(), threading.Event()
+
+    def hold(t: TxnID, commit: bool) -> None:
+        entered.set()
+        gate.wait(30)
+
+    e.parts.partition("out-0").hook = hold
+    got: list[object] = []
+    lock = threading.Lock()
+
+    def commit() -> None:
+        try:
+            status: object = e.tc.commit(txn)
+        except BaseException as exc:
+            status = exc
+        with lock:
+            got.append(status)
+
+    threads = [threading.Thread(target=commit) for _ in range(3)]
+    for th in threads:
+        th.start()
+    assert entered.wait(30)
+    gate.set()
+    for th in threads:
+        th.join(30)
+    assert got == [TxnStatus.COMMITTED] * 3
+    e.tc.close()

@@ -29,12 +29,13 @@ import numpy as np
 from txnstream import frame
 from txnstream._native import ManagedLedger, TxnPosition, fold_txn_entries
 from txnstream.coordinator.ending import STEPS
+from txnstream.coordinator.state import PositionColumns
 from txnstream.errors import StorageError, TransactionError, WriterClosedError
 
 if TYPE_CHECKING:
     from txnstream.coordinator import AsyncCoordinator, TransactionCoordinator, TxnID
     from txnstream.coordinator.metadata import TxnMeta
-    from txnstream.coordinator.state import FoldResult, PositionColumns
+    from txnstream.coordinator.state import FoldResult
     from txnstream.frame import TxnLogColumns
     from txnstream.timer import TimerService
 
@@ -142,8 +143,11 @@ class ManualClock:
 
     :meth:`advance` moves monotonic and wall time together;
     :meth:`step_wall` moves only the wall clock (an NTP step). A wait on
-    this clock does not block: if the event is not set it advances the
-    clock by the timeout (virtual time), so retry loops run instantly.
+    this clock waits for the event for at most the timeout in real time
+    (another thread may set it), and if it was not set, the clock has
+    moved on by the timeout: a wait is the only way time passes by itself.
+    Timers on a ``TimerService(clock, start=False)`` run only on
+    :func:`settle` (or ``run_due``), so background work stays deterministic.
     """
 
     def __init__(self, wall_ms: int = 1_700_000_000_000, monotonic_ms: int = 1_000_000) -> None:
@@ -162,8 +166,8 @@ class ManualClock:
             return self.wall
 
     def wait(self, event: threading.Event, timeout_ms: float) -> bool:
-        """Return at once: True if ``event`` is set, else advance by ``timeout_ms``."""
-        if event.is_set():
+        """Wait for ``event`` up to ``timeout_ms``; if it stays unset, advance by that much."""
+        if event.wait(max(0.0, timeout_ms) / 1000.0):
             return True
         self.advance(max(0, int(timeout_ms)))
         return event.is_set()
@@ -241,12 +245,14 @@ class InMemoryTransactionLog:
         """Store ``records`` as one batched entry and return their positions."""
         return [f.result() for f in self.write_many(records)]
 
-    def delete(self, records: PositionColumns) -> None:
+    def delete(self, records: PositionColumns | Sequence[TxnPosition]) -> None:
         """Delete records; an entry whose records are all deleted is dropped."""
+        if isinstance(records, PositionColumns):
+            pairs = list(zip(records.entry_id.tolist(), records.batch_index.tolist(), strict=True))
+        else:
+            pairs = [(p.entry_id, p.batch_index) for p in records]
         with self._lock:
-            for eid, bidx in zip(
-                records.entry_id.tolist(), records.batch_index.tolist(), strict=True
-            ):
+            for eid, bidx in pairs:
                 if eid >= len(self._entries) or self._entries[eid] is None:
                     continue
                 gone = self._deleted.setdefault(eid, set())

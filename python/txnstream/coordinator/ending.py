@@ -314,11 +314,16 @@ class EndDriver:
         """
         clock, table = self._clock, self._table
         deadline = clock.monotonic_ms() + self._config.end_timeout_ms
-        tid = table.tid(seq)
+        waited: TxnMeta | None = None  # the transaction another thread was ending
         while True:
             with table.lock:
                 meta = table.txns.get(seq)
                 if meta is None or not meta.visible:
+                    if waited is not None and waited.status.is_final:
+                        # It ended while we waited: answer from it (the store may be off).
+                        if force:
+                            return waited.status
+                        return end_answer(table.tid(seq), act, waited.status, waited.timed_out)
                     return None
                 decision = meta.decision
                 wait: threading.Event | None = None
@@ -332,18 +337,20 @@ class EndDriver:
                     timed_out = meta.timed_out or meta.pending_timed_out
                     outcome = decision.outcome
                     assert outcome is not None
-                    end_answer(tid, act, outcome, timed_out)  # raises the refusal
+                    end_answer(table.tid(seq), act, outcome, timed_out)  # raises the refusal
                 elif meta.driver:
                     wait = table.changed(meta)  # another thread finishes it
                 else:
                     self._take_over(meta)
             if wait is None:
                 return self._drive(meta, deadline, background=False)
+            waited = meta
             remaining = deadline - clock.monotonic_ms()
             if (remaining <= 0 or not clock.wait(wait, remaining)) and (
                 clock.monotonic_ms() >= deadline
             ):
-                raise _pending_error(tid, decision.outcome if decision else None, "busy")
+                outcome = decision.outcome if decision else None
+                raise _pending_error(table.tid(seq), outcome, "busy")
 
     def end_many(
         self, reqs: list[tuple[TxnID, int, TxnAction]]
@@ -438,41 +445,33 @@ class EndDriver:
             self.background.cancel(meta)
 
     def _drive(self, meta: TxnMeta, deadline: int, *, background: bool) -> TxnStatus:
-        """Run the remaining steps for ``meta`` (claimed by this thread)."""
+        """Run the remaining steps for ``meta`` (claimed by this thread).
+
+        Only the driver changes ``pending``, ``participants_done`` and (once
+        decided) the names, so it reads them without the lock.
+        """
+        tid = self._table.tid(meta.seq)
         try:
             if meta.pending is not None:
-                self._decide(meta, deadline)
+                self._decide(meta, tid, deadline)
             if not meta.participants_done:
-                self._end_participants(meta, deadline, background)
-            return self._complete(meta)
+                self._end_participants(meta, tid, deadline, background)
+            return self._complete(meta, tid)
         finally:
-            self._release(meta)
+            if meta.driver:  # not released by a successful _finish
+                self._release(meta)
 
-    def _decide(self, meta: TxnMeta, deadline: int) -> None:
+    def _decide(self, meta: TxnMeta, tid: TxnID, deadline: int) -> None:
         """Step 1: log the pending ending UPDATE (after any ADD in flight)."""
         table, clock = self._table, self._clock
-        tid = table.tid(meta.seq)
-        with table.lock:
-            while meta.adds:
-                event = table.changed(meta)
-                table.lock.release()
-                try:
-                    clock.wait(event, deadline - clock.monotonic_ms())
-                finally:
-                    table.lock.acquire()
-                if meta.adds and clock.monotonic_ms() >= deadline:
-                    self._revert(meta)
-                    raise _pending_error(tid, None, "partitions being added")
-            target = meta.pending
-            assert target is not None
-            record = encode_txn_update(
-                table.tc_id,
-                meta.seq,
-                clock.wall_ms(),
-                int(TxnStatus.OPEN),
-                int(target),
-                meta.pending_timed_out,
-            )
+        if meta.adds:  # no ADD can start once the decision is pending: only wait if needed
+            self._await_adds(meta, tid, deadline)
+        target = meta.pending
+        assert target is not None
+        now = clock.wall_ms()
+        record = encode_txn_update(
+            table.tc_id, meta.seq, now, 0, int(target), meta.pending_timed_out
+        )
         try:
             pos = self._writer.write(record)
         except BaseException as exc:
@@ -489,8 +488,24 @@ class EndDriver:
             meta.in_doubt = False
             meta.positions.append(pos)
             meta.decided_at = clock.monotonic_ms()
-            meta.last_modified = clock.wall_ms()
-            table.notify(meta)
+            meta.last_modified = now
+            if meta.done is not None:
+                table.notify(meta)
+
+    def _await_adds(self, meta: TxnMeta, tid: TxnID, deadline: int) -> None:
+        # ADD records still in flight finish (or fail) before the decision.
+        table, clock = self._table, self._clock
+        with table.lock:
+            while meta.adds:
+                event = table.changed(meta)
+                table.lock.release()
+                try:
+                    clock.wait(event, deadline - clock.monotonic_ms())
+                finally:
+                    table.lock.acquire()
+                if meta.adds and clock.monotonic_ms() >= deadline:
+                    self._revert(meta)
+                    raise _pending_error(tid, None, "partitions being added")
 
     def _revert(self, meta: TxnMeta) -> None:
         # Under the lock: the decision was not logged; the transaction is OPEN again.
@@ -500,14 +515,11 @@ class EndDriver:
             self.background.rearm_after_failure(meta)
         self._table.notify(meta)
 
-    def _end_participants(self, meta: TxnMeta, deadline: int, background: bool) -> None:
+    def _end_participants(self, meta: TxnMeta, tid: TxnID, deadline: int, background: bool) -> None:
         """Step 2: tell every participant the decided outcome."""
-        table = self._table
-        with table.lock:
-            commit = meta.status is TxnStatus.COMMITTING
-            partitions = meta.partition_list()
-            subscriptions = meta.subscription_list()
-        tid = table.tid(meta.seq)
+        commit = meta.status is TxnStatus.COMMITTING
+        partitions = meta.partition_list()
+        subscriptions = meta.subscription_list()
         self._hook("ending_logged", tid)
         end_participants(
             tid,
@@ -521,18 +533,16 @@ class EndDriver:
             stop=self._stop,
             attempts=1 if background else None,
         )
-        with table.lock:
-            meta.participants_done = True
+        meta.participants_done = True
         self._hook("participants_done", tid)
 
-    def _complete(self, meta: TxnMeta) -> TxnStatus:
+    def _complete(self, meta: TxnMeta, tid: TxnID) -> TxnStatus:
         """Step 3: store the outcome, log the final status, leave memory, clean up.
 
         The outcome is visible once step 2 is done, so a failure here is
         logged and retried in the background while the outcome is returned.
         """
         table = self._table
-        tid = table.tid(meta.seq)
         decided = meta.status
         final = decided.outcome
         assert final is not None
@@ -552,13 +562,13 @@ class EndDriver:
             return final
         with table.lock:
             records = self._finish(meta, final, last, now)
-        if records is not None:
+        if records:
             self._writer.delete(records)
         return final
 
     def _finish(
         self, meta: TxnMeta, final: TxnStatus, last: TxnPosition, now: int
-    ) -> PositionColumns | None:
+    ) -> list[TxnPosition] | PositionColumns | None:
         # Under the lock: the final record is durable; leave memory.
         table = self._table
         commit = final is TxnStatus.COMMITTED
@@ -571,6 +581,9 @@ class EndDriver:
         meta.partitions = meta.subscriptions = None
         if meta.timer is not None and self.background is not None:
             self.background.cancel(meta)
+        meta.driver = False  # released here: it left memory, nothing to retry
+        if meta.done is not None:
+            table.notify(meta)
         return table.release(meta)
 
     def _drive_many(
@@ -611,7 +624,7 @@ class EndDriver:
             ready: list[int] = []
             for i, m in enumerate(metas):
                 try:
-                    self._end_participants(m, deadline, background=False)
+                    self._end_participants(m, table.tid(m.seq), deadline, background=False)
                 except TransactionError as exc:
                     results[i] = exc
                     continue
@@ -639,25 +652,32 @@ class EndDriver:
                 self._store.record(tid, m.client_name, final, timed_out=m.timed_out)
                 self._hook("terminated_stored", tid)
             now = self._clock.wall_ms()
-            records = [
+            finals_logged = [
                 encode_txn_update(table.tc_id, m.seq, now, int(m.status), int(f), m.timed_out)
                 for m, f in zip(metas, finals, strict=True)
             ]
-            lasts = self._writer.write_many(records)
+            lasts = self._writer.write_many(finals_logged)
             for m in metas:
                 self._hook("final_logged", table.tid(m.seq))
         except Exception:
             if not table.closed:
                 log.warning("completing %d ends failed; retried in the background", len(metas))
             return finals
-        parts: list[PositionColumns] = []
+        positions: list[TxnPosition] = []
+        spans: list[PositionColumns] = []
         with table.lock:
             for m, final, last in zip(metas, finals, lasts, strict=True):
-                cols = self._finish(m, final, last, now)
-                if cols is not None:
-                    parts.append(cols)
-        if parts:
-            self._writer.delete(PositionColumns.concat(parts))
+                done = self._finish(m, final, last, now)
+                if isinstance(done, list):
+                    positions.extend(done)
+                elif done is not None:
+                    spans.append(done)
+        if spans:
+            if positions:
+                spans.append(PositionColumns.from_positions(positions))
+            self._writer.delete(PositionColumns.concat(spans))
+        elif positions:
+            self._writer.delete(positions)
         return finals
 
     def _release(self, meta: TxnMeta) -> None:

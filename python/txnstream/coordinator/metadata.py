@@ -264,6 +264,8 @@ _SMALL = 8
 
 def _add_names(have: list[Any] | dict[Any, None] | None, names: list[Any]) -> list[Any]:
     """Return the names of ``names`` (in order, once each) that ``have`` lacks."""
+    if len(names) == 1:  # the common call: one name
+        return [] if have and names[0] in have else names
     new = list(dict.fromkeys(names))
     if have:
         new = [n for n in new if n not in have]
@@ -494,6 +496,8 @@ def is_text(value: object) -> bool:
     """Tell whether ``value`` is a non-empty str that encodes as UTF-8 (no lone surrogates)."""
     if not isinstance(value, str) or not value:
         return False
+    if value.isascii():
+        return True
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:

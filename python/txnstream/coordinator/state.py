@@ -237,7 +237,7 @@ class TransactionLog(Protocol):
     def write_many_sync(self, records: Sequence[bytes]) -> list[TxnPosition]:
         """Append ``records`` (contiguous, in order) and wait until all are durable."""
 
-    def delete(self, records: PositionColumns) -> None:
+    def delete(self, records: PositionColumns | Sequence[TxnPosition]) -> None:
         """Delete records (one batch index each) in one operation; whole entries free up."""
 
     def fold(self, tc_id: int) -> FoldResult:
@@ -327,12 +327,16 @@ class LedgerTransactionLog:
         self.writer.flush()
         return fut.result()
 
-    def delete(self, records: PositionColumns) -> None:
+    def delete(self, records: PositionColumns | Sequence[TxnPosition]) -> None:
         """Delete records by position and batch index, in one cursor operation."""
-        if len(records):
+        if not len(records):
+            return
+        if isinstance(records, PositionColumns):
             self.cursor.delete_records(
                 records.ledger_id, records.entry_id, records.batch_size, records.batch_index
             )
+        else:
+            self.cursor.delete(list(records))
 
     def fold(self, tc_id: int) -> FoldResult:
         """Read and fold the whole log from the cursor in Rust (GIL released)."""
@@ -449,7 +453,7 @@ class DurableWriter:
         with self._table.lock:
             self._counts["append_errors"] += 1
 
-    def delete(self, records: PositionColumns) -> None:
+    def delete(self, records: PositionColumns | Sequence[TxnPosition]) -> None:
         """Delete finished records; best effort (recovery purges what is left)."""
         try:
             self.log.delete(records)
@@ -743,22 +747,24 @@ class TransactionTable:
         table = self.recovered
         return table.count(meta.span) if meta.span >= 0 and table is not None else 0
 
-    def release(self, meta: TxnMeta) -> PositionColumns | None:
-        """Under the lock: take every record position of ended ``meta`` (to delete)."""
-        parts: list[PositionColumns] = []
-        if meta.positions:
-            parts.append(PositionColumns.from_positions(meta.positions))
-            meta.positions = []
+    def release(self, meta: TxnMeta) -> list[TxnPosition] | PositionColumns | None:
+        """Under the lock: take every record position of ended ``meta`` (to delete).
+
+        Its own records as a list; with recovered ones, all as columns (one
+        cursor operation either way, so a crash cannot leave half of them).
+        """
+        positions, meta.positions = meta.positions, []
         table = self.recovered
-        if meta.span >= 0 and table is not None:
-            parts.append(table.span(meta.span))
-            meta.span = -1
-            table.live -= 1
-            if table.live == 0:
-                self.recovered = None  # every recovered transaction ended
-        if not parts:
-            return None
-        return parts[0] if len(parts) == 1 else PositionColumns.concat(parts)
+        if meta.span < 0 or table is None:
+            return positions or None
+        span = table.span(meta.span)
+        meta.span = -1
+        table.live -= 1
+        if table.live == 0:
+            self.recovered = None  # every recovered transaction ended
+        if not positions:
+            return span
+        return PositionColumns.concat([span, PositionColumns.from_positions(positions)])
 
 
 # ---------------------------------------------------------------------- recovery

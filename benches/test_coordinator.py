@@ -32,9 +32,8 @@ import pytest
 
 from txnstream import frame, proto
 from txnstream._native import BufferedWriter, ManagedLedger, TxnPosition
-from txnstream.coordinator import TxnStatus
-from txnstream.coordinator.coordinator import TransactionCoordinator, log_name
-from txnstream.coordinator.ledger_log import CURSOR
+from txnstream.coordinator import TransactionCoordinator, TxnStatus, log_name
+from txnstream.coordinator.state import CURSOR
 
 TXNS_PER_ROUND = {True: 6_000, False: 600}
 

@@ -5,7 +5,7 @@ Usage: python coordinator_crash_child.py DATA_DIR STEP ACTION
 Opens coordinator 0 on DATA_DIR, ends one earlier transaction normally, opens
 a bystander (left OPEN) and a victim, prints their ids as JSON, then ends the
 victim with ACTION and SIGKILLs itself when the coordinator reports STEP for
-it (see ``txnstream.coordinator.coordinator.STEPS``). ACTION ``timeout``
+it (see ``txnstream.testing.STEPS``). ACTION ``timeout``
 gives the victim a short timeout and lets the timer abort it.
 """
 
@@ -17,8 +17,9 @@ import signal
 import sys
 import time
 
-from txnstream.coordinator import RecordingParticipants, TxnID
-from txnstream.coordinator.coordinator import TransactionCoordinator
+from txnstream import testing
+from txnstream.coordinator import TransactionCoordinator, TxnID
+from txnstream.testing import RecordingParticipants
 
 
 def main() -> None:
@@ -39,7 +40,7 @@ def main() -> None:
             sys.stdout.flush()
             os.kill(os.getpid(), signal.SIGKILL)
 
-    tc.step_hook = hook
+    testing.set_step_hook(tc, hook)
     # A timeout must not fire before the partitions are added.
     timeout = 1_000 if action == "timeout" else 600_000
     victim = tc.new_transaction(timeout_ms=timeout, client_name="crash-client")

@@ -138,3 +138,20 @@ def test_bulk_bad_shapes() -> None:
         ackset.and_many(np.zeros((2, 2)), np.zeros((2, 3)))
     with pytest.raises(ts.InvalidArgumentError, match="batch size 200 of row 0"):
         ackset.overlaps_many(np.zeros((1, 2)), np.zeros((1, 2)), [200])
+
+
+@pytest.mark.parametrize(
+    ("call", "name"),
+    [
+        (lambda: ts.AckSet(2**70), "batch_size"),
+        (lambda: ts.AckSet(-1), "batch_size"),
+        (lambda: ts.AckSet.from_words([2**64], 3), "words"),
+        (lambda: ts.AckSet.from_words([1], 2**40), "batch_size"),
+        (lambda: ts.AckSet(3).clear(2**64), "index"),
+        (lambda: ts.AckSet(3).get(-(2**70)), "index"),
+        (lambda: ts.AckSet.single_deleted(3, 2**63), "index"),
+    ],
+)
+def test_out_of_range_ints_name_the_argument(call: object, name: str) -> None:
+    with pytest.raises(ts.InvalidArgumentError, match=name):
+        call()  # type: ignore[operator]

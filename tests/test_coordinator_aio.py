@@ -8,8 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.test_coordinator_state import Env
-from txnstream.coordinator import TxnID, TxnStatus
-from txnstream.coordinator.coordinator import TransactionCoordinator
+from txnstream.coordinator import TransactionCoordinator, TxnID, TxnStatus
 from txnstream.errors import (
     CoordinatorNotFound,
     InvalidArgumentError,

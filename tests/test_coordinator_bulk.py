@@ -7,13 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_coordinator_state import Env, full_txn, wait_for
-from txnstream.coordinator import RetryPolicy, TxnID, TxnStatus
-from txnstream.coordinator.coordinator import TransactionCoordinator
-from txnstream.coordinator.participants import ParticipantsFailed
+from tests.test_coordinator_state import Env, full_txn
+from txnstream.coordinator import RetryPolicy, TransactionCoordinator, TxnID, TxnStatus
 from txnstream.errors import (
     InvalidArgumentError,
     InvalidTxnStatusError,
+    ParticipantsFailed,
     TransactionAlreadyAborted,
     TransactionAlreadyCommitted,
     TransactionNotFound,
@@ -109,15 +108,15 @@ def test_bulk_participant_failure_leaves_only_that_txn_ending() -> None:
     assert res[1:] == [TxnStatus.COMMITTED, TxnStatus.ABORTED]
     assert tc.get_transaction(bad).status is TxnStatus.COMMITTING
     assert tc.end_transactions([(bad, "abort")])[0].__class__ is TransactionAlreadyCommitted
+    e.advance(60_000)  # the background finishes the decided commit
     assert tc.get_transaction(bad).status is TxnStatus.COMMITTED
     tc.close()
 
 
 def test_bulk_created_txns_time_out(env: Env) -> None:
     txns = env.tc.new_transactions(3, timeout_ms=1_000, client_name="c")
-    env.clock.now += 1_001
-    env.fire_timeouts()
-    wait_for(lambda: env.tc.stats()["aborted"] == 3)
+    env.advance(1_001)
+    assert env.tc.stats()["aborted"] == 3
     res = env.tc.end_transactions([(t, "commit") for t in txns])
     for r in res:
         assert isinstance(r, TransactionAlreadyAborted)

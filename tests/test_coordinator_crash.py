@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from txnstream.coordinator import RecordingParticipants, TxnID, TxnStatus
-from txnstream.coordinator.coordinator import STEPS, TransactionCoordinator
+from txnstream.coordinator import TransactionCoordinator, TxnID, TxnStatus
 from txnstream.errors import TransactionAlreadyAborted, TransactionAlreadyCommitted
+from txnstream.testing import STEPS, RecordingParticipants
 
 CHILD = Path(__file__).with_name("coordinator_crash_child.py")
 

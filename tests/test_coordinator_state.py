@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 import tracemalloc
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
@@ -11,48 +10,49 @@ from typing import Any
 
 import pytest
 
-from txnstream import TxnPosition, frame
-from txnstream.coordinator import RecordingParticipants, RetryPolicy, TxnID, TxnStatus
-from txnstream.coordinator.config import CoordinatorConfig
-from txnstream.coordinator.coordinator import TransactionCoordinator
-from txnstream.coordinator.coordinators import TransactionCoordinators
-from txnstream.coordinator.log import InMemoryTransactionLog
-from txnstream.coordinator.participants import ParticipantsFailed
-from txnstream.coordinator.replay import fold
-from txnstream.coordinator.sequence import InMemorySequence
-from txnstream.coordinator.terminated import InMemoryTerminatedPersistence
+from tests.reference_fold import fold
+from txnstream import TxnPosition, frame, testing
+from txnstream.coordinator import (
+    CoordinatorConfig,
+    RetryPolicy,
+    TransactionCoordinator,
+    TransactionCoordinators,
+    TxnID,
+    TxnStatus,
+)
+from txnstream.coordinator.state import PositionColumns
 from txnstream.errors import (
     CoordinatorNotFound,
     InvalidArgumentError,
     InvalidTxnStatusError,
+    ParticipantsFailed,
     TransactionAlreadyAborted,
     TransactionAlreadyCommitted,
     TransactionNotFound,
 )
 from txnstream.proto import Subscription, TransactionMetadataEntry
+from txnstream.testing import (
+    InMemorySequence,
+    InMemoryTerminatedPersistence,
+    InMemoryTransactionLog,
+    ManualClock,
+    RecordingParticipants,
+)
+from txnstream.timer import TimerService
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1_700_000_000_000
-
-    def __call__(self) -> int:
-        return self.now
-
-
-def wait_for(cond: Callable[[], bool], timeout: float = 10.0) -> None:
-    end = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > end:
-            raise AssertionError("condition not reached")
-        time.sleep(0.002)
+def wait_for(cond: Callable[[], bool], timeout_ms: int = 30_000) -> None:
+    testing.wait_until(cond, timeout_ms)
 
 
 class Env:
+    """A coordinator over in-memory doubles, with manual time (timers run on :meth:`settle`)."""
+
     def __init__(self, persist_count: int = 0, **cfg: object) -> None:
         self.log = InMemoryTransactionLog()
         self.topic = InMemoryTerminatedPersistence()
-        self.clock = FakeClock()
+        self.clock = ManualClock()
+        self.timers = TimerService(self.clock, start=False)
         self.parts = RecordingParticipants()
         self.seq = InMemorySequence()
         self.cfg = CoordinatorConfig(
@@ -70,6 +70,7 @@ class Env:
             terminated=self.topic,
             sequence=self.seq,
             clock=self.clock,
+            timers=self.timers,
         )
 
     def restart(self) -> TransactionCoordinator:
@@ -78,8 +79,10 @@ class Env:
         self.tc = self.open(self.log)
         return self.tc
 
-    def fire_timeouts(self) -> int:
-        return self.tc._timers.run_due()
+    def advance(self, ms: int) -> None:
+        """Let ``ms`` pass and run whatever became due, until quiet."""
+        self.clock.advance(ms)
+        testing.settle(self.tc, self.timers)
 
 
 @pytest.fixture
@@ -218,13 +221,11 @@ def test_no_client_name_not_remembered(env: Env) -> None:
 
 def test_timeout_aborts_and_commit_learns_it(env: Env) -> None:
     txn = full_txn(env.tc)
-    env.clock.now += 9_999
-    env.fire_timeouts()
+    env.advance(9_999)
     assert env.tc.get_transaction(txn).status is TxnStatus.OPEN
-    env.clock.now += 1
-    env.fire_timeouts()
-    wait_for(lambda: env.tc.get_transaction(txn).status is TxnStatus.ABORTED)
+    env.advance(1)
     info = env.tc.get_transaction(txn)
+    assert info.status is TxnStatus.ABORTED
     assert info.timed_out
     with pytest.raises(TransactionAlreadyAborted) as err:
         env.tc.commit(txn)
@@ -234,8 +235,8 @@ def test_timeout_aborts_and_commit_learns_it(env: Env) -> None:
     assert env.parts.partition("out-0").outcomes == {txn: False}
 
 
-def test_commit_races_timeout_in_flight_store_off() -> None:
-    """A commit arriving while the timeout abort runs gets a definite answer."""
+def test_commit_racing_the_timeout_abort_is_answered_at_once_store_off() -> None:
+    """A commit arriving while the timeout's abort runs learns at once it was aborted."""
     e = Env(persist_count=0)
     txn = full_txn(e.tc)
     gate = threading.Event()
@@ -243,34 +244,22 @@ def test_commit_races_timeout_in_flight_store_off() -> None:
 
     def block(t: TxnID, commit: bool) -> None:
         entered.set()
-        gate.wait(10)
+        gate.wait(30)
 
     e.parts.partition("out-0").hook = block
-    e.clock.now += 10_000
-    e.fire_timeouts()
-    assert entered.wait(10)
+    e.clock.advance(10_000)
+    assert e.timers.run_due() == 1  # the timeout's abort starts on a pool thread
+    assert entered.wait(30)
     assert e.tc.get_transaction(txn).status is TxnStatus.ABORTING
-    result: list[BaseException] = []
-
-    def commit() -> None:
-        try:
-            e.tc.commit(txn)
-        except BaseException as exc:
-            result.append(exc)
-
-    th = threading.Thread(target=commit)
-    th.start()
-    # The commit registers as a waiter on the abort's driver (observable:
-    # the transaction's done event appears) and stays blocked there.
-    meta = e.tc._txns[txn.least_bits]
-    wait_for(lambda: meta.done is not None)
-    assert th.is_alive()
-    assert not result
+    # The abort is still running (held in a participant), yet the commit is
+    # answered now, without waiting for it.
+    with pytest.raises(TransactionAlreadyAborted) as err:
+        e.tc.commit(txn)
+    assert err.value.details["timed_out"] is True
+    assert not gate.is_set()
     gate.set()
-    th.join(10)
-    assert len(result) == 1
-    assert isinstance(result[0], TransactionAlreadyAborted)
-    assert result[0].details["timed_out"] is True
+    testing.settle(e.tc, e.timers)
+    assert e.tc.stats()["live"] == 0
     e.tc.close()
 
 
@@ -287,11 +276,11 @@ def test_timeout_after_commit_started_does_nothing(env: Env) -> None:
     th = threading.Thread(target=env.tc.commit, args=(txn,))
     th.start()
     assert entered.wait(10)
-    env.clock.now += 20_000
-    assert env.fire_timeouts() == 0  # claiming the commit cancelled the timer
+    env.clock.advance(20_000)
+    assert env.timers.run_due() == 0  # claiming the commit cancelled the timer
     # A timer that fired just before the claim still runs its handler: it
     # returns (without waiting for the commit) and changes nothing.
-    env.tc._on_timeout(txn.least_bits)
+    testing.fire_timeout(env.tc, txn)
     info = env.tc.get_transaction(txn)
     assert (info.status, info.timed_out) == (TxnStatus.COMMITTING, False)
     gate.set()
@@ -314,23 +303,27 @@ def test_exhausted_retries_leave_txn_ending_and_retry_finishes() -> None:
     e = Env(persist_count=5, retry=RetryPolicy(initial_backoff_ms=0, max_attempts=2))
     txn = full_txn(e.tc)
     e.parts.partition("out-0").fail_next(3)
-    with pytest.raises(ParticipantsFailed):
+    with pytest.raises(ParticipantsFailed) as err:
         e.tc.commit(txn)
+    assert err.value.outcome is TxnStatus.COMMITTED
     assert e.tc.get_transaction(txn).status is TxnStatus.COMMITTING
     with pytest.raises(TransactionAlreadyCommitted):
-        # the outcome is decided; the abort request drives the commit to its end
-        e.tc.abort(txn)
+        e.tc.abort(txn)  # the outcome is decided: answered at once
+    # The background finishes the commit (one attempt per run, with backoff).
+    for _ in range(5):
+        e.advance(60_000)
     assert e.tc.get_transaction(txn).status is TxnStatus.COMMITTED
+    assert e.parts.partition("out-0").outcomes == {txn: True}
     e.tc.close()
 
 
 def test_admin_abort_and_listing(env: Env) -> None:
     a = full_txn(env.tc)
-    env.clock.now += 5_000
+    env.clock.advance(5_000)
     b = env.tc.new_transaction(timeout_ms=60_000)
     assert [i.txn_id for i in env.tc.list_transactions()] == [a, b]
     assert [i.txn_id for i in env.tc.slow_transactions(4_000)] == [a]
-    assert env.tc.abort_transaction(a) is TxnStatus.ABORTED
+    assert env.tc.force_abort(a) is TxnStatus.ABORTED
     assert [i.txn_id for i in env.tc.list_transactions(TxnStatus.OPEN)] == [b]
     stats = env.tc.stats()
     assert stats["open"] == 1
@@ -382,10 +375,14 @@ def test_recovery_rebuilds_open_and_finishes_ending() -> None:
     th = threading.Thread(target=commit)
     th.start()
     assert entered.wait(10)
-    # "Crash" while the commit is stuck after COMMITTING was logged.
-    e.tc.close()
+    # "Crash" while the commit is stuck after COMMITTING was logged: close()
+    # stops the participant retries and waits for the end in flight.
+    closer = threading.Thread(target=e.tc.close)
+    closer.start()
+    testing.wait_closed(e.tc)
     hold.set()
-    th.join(10)
+    th.join(30)
+    closer.join(30)
     assert len(outcome) == 1
     assert isinstance(outcome[0], ParticipantsFailed)
     e.parts = RecordingParticipants()
@@ -412,11 +409,10 @@ def test_recovery_rebuilds_open_and_finishes_ending() -> None:
 def test_recovery_rearms_timeouts() -> None:
     e = Env()
     txn = e.tc.new_transaction(timeout_ms=1_000)
-    e.clock.now += 5_000
+    e.clock.advance(5_000)
     tc = e.restart()
-    wait_for(
-        lambda: tc._timers.run_due() >= 0 and txn not in [i.txn_id for i in tc.list_transactions()]
-    )
+    e.advance(0)  # its deadline passed while it was down: it fires at once
+    assert txn not in [i.txn_id for i in tc.list_transactions()]
     assert tc.stats()["timed_out"] == 1
     tc.close()
 
@@ -443,11 +439,11 @@ def test_replay_mixed_batched_and_unbatched() -> None:
     )
     log.write(rec(asub, 1, subscriptions=[Subscription(topic="t", subscription="s")]))
     log.write_many([rec(up, 1, new_status=1), rec(up, 2, new_status=3), rec(up, 2, new_status=4)])
-    assert frame.is_batched(log._entries[1] or b"")
-    assert not frame.is_batched(log._entries[0] or b"")
+    assert frame.is_batched(log.entries()[1] or b"")
+    assert not frame.is_batched(log.entries()[0] or b"")
     # Delete one batch index of the batched entry (txn 2's NEW is gone: txn 2 ended).
-    log.delete([f[2].result()])
-    r = fold(log.replay(), 0)
+    log.delete(PositionColumns.from_positions([f[2].result()]))
+    r = fold(log, 0)
     assert [t.seq for t in r.txns] == [0, 1]
     t0, t1 = r.txns
     assert t0.status is TxnStatus.OPEN
@@ -550,3 +546,36 @@ def test_several_coordinators_route_by_most_bits() -> None:
     with pytest.raises(CoordinatorNotFound):
         group.get_transaction(TxnID(9, 0))
     group.close()
+
+
+def test_concurrent_same_ends_all_get_the_outcome_store_off() -> None:
+    """Ends waiting for another thread's end of the same transaction get its outcome."""
+    e = Env(persist_count=0)
+    txn = full_txn(e.tc)
+    gate, entered = threading.Event(), threading.Event()
+
+    def hold(t: TxnID, commit: bool) -> None:
+        entered.set()
+        gate.wait(30)
+
+    e.parts.partition("out-0").hook = hold
+    got: list[object] = []
+    lock = threading.Lock()
+
+    def commit() -> None:
+        try:
+            status: object = e.tc.commit(txn)
+        except BaseException as exc:
+            status = exc
+        with lock:
+            got.append(status)
+
+    threads = [threading.Thread(target=commit) for _ in range(3)]
+    for th in threads:
+        th.start()
+    assert entered.wait(30)
+    gate.set()
+    for th in threads:
+        th.join(30)
+    assert got == [TxnStatus.COMMITTED] * 3
+    e.tc.close()

@@ -5,21 +5,24 @@ from __future__ import annotations
 import itertools
 import pickle
 import threading
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from txnstream.coordinator.participants import (
-    ParticipantsFailed,
-    RecordingParticipants,
-    RetryPolicy,
-    end_participants,
+from txnstream.coordinator.config import RetryPolicy
+from txnstream.coordinator.ending import end_participants
+from txnstream.coordinator.metadata import (
+    TxnAction,
+    TxnID,
+    TxnStatus,
+    can_transition,
+    check_transition,
 )
-from txnstream.coordinator.status import TxnAction, TxnStatus, can_transition, check_transition
-from txnstream.coordinator.txn_id import TxnID
-from txnstream.errors import InvalidArgumentError, InvalidTxnStatusError
+from txnstream.errors import InvalidArgumentError, InvalidTxnStatusError, ParticipantsFailed
 from txnstream.proto import TxnStatus as ProtoStatus
+from txnstream.testing import ManualClock, RecordingParticipants
 
 S = TxnStatus
 
@@ -95,42 +98,89 @@ def test_action_parse() -> None:
         TxnAction.parse("rollback")
 
 
+def _end(res: object, clock: ManualClock, policy: RetryPolicy, **kw: Any) -> int:
+    args: dict[str, Any] = {
+        "policy": policy,
+        "clock": clock,
+        "deadline_ms": clock.monotonic_ms() + 60_000,
+        "stop": threading.Event(),
+    }
+    args.update(kw)
+    txn, commit, parts, subs = args.pop("call")
+    return end_participants(txn, commit, parts, subs, res, **args)  # type: ignore[arg-type]
+
+
 def test_end_participants_retries_only_failed_ones() -> None:
     res = RecordingParticipants()
     res.partition("p1").fail_next(3)
-    sleeps: list[float] = []
-    retries = end_participants(
-        TxnID(0, 1),
-        True,
-        ["p1", "p2"],
-        [("t", "s")],
-        res,
-        RetryPolicy(initial_backoff_ms=10, max_backoff_ms=25),
-        threading.Event(),
-        sleep=sleeps.append,
-    )
+    clock = ManualClock(monotonic_ms=0)
+    call = (TxnID(0, 1), True, ["p1", "p2"], [("t", "s")])
+    retries = _end(res, clock, RetryPolicy(initial_backoff_ms=10, max_backoff_ms=25), call=call)
     assert retries == 3
-    assert sleeps == [0.01, 0.02, 0.025]
+    assert clock.monotonic_ms() == 10 + 20 + 25  # capped exponential backoff, waited on the clock
     assert len(res.partition("p1").calls) == 4
     assert len(res.partition("p2").calls) == 1
     assert res.subscription("t", "s").outcomes == {TxnID(0, 1): True}
 
 
-def test_end_participants_gives_up_after_max_attempts() -> None:
+def test_end_participants_gives_up_after_max_attempts_or_the_deadline() -> None:
     res = RecordingParticipants()
     res.subscription("t", "s").fail_next(10)
+    clock = ManualClock(monotonic_ms=0)
+    call: tuple[Any, ...] = (TxnID(0, 2), False, [], [("t", "s")])
     with pytest.raises(ParticipantsFailed, match="t/s") as err:
-        end_participants(
-            TxnID(0, 2),
-            False,
-            [],
-            [("t", "s")],
-            res,
-            RetryPolicy(initial_backoff_ms=0, max_attempts=3),
-            threading.Event(),
-        )
+        _end(res, clock, RetryPolicy(initial_backoff_ms=0, max_attempts=3), call=call)
     assert len(err.value.details["failures"]) == 1
+    assert err.value.outcome is S.ABORTED and err.value.retriable
     assert len(res.subscription("t", "s").calls) == 3
+    res.subscription("t", "s").fail_next(10**6)
+    with pytest.raises(ParticipantsFailed):
+        _end(res, clock, RetryPolicy(initial_backoff_ms=20), call=call, deadline_ms=300)
+    assert clock.monotonic_ms() >= 300  # it retried until the deadline, not forever
+
+
+class FutureParticipant:
+    """Answers with a future, completed (or failed) by the test: a durable marker write."""
+
+    def __init__(self, fail: int = 0, answer: bool = True) -> None:
+        self.fail = fail
+        self.answer = answer
+        self.calls = 0
+
+    def end(self, txn_id: TxnID, commit: bool) -> Future[None]:
+        self.calls += 1
+        fut: Future[None] = Future()
+        if not self.answer:
+            return fut  # never completes
+        if self.fail:
+            self.fail -= 1
+            fut.set_exception(OSError("marker write failed"))
+        else:
+            fut.set_result(None)
+        return fut
+
+
+class FutureResolver:
+    def __init__(self, parts: dict[str, FutureParticipant]) -> None:
+        self.parts = parts
+
+    def partition(self, name: str) -> FutureParticipant:
+        return self.parts[name]
+
+    def subscription(self, topic: str, subscription: str) -> FutureParticipant:
+        return self.parts[f"{topic}/{subscription}"]
+
+
+def test_participants_may_answer_with_futures() -> None:
+    parts = {"a": FutureParticipant(), "b": FutureParticipant(fail=2), "t/s": FutureParticipant()}
+    clock = ManualClock(monotonic_ms=0)
+    call = (TxnID(0, 3), True, ["a", "b"], [("t", "s")])
+    assert _end(FutureResolver(parts), clock, RetryPolicy(initial_backoff_ms=1), call=call) == 2
+    assert [p.calls for p in parts.values()] == [1, 3, 1]
+    # A participant whose future never completes fails the end at the deadline.
+    parts["a"] = FutureParticipant(answer=False)
+    with pytest.raises(ParticipantsFailed, match="partition a"):
+        _end(FutureResolver(parts), clock, RetryPolicy(), call=call, deadline_ms=100)
 
 
 def test_recording_participant_detects_conflicting_outcome() -> None:
@@ -220,7 +270,7 @@ def test_sequence_file_fsyncs_every_directory_it_creates(
     """The mark must survive power loss: each created directory's parent is fsynced."""
     import os
 
-    from txnstream.coordinator.sequence import SequenceFile
+    from txnstream.coordinator.state import SequenceFile
 
     opened: dict[int, str] = {}
     synced: list[str] = []
@@ -253,12 +303,21 @@ def test_sequence_file_fsyncs_every_directory_it_creates(
 def test_public_api_is_exported_with_docstrings() -> None:
     import inspect
 
+    import txnstream as root
     import txnstream.coordinator as pkg
+    from txnstream import testing
 
-    for name in ("AsyncCoordinator", "LedgerTransactionLog", "InMemoryTerminatedPersistence"):
+    for name in ("AsyncCoordinator", "LedgerTransactionLog", "TxnAction", "RetryPolicy"):
         assert name in pkg.__all__
-    for name in pkg.__all__:
-        obj = getattr(pkg, name)
-        if inspect.isclass(obj) or inspect.isfunction(obj):
-            assert (obj.__doc__ or "").strip(), name
+    # Test doubles and hooks are not part of the public API.
+    for module in (root, pkg):
+        for name in module.__all__:
+            assert not name.startswith(("InMemory", "Recording", "_")), name
+            assert name != "STEPS"
+    for module in (pkg, testing):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if inspect.isclass(obj) or inspect.isfunction(obj):
+                assert (obj.__doc__ or "").strip(), name
     assert pkg.AsyncCoordinator.end_transaction.__doc__
+    assert pkg.TransactionCoordinator.force_abort.__doc__

@@ -2,15 +2,9 @@
 
 from __future__ import annotations
 
-from txnstream.coordinator import (
-    InMemoryTransactionLog,
-    NullParticipants,
-    RecordingParticipants,
-    TransactionCoordinator,
-    TxnID,
-    TxnStatus,
-)
-from txnstream.coordinator.ending import STEPS
+from txnstream import testing
+from txnstream.coordinator import NullParticipants, TransactionCoordinator, TxnID, TxnStatus
+from txnstream.testing import STEPS, InMemoryTransactionLog, RecordingParticipants
 
 
 def test_participants_and_step_hook_set_after_open_are_used_by_ends() -> None:
@@ -20,7 +14,7 @@ def test_participants_and_step_hook_set_after_open_are_used_by_ends() -> None:
         parts = RecordingParticipants()
         steps: list[tuple[str, TxnID]] = []
         tc.participants = parts
-        tc.step_hook = lambda step, txn: steps.append((step, txn))
+        testing.set_step_hook(tc, lambda step, txn: steps.append((step, txn)))
         assert tc.participants is parts
         single = tc.new_transaction()
         tc.add_produced_partitions(single, ["out-0"])
@@ -32,7 +26,7 @@ def test_participants_and_step_hook_set_after_open_are_used_by_ends() -> None:
         assert parts.subscription("in", "sub").outcomes == {t: False for t in bulk}
         for txn in (single, *bulk):
             assert [s for s, t in steps if t == txn] == list(STEPS)
-        tc.step_hook = None
+        testing.set_step_hook(tc, None)
         other = tc.new_transaction()
         assert tc.abort(other) is TxnStatus.ABORTED
         assert all(t != other for _, t in steps)

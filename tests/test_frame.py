@@ -154,7 +154,14 @@ def test_fuzz_after_valid_header(body: bytes) -> None:
 
 
 def test_type_errors_name_the_argument() -> None:
-    with pytest.raises(TypeError, match=r"records\[1\] must be bytes, not str"):
+    with pytest.raises(TypeError, match=r"records\[1\] must be bytes or another buffer.*not str"):
         frame.encode_batch([b"a", "b"])  # type: ignore[list-item]
+    with pytest.raises(ts.InvalidArgumentError, match=r"records\[0\]"):
+        frame.encode_batch([1])  # type: ignore[list-item]
+    # Any buffer is a record.
+    assert frame.decode_entry(frame.encode_batch([bytearray(b"a"), memoryview(b"bc")])) == [
+        b"a",
+        b"bc",
+    ]
     with pytest.raises(TypeError, match="not a single bytes object"):
         frame.encode_batch(b"abc")  # type: ignore[arg-type]

@@ -5,21 +5,17 @@ from collections.abc import Callable, Iterable, Sequence
 
 import pytest
 
-from txnstream.coordinator.status import TxnStatus
+from txnstream.coordinator.metadata import TxnID, TxnStatus
 from txnstream.coordinator.terminated import COMPACT_SLACK, TerminatedTxnStore, txn_key
-from txnstream.coordinator.txn_id import TxnID
 from txnstream.errors import CorruptEntryError, InvalidArgumentError
 from txnstream.proto import TerminatedTxnState
+from txnstream.testing import ManualClock
 
 HOUR = 3_600_000
 
 
-class FakeClock:
-    def __init__(self, now: int = 10 * HOUR) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
+def FakeClock() -> ManualClock:  # noqa: N802 - reads as the class it stands for
+    return ManualClock(wall_ms=10 * HOUR)
 
 
 class MemoryTopic:
@@ -123,14 +119,14 @@ def test_age_expiry_by_sweep_deletes_forgotten_client() -> None:
     topic = MemoryTopic()
     store = TerminatedTxnStore(10, persist_time_ms=2 * HOUR, persistence=topic, clock=clock)
     store.record(t(1), "old", TxnStatus.COMMITTED)
-    clock.now += HOUR
+    clock.advance(HOUR)
     store.record(t(2), "old", TxnStatus.ABORTED)
     store.record(t(3), "new", TxnStatus.COMMITTED)
-    clock.now += HOUR  # t(1) is exactly 2 h old
+    clock.advance(HOUR)  # t(1) is exactly 2 h old
     assert store.sweep() == 1
     assert store.lookup(t(1)) is None
     assert store.lookup(t(2)) is not None
-    clock.now += HOUR
+    clock.advance(HOUR)
     assert store.sweep() == 2
     assert store.clients() == []
     assert topic.data == {}
@@ -146,10 +142,10 @@ def test_restore_after_restart_drops_expired() -> None:
     topic = MemoryTopic()
     store = TerminatedTxnStore(10, persist_time_ms=2 * HOUR, persistence=topic, clock=clock)
     store.record(t(1), "a", TxnStatus.COMMITTED)
-    clock.now += HOUR
+    clock.advance(HOUR)
     store.record(t(2), "a", TxnStatus.ABORTED, timed_out=True)
     store.record(t(3), "b", TxnStatus.COMMITTED)
-    clock.now += HOUR + 1
+    clock.advance(HOUR + 1)
     again = TerminatedTxnStore(10, persist_time_ms=2 * HOUR, persistence=topic, clock=clock)
     assert again.restore() == 2
     assert again.lookup(t(1)) is None
@@ -157,7 +153,7 @@ def test_restore_after_restart_drops_expired() -> None:
     assert rec is not None
     assert rec.status is TxnStatus.ABORTED
     assert rec.timed_out
-    clock.now += 5 * HOUR
+    clock.advance(5 * HOUR)
     third = TerminatedTxnStore(10, persist_time_ms=2 * HOUR, persistence=topic, clock=clock)
     assert third.restore() == 0
     assert topic.data == {}
@@ -250,22 +246,32 @@ def test_late_record_after_eviction_is_deleted() -> None:
     assert set(topic.data) == {txn_key(t(2))}
 
 
-def test_restore_reads_per_client_values_and_rewrites_them() -> None:
+def test_restore_with_the_store_off_keeps_every_stored_outcome() -> None:
+    topic = MemoryTopic()
+    store = TerminatedTxnStore(5, persistence=topic)
+    store.record(t(1), "a", TxnStatus.COMMITTED)
+    before = dict(topic.data)
+    off = TerminatedTxnStore(0, persistence=topic)
+    assert off.restore() == 0
+    assert topic.data == before and topic.puts[-1][0] == txn_key(t(1))  # nothing deleted
+    again = TerminatedTxnStore(5, persistence=topic)
+    assert again.restore() == 1
+    rec = again.lookup(t(1))
+    assert rec is not None and rec.status is TxnStatus.COMMITTED
+
+
+def test_restore_refuses_a_value_that_is_not_its_keys_transaction() -> None:
     clock = FakeClock()
     topic = MemoryTopic()
-    legacy = TerminatedTxnState(client_name="a")
-    for i in (1, 2, 3):
-        legacy.txns.add(
-            txnid_least_bits=i, txnid_most_bits=0, status=4, end_time=clock.now + i, timed_out=True
-        )
-    topic.data["a"] = legacy.SerializeToString()
-    store = TerminatedTxnStore(2, persistence=topic, clock=clock)
-    assert store.restore() == 2
-    assert store.lookup(t(1)) is None
-    rec = store.lookup(t(3))
-    assert rec is not None
-    assert (rec.status, rec.timed_out, rec.client_name) == (TxnStatus.ABORTED, True, "a")
-    assert set(topic.data) == {txn_key(t(2)), txn_key(t(3))}
-    again = TerminatedTxnStore(2, persistence=topic, clock=clock)
-    assert again.restore() == 2
-    assert state_of(topic, t(2)).txns[0].end_time == clock.now + 2
+    several = TerminatedTxnState(client_name="a")
+    for i in (1, 2):
+        several.txns.add(txnid_least_bits=i, txnid_most_bits=0, status=4, end_time=clock.wall)
+    topic.data["a"] = several.SerializeToString()
+    with pytest.raises(CorruptEntryError) as err:
+        TerminatedTxnStore(2, persistence=topic, clock=clock).restore()
+    assert err.value.details["key"] == "a"
+    one = TerminatedTxnState(client_name="a")
+    one.txns.add(txnid_least_bits=1, txnid_most_bits=0, status=4, end_time=clock.wall)
+    topic.data = {txn_key(t(2)): one.SerializeToString()}
+    with pytest.raises(CorruptEntryError, match=r"\(0,1\)"):
+        TerminatedTxnStore(2, persistence=topic, clock=clock).restore()

@@ -1,39 +1,47 @@
+"""The timer service: deadlines on a monotonic clock, cancellation, scopes, threads."""
+
 from __future__ import annotations
 
 import functools
 import threading
-import time
 
-from txnstream.coordinator.timeouts import TimerService
+import pytest
 
-
-class FakeClock:
-    def __init__(self, now: int = 1_000) -> None:
-        self.now = now
-
-    def __call__(self) -> int:
-        return self.now
+from txnstream.testing import ManualClock
+from txnstream.timer import SYSTEM_CLOCK, TimerService
 
 
-def test_run_due_in_deadline_order_with_fake_clock() -> None:
-    clock = FakeClock()
+def test_run_due_in_deadline_order_with_manual_clock() -> None:
+    clock = ManualClock(monotonic_ms=1_000)
     timers = TimerService(clock, start=False)
     fired: list[str] = []
     timers.schedule(1_300, lambda: fired.append("c"))
     timers.schedule(1_100, lambda: fired.append("a"))
     timers.schedule(1_200, lambda: fired.append("b"))
     assert timers.run_due() == 0
-    clock.now = 1_200
+    clock.advance(200)
     assert timers.run_due() == 2
     assert fired == ["a", "b"]
-    clock.now = 5_000
+    clock.advance(5_000)
     timers.run_due()
     assert fired == ["a", "b", "c"]
     assert len(timers) == 0
 
 
+def test_deadlines_follow_the_monotonic_clock_not_the_wall_clock() -> None:
+    clock = ManualClock(monotonic_ms=0)
+    timers = TimerService(clock, start=False)
+    fired: list[int] = []
+    timers.schedule(1_000, fired.append, 1)
+    clock.step_wall(86_400_000)  # the wall clock jumps a day ahead
+    assert timers.run_due() == 0
+    clock.advance(1_000)
+    assert timers.run_due() == 1
+    assert fired == [1]
+
+
 def test_cancel_prevents_callback_and_purges_heap() -> None:
-    clock = FakeClock()
+    clock = ManualClock(monotonic_ms=1_000)
     timers = TimerService(clock, start=False)
     fired: list[int] = []
     handles = [timers.schedule(2_000 + i, functools.partial(fired.append, i)) for i in range(1_000)]
@@ -43,36 +51,54 @@ def test_cancel_prevents_callback_and_purges_heap() -> None:
     assert len(timers) == 100
     # Dead entries do not accumulate: the heap was rebuilt.
     assert timers.heap_size() < 300
-    clock.now = 10_000
+    clock.advance(10_000)
     assert timers.run_due() == 100
     assert fired == list(range(900, 1_000))
     assert not timers.cancel(handles[950])
 
 
-def test_thread_fires_real_time() -> None:
+def test_a_closed_scope_drops_only_its_own_timers() -> None:
+    clock = ManualClock(monotonic_ms=0)
+    timers = TimerService(clock, start=False)
+    a, b = timers.scope(), timers.scope()
+    fired: list[str] = []
+    for i in range(50):
+        a.schedule(100 + i, fired.append, "a")
+        b.schedule(100 + i, fired.append, "b")
+    a.close()
+    assert a.live_count() == 0 and b.live_count() == 50
+    assert timers.heap_size() == 50  # a's entries are gone, not just dead
+    with pytest.raises(RuntimeError):
+        a.schedule(1, fired.append, "late")
+    clock.advance(1_000)
+    assert timers.run_due() == 50
+    assert set(fired) == {"b"}
+
+
+def test_thread_fires_on_its_own() -> None:
     timers = TimerService()
     done = threading.Event()
-    start = time.monotonic()
-    timers.schedule(int(time.time() * 1000) + 30, done.set)
-    assert done.wait(5)
-    assert time.monotonic() - start >= 0.02
+    timers.schedule(SYSTEM_CLOCK.monotonic_ms() + 30, done.set)
+    assert done.wait(30)
     timers.close()
 
 
-def test_thread_notices_fake_clock_jump_after_poke() -> None:
-    clock = FakeClock()
+def test_thread_notices_manual_clock_jump_after_poke() -> None:
+    clock = ManualClock(monotonic_ms=0)
     timers = TimerService(clock, max_wait_ms=10_000)
     done = threading.Event()
     timers.schedule(1_000_000, done.set)
-    assert not done.wait(0.05)
-    clock.now = 1_000_000
+    clock.advance(999_999)
     timers.poke()
-    assert done.wait(5)
+    assert not done.is_set()
+    clock.advance(1)
+    timers.poke()
+    assert done.wait(30)
     timers.close()
 
 
 def test_failing_callback_does_not_stop_timer() -> None:
-    clock = FakeClock()
+    clock = ManualClock(monotonic_ms=0)
     timers = TimerService(clock, start=False)
     fired: list[int] = []
 
@@ -81,18 +107,25 @@ def test_failing_callback_does_not_stop_timer() -> None:
 
     timers.schedule(1, boom)
     timers.schedule(2, lambda: fired.append(1))
+    clock.advance(5)
     assert timers.run_due() == 2
     assert fired == [1]
 
 
 def test_close_drops_pending_and_rejects_new() -> None:
     timers = TimerService()
-    timers.schedule(int(time.time() * 1000) + 60_000, lambda: None)
+    timers.schedule(SYSTEM_CLOCK.monotonic_ms() + 60_000, lambda: None)
     timers.close()
     assert len(timers) == 0
-    try:
+    with pytest.raises(RuntimeError):
         timers.schedule(0, lambda: None)
-    except RuntimeError:
-        pass
-    else:
-        raise AssertionError("schedule after close must fail")
+
+
+def test_manual_clock_waits_advance_its_time() -> None:
+    clock = ManualClock(monotonic_ms=0)
+    ev = threading.Event()
+    assert not clock.wait(ev, 25)
+    assert clock.monotonic_ms() == 25
+    ev.set()
+    assert clock.wait(ev, 1_000)
+    assert clock.monotonic_ms() == 25

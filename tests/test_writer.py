@@ -11,7 +11,12 @@ from pathlib import Path
 import pytest
 
 from txnstream import BufferedWriter, ManagedLedger, TxnPosition, frame
-from txnstream.errors import ConfigError, StorageError, WriterClosedError
+from txnstream.errors import (
+    ConfigError,
+    InvalidArgumentError,
+    StorageError,
+    WriterClosedError,
+)
 
 HOUR_MS = 3_600_000.0
 
@@ -182,9 +187,9 @@ def test_blocking_write_releases_the_gil(ml: ManagedLedger) -> None:
 def test_blocking_timeout(ml: ManagedLedger) -> None:
     w = BufferedWriter(ml, max_records=1000, max_delay_ms=HOUR_MS)
     with pytest.raises(TimeoutError):
-        w.write_blocking(rec(1), timeout=0.05)
+        w.write_blocking(rec(1), timeout_ms=50)
     w.flush()
-    assert w.wait_idle(timeout=10)
+    assert w.wait_idle(timeout_ms=10_000)
 
 
 @pytest.mark.parametrize("batching", [True, False])
@@ -242,7 +247,7 @@ def test_close_mid_stream(ml: ManagedLedger) -> None:
     flushed = [w.write(rec(i)) for i in range(6)]  # two full batches
     pending = w.write(rec(6))
     pending_many = w.write_many([rec(7)])  # same batch, still 2 < 3 records
-    assert w.close(timeout=10)
+    assert w.close(timeout_ms=10_000)
     assert w.closed
     assert [read_back(ml, p) for p in results(flushed)] == [rec(i) for i in range(6)]
     for f in (pending, pending_many):
@@ -361,3 +366,64 @@ def test_survives_reopen(tmp_path: Path) -> None:
         w.close()
     with ManagedLedger.open(tmp_path, "log") as ml:
         assert [read_back(ml, p) for p in ps] == [rec(i) for i in range(12)]
+
+
+@pytest.mark.parametrize("timeout_ms", [float("inf"), 10**30, 2**64, None])
+def test_unbounded_timeouts_mean_no_limit(ml: ManagedLedger, timeout_ms: float | None) -> None:
+    w = BufferedWriter(ml, max_records=2, max_delay_ms=1)
+    assert read_back(ml, w.write_blocking(rec(1), timeout_ms=timeout_ms)) == rec(1)
+    assert len(w.write_many_blocking([rec(2), rec(3)], timeout_ms=timeout_ms)) == 2
+    assert w.wait_idle(timeout_ms=timeout_ms)
+    assert w.close(timeout_ms=timeout_ms)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), -1, -0.5, "1", True])
+def test_bad_timeouts_are_typed_errors_naming_timeout_ms(ml: ManagedLedger, bad: object) -> None:
+    w = BufferedWriter(ml, max_delay_ms=HOUR_MS)
+    for call in (
+        lambda: w.write_blocking(rec(1), timeout_ms=bad),  # type: ignore[arg-type]
+        lambda: w.write_many_blocking([rec(1)], timeout_ms=bad),  # type: ignore[arg-type]
+        lambda: w.wait_idle(timeout_ms=bad),  # type: ignore[arg-type]
+        lambda: w.close(timeout_ms=bad),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(InvalidArgumentError, match="timeout_ms"):
+            call()
+    assert w.stats()["records"] == 0 and not w.closed
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "key"),
+    [
+        ({"max_records": 2**70}, "max_records"),
+        ({"max_size": 2**64}, "max_size"),
+        ({"max_delay_ms": 10**300}, "max_delay_ms"),
+        ({"max_records": "3"}, "max_records"),
+    ],
+)
+def test_out_of_range_settings_name_the_key(
+    ml: ManagedLedger, kwargs: dict[str, object], key: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        BufferedWriter(ml, **kwargs)  # type: ignore[arg-type]
+    assert info.value.key == key
+    w = BufferedWriter(ml)
+    with pytest.raises(ConfigError, match=key):
+        w.reconfigure(**kwargs)  # type: ignore[arg-type]
+
+
+def test_records_may_be_any_buffer(ml: ManagedLedger) -> None:
+    import numpy as np
+
+    w = BufferedWriter(ml, max_records=4, max_delay_ms=1)
+    arr = np.frombuffer(rec(4), dtype=np.uint8).copy()
+    words = np.frombuffer(rec(5, 16), dtype=np.int64).copy()
+    buffers: list[object] = [rec(1), bytearray(rec(2)), memoryview(rec(3)), arr, words]
+    ps = [w.write(b).result(timeout=10) for b in buffers]  # type: ignore[arg-type]
+    assert [read_back(ml, p) for p in ps] == [rec(i) for i in (1, 2, 3, 4)] + [rec(5, 16)]
+    many = w.write_many_blocking(buffers)  # type: ignore[arg-type]
+    assert [read_back(ml, p) for p in many] == [rec(i) for i in (1, 2, 3, 4)] + [rec(5, 16)]
+    one = w.write_blocking(bytearray(rec(9)))
+    assert read_back(ml, one) == rec(9)
+    strided = np.arange(8, dtype=np.uint8)[::2]
+    with pytest.raises(InvalidArgumentError, match="record"):
+        w.write(strided)  # type: ignore[arg-type]

@@ -16,7 +16,8 @@ from __future__ import annotations
 import numpy as np
 import numpy.typing as npt
 
-from txnstream import _native
+import txnstream._native as _native
+from txnstream.errors import InvalidArgumentError
 
 AckSet = _native.AckSet
 
@@ -50,8 +51,6 @@ def overlaps_many(
 def _rows(words: npt.ArrayLike) -> npt.NDArray[np.int64]:
     arr = np.ascontiguousarray(words, dtype=np.int64)
     if arr.ndim != 2:
-        from txnstream.errors import InvalidArgumentError
-
         raise InvalidArgumentError(f"expected a 2-D (n, words) array, got shape {arr.shape}")
     return arr
 

@@ -161,7 +161,7 @@ def run_mode(
         _verify(tcs, res)
         for tc_id in range(COORDINATORS):
             for info in tcs.get(tc_id).list_transactions():
-                tcs.get(tc_id).abort_transaction(info.txn_id)
+                tcs.get(tc_id).force_abort(info.txn_id)
     finally:
         tcs.close()
 

@@ -12,7 +12,15 @@ from typing import Any
 
 
 class TxnStreamError(Exception):
-    """Root of every txnstream error; details are exposed as attributes."""
+    """Root of every txnstream error; details are exposed as attributes.
+
+    ``retriable``: the same call may succeed if made again (nothing changed,
+    or the outcome is decided and being completed). ``abortable``: the
+    transaction cannot go on; abort it and start over.
+    """
+
+    retriable = False
+    abortable = False
 
     def __init__(self, message: str = "", **details: Any) -> None:
         super().__init__(message)
@@ -22,8 +30,12 @@ class TxnStreamError(Exception):
             setattr(self, key, value)
 
 
-class InvalidArgumentError(TxnStreamError, ValueError):
-    """An argument is outside its accepted domain; the message names it."""
+class InvalidArgumentError(TxnStreamError, ValueError, TypeError):
+    """An argument has the wrong type or is outside its domain; the message names it.
+
+    It is both a ``ValueError`` and a ``TypeError``, so code catching the
+    built-in errors for bad arguments keeps working.
+    """
 
 
 class CorruptEntryError(TxnStreamError, ValueError):
@@ -57,7 +69,12 @@ class ConfigError(TxnStreamError, ValueError):
 
 
 class StorageError(TxnStreamError, OSError):
-    """The operating system failed an I/O call (``errno`` when known)."""
+    """The operating system failed an I/O call (``errno`` when known).
+
+    A write that failed with it changed nothing; the call may be retried.
+    """
+
+    retriable = True
 
 
 class WriterClosedError(TxnStreamError):
@@ -97,6 +114,8 @@ class InvalidTxnStatusError(TransactionError):
 class TransactionTimedOut(TransactionError):  # noqa: N818 - Pulsar's name
     """The transaction passed its timeout and was aborted."""
 
+    abortable = True
+
 
 class TransactionAlreadyCommitted(TransactionError):  # noqa: N818 - Pulsar's name
     """An abort was requested for a transaction that committed."""
@@ -104,6 +123,30 @@ class TransactionAlreadyCommitted(TransactionError):  # noqa: N818 - Pulsar's na
 
 class TransactionAlreadyAborted(TransactionError):  # noqa: N818 - Pulsar's name
     """A commit was requested for a transaction that aborted (``timed_out`` tells why)."""
+
+    abortable = True
+
+
+class TransactionEndPending(TransactionError):  # noqa: N818 - reads as a state
+    """An end did not finish within the coordinator's ``end_timeout_ms``.
+
+    ``outcome`` is the decided final status (COMMITTED or ABORTED), or None
+    if the decision itself could not be made in time (the transaction is
+    still OPEN then). A decided end is completed in the background; asking
+    for the same end again returns the outcome once it is done.
+    """
+
+    retriable = True
+    outcome: object
+
+
+class ParticipantsFailed(TransactionEndPending):
+    """Some participants could not be ended in time; ``failures`` names each and its error.
+
+    The outcome (``outcome``) is decided and the transaction stays
+    COMMITTING/ABORTING until the background (or the next recovery)
+    finishes it on every participant.
+    """
 
 
 class CoordinatorNotFound(TxnStreamError):  # noqa: N818 - Pulsar's name
@@ -118,12 +161,14 @@ __all__ = [
     "InvalidArgumentError",
     "InvalidTxnStatusError",
     "LedgerClosedError",
+    "ParticipantsFailed",
     "PositionNotFoundError",
     "ReadOnlyError",
     "StorageError",
     "TransactionAlreadyAborted",
     "TransactionAlreadyCommitted",
     "TransactionConflictError",
+    "TransactionEndPending",
     "TransactionError",
     "TransactionNotFound",
     "TransactionTimedOut",

@@ -13,19 +13,22 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TypedDict
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
 import numpy.typing as npt
 
-from txnstream import _native
+import txnstream._native as _native
+
+if TYPE_CHECKING:
+    from typing_extensions import Buffer
 
 MAGIC: int = _native.MAGIC
 VERSION: int = _native.VERSION
 
 
-def encode_batch(records: Sequence[bytes]) -> bytes:
-    """Build one batched entry holding ``records`` in order."""
+def encode_batch(records: Sequence[Buffer]) -> bytes:
+    """Build one batched entry holding ``records`` (``bytes`` or any buffer) in order."""
     return _native.encode_batch(records)
 
 

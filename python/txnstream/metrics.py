@@ -57,6 +57,8 @@ __all__ = [
     "CoordinatorSource",
     "StatsSource",
     "WriterKind",
+    "check_coordinator_label",
+    "check_writer_label",
     "collector_for",
     "coordinator_collector",
     "register_coordinator",
@@ -119,14 +121,41 @@ class BufferedWriterCollector(Collector):
         self._lock = threading.Lock()
         self._writers: dict[str, weakref.ref[StatsSource] | StatsSource] = {}
 
-    def add(self, name: str, writer: StatsSource) -> None:
-        """Export ``writer`` under label value ``name`` (held weakly when possible)."""
+    def add(self, name: str, writer: StatsSource, *, exclusive: bool = False) -> None:
+        """Export ``writer`` under label value ``name`` (held weakly when possible).
+
+        Another source already exported under ``name`` is replaced, unless
+        ``exclusive``: then that raises ``InvalidArgumentError`` naming the
+        label (two live sources must never share one silently).
+        """
         try:
             ref: weakref.ref[StatsSource] | StatsSource = weakref.ref(writer)
         except TypeError:
             ref = writer
         with self._lock:
+            if exclusive:
+                self._check_free(name)
             self._writers[name] = ref
+
+    def _check_free(self, name: str) -> None:
+        # Under the lock: refuse ``name`` if a live source holds it.
+        ref = self._writers.get(name)
+        current = ref() if isinstance(ref, weakref.ref) else ref
+        if current is not None:
+            from txnstream.errors import InvalidArgumentError
+
+            raise InvalidArgumentError(
+                f"metrics label {self.label}={name!r} is already exported by a live "
+                f"{type(current).__name__} in this registry; give a distinct label "
+                "(metrics_label=...) or another registry (registry=None: not exported)",
+                argument=self.label,
+                value=name,
+            )
+
+    def check_free(self, name: str) -> None:
+        """Raise ``InvalidArgumentError`` if a live source is exported under ``name``."""
+        with self._lock:
+            self._check_free(name)
 
     def remove(self, name: str, writer: StatsSource | None = None) -> None:
         """Stop exporting the writer labelled ``name`` (no error if absent).
@@ -219,15 +248,25 @@ def register_writer(
     kind: WriterKind = "transaction_log",
     name: str | None = None,
     registry: CollectorRegistry = REGISTRY,
+    *,
+    exclusive: bool = False,
 ) -> str:
     """Export ``writer``'s metrics; returns the ``writer`` label value used.
 
     ``name`` defaults to ``writer.stats()["name"]``. Registering another
-    writer under the same name replaces the first.
+    writer under the same name replaces the first, unless ``exclusive``
+    (then a live one under that name raises ``InvalidArgumentError``).
     """
     label = name if name is not None else str(writer.stats()["name"])
-    collector_for(kind, registry).add(label, writer)
+    collector_for(kind, registry).add(label, writer, exclusive=exclusive)
     return label
+
+
+def check_writer_label(
+    name: str, kind: WriterKind = "transaction_log", registry: CollectorRegistry = REGISTRY
+) -> None:
+    """Raise ``InvalidArgumentError`` if a live writer is exported under ``name``."""
+    collector_for(kind, registry).check_free(name)
 
 
 def unregister_writer(
@@ -274,8 +313,12 @@ class CoordinatorCollector(Collector):
         self._sources = BufferedWriterCollector(prefix, label)  # reuse its weak registry
 
     def add(self, name: str, source: CoordinatorSource) -> None:
-        """Export ``source`` under label value ``name`` (held weakly)."""
-        self._sources.add(name, source)  # type: ignore[arg-type]
+        """Export ``source`` under label value ``name`` (held weakly); a live one there raises."""
+        self._sources.add(name, source, exclusive=True)  # type: ignore[arg-type]
+
+    def check_free(self, name: str) -> None:
+        """Raise ``InvalidArgumentError`` if a live coordinator is exported under ``name``."""
+        self._sources.check_free(name)
 
     def remove(self, name: str, source: CoordinatorSource | None = None) -> None:
         """Stop exporting ``name`` (with ``source``: only if it is that one)."""
@@ -345,9 +388,18 @@ def coordinator_collector(registry: CollectorRegistry = REGISTRY) -> Coordinator
 def register_coordinator(
     coordinator: CoordinatorSource, name: str, registry: CollectorRegistry = REGISTRY
 ) -> str:
-    """Export a coordinator's metrics under label ``coordinator=name``; returns ``name``."""
+    """Export a coordinator's metrics under label ``coordinator=name``; returns ``name``.
+
+    Two live coordinators never share a label: a second one raises
+    ``InvalidArgumentError`` instead of silently replacing the first.
+    """
     coordinator_collector(registry).add(name, coordinator)
     return name
+
+
+def check_coordinator_label(name: str, registry: CollectorRegistry = REGISTRY) -> None:
+    """Raise ``InvalidArgumentError`` if a live coordinator is exported as ``name``."""
+    coordinator_collector(registry).check_free(name)
 
 
 def unregister_coordinator(

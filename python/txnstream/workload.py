@@ -6,7 +6,7 @@ threads (each a named client, so ends are idempotent, PIP-255): most commit,
 some abort, some are left to time out. After each end is durable it prints
 one JSON line ``{"id": [most, least], "o": outcome}`` on stdout, so a parent
 that kills this process knows exactly which outcomes were acknowledged.
-Every ``--stats-every`` seconds it prints the coordinators' log statistics.
+Every ``--stats-every-ms`` milliseconds it prints the coordinators' log statistics.
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def run(args: argparse.Namespace) -> None:
             run_one(tcs, name, kinds[k], k % 4)
 
     def reporter(emit: Callable[[dict[str, Any]], None]) -> None:
-        while not stop.wait(args.stats_every):
+        while not stop.wait(args.stats_every_ms / 1000):
             emit({"stats": log_stats(tcs)})
 
     t0 = time.perf_counter()
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", choices=("on", "off"), default="on")
     p.add_argument("--persist-count", type=int, default=100_000)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--stats-every", type=float, default=0.1)
+    p.add_argument("--stats-every-ms", type=int, default=100)
     run(p.parse_args(argv))
 
 

@@ -1,86 +1,70 @@
-"""Transaction coordinator (SPEC §4.3, §4.4): state machine, log, timeouts, PIP-255 store.
+"""Transaction coordinator (SPEC §4.3, §4.4): ids, state machine, log, timeouts, PIP-255.
 
-Modules: :mod:`.txn_id` (``TxnID``), :mod:`.status` (``TxnStatus`` and the
-transition table), :mod:`.metadata` (live per-transaction state),
-:mod:`.timeouts` (one timer over a heap), :mod:`.participants` (partitions and
-subscriptions a transaction ends on), :mod:`.terminated` (``TerminatedTxnStore``),
-:mod:`.recovery` (the Rust recovery fold's columnar result), :mod:`.replay`
-(its Python reference), :mod:`.log` / :mod:`.ledger_log` (the log),
-:mod:`.sequence` (the durable id mark), :mod:`.coordinator`
-(``TransactionCoordinator``, a facade over :mod:`.table` (lock, live
-transactions, LWM), :mod:`.durable`, :mod:`.starting`, :mod:`.adding`,
-:mod:`.ending` (the end driver), :mod:`.end_requests`, :mod:`.answers`,
-:mod:`.background` (timeouts, resumes, retries), :mod:`.rebuild` (recovery
-into the table), :mod:`.queries`, :mod:`.counters` and :mod:`.maintenance`),
-:mod:`.aio` (``AsyncCoordinator``, its asyncio front end),
-:mod:`.coordinators` (N per broker).
+Read in this order (each file one concept, dependencies pointing down the list):
+
+- :mod:`.metadata` -- what a transaction is: ``TxnID``, ``TxnStatus``,
+  ``TxnAction``, the transition table, live metadata, valid input;
+- :mod:`.config` -- ``CoordinatorConfig`` and ``RetryPolicy``;
+- :mod:`.state` -- the table of live transactions, the log, the sequence
+  mark and recovery;
+- :mod:`.terminated` -- ``TerminatedTxnStore`` (idempotent end, PIP-255);
+- :mod:`.ending` -- how a transaction ends: decide, participants, complete,
+  background ends and retries;
+- :mod:`.coordinator` -- ``TransactionCoordinator`` (the API) and
+  ``TransactionCoordinators`` (several per broker);
+- :mod:`.aio` -- ``AsyncCoordinator``, the asyncio front end.
+
+Test doubles (in-memory log and store, recording participants) live in
+:mod:`txnstream.testing`.
 """
 
 from __future__ import annotations
 
 from txnstream.coordinator.aio import AsyncCoordinator
-from txnstream.coordinator.config import CoordinatorConfig
+from txnstream.coordinator.config import CoordinatorConfig, RetryPolicy
 from txnstream.coordinator.coordinator import (
-    STEPS,
     TransactionCoordinator,
+    TransactionCoordinators,
     log_name,
     terminated_topic_name,
 )
-from txnstream.coordinator.coordinators import TransactionCoordinators
-from txnstream.coordinator.ledger_log import LedgerTransactionLog, open_terminated_topic
-from txnstream.coordinator.log import InMemoryTransactionLog, TransactionLog
-from txnstream.coordinator.metadata import TransactionInfo
-from txnstream.coordinator.participants import (
-    NullParticipants,
-    Participant,
-    ParticipantResolver,
-    ParticipantsFailed,
-    RecordingParticipant,
-    RecordingParticipants,
-    RetryPolicy,
-    TransientParticipantError,
+from txnstream.coordinator.ending import NullParticipants, Participant, ParticipantResolver
+from txnstream.coordinator.metadata import TransactionInfo, TxnAction, TxnID, TxnStatus
+from txnstream.coordinator.state import (
+    LedgerTransactionLog,
+    SequenceFile,
+    SequenceStore,
+    TransactionLog,
 )
-from txnstream.coordinator.sequence import InMemorySequence, SequenceFile, SequenceStore
-from txnstream.coordinator.status import TxnAction, TxnStatus
 from txnstream.coordinator.terminated import (
-    InMemoryTerminatedPersistence,
     TerminatedPersistence,
     TerminatedRecord,
     TerminatedTxnStore,
 )
-from txnstream.coordinator.timeouts import TimerService
-from txnstream.coordinator.txn_id import TxnID
+from txnstream.errors import ParticipantsFailed, TransactionEndPending
 
 __all__ = [
-    "STEPS",
     "AsyncCoordinator",
     "CoordinatorConfig",
-    "InMemorySequence",
-    "InMemoryTerminatedPersistence",
-    "InMemoryTransactionLog",
     "LedgerTransactionLog",
     "NullParticipants",
     "Participant",
     "ParticipantResolver",
     "ParticipantsFailed",
-    "RecordingParticipant",
-    "RecordingParticipants",
     "RetryPolicy",
     "SequenceFile",
     "SequenceStore",
     "TerminatedPersistence",
     "TerminatedRecord",
     "TerminatedTxnStore",
-    "TimerService",
     "TransactionCoordinator",
     "TransactionCoordinators",
+    "TransactionEndPending",
     "TransactionInfo",
     "TransactionLog",
-    "TransientParticipantError",
     "TxnAction",
     "TxnID",
     "TxnStatus",
     "log_name",
-    "open_terminated_topic",
     "terminated_topic_name",
 ]

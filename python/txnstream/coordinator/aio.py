@@ -17,19 +17,21 @@ queued; a refusal (``TransactionNotFound``...) raises in the awaiting task.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
-from txnstream.coordinator.arguments import (
+from txnstream.coordinator.metadata import (
+    TxnAction,
+    TxnID,
+    TxnStatus,
     client_arg,
     partition_names,
     subscription_pairs,
     timeout_arg,
 )
-from txnstream.coordinator.status import TxnAction, TxnStatus
-from txnstream.coordinator.txn_id import TxnID
 from txnstream.errors import CoordinatorNotFound
 from txnstream.proto import Subscription
 
@@ -38,10 +40,11 @@ if TYPE_CHECKING:
 
 # One bulk call: (key, items) -> one answer (value or exception) per item.
 Batch = Callable[[Hashable, list[Any]], list[Any]]
+Loop = asyncio.AbstractEventLoop
 
 
 def _settle(futures: list[asyncio.Future[Any]], answers: list[Any]) -> None:
-    # On the loop thread: one callback per finished batch.
+    # On the futures' own loop: one callback per loop per finished batch.
     for fut, answer in zip(futures, answers, strict=True):
         if fut.cancelled():
             continue
@@ -51,61 +54,83 @@ def _settle(futures: list[asyncio.Future[Any]], answers: list[Any]) -> None:
             fut.set_result(answer)
 
 
+def _deliver(calls: list[tuple[Loop, asyncio.Future[Any]]], answers: list[Any]) -> None:
+    # Hand each answer to the loop its future belongs to (calls may come from
+    # several loops); a closed loop has nobody awaiting: its answers are dropped.
+    by_loop: dict[Loop, tuple[list[asyncio.Future[Any]], list[Any]]] = {}
+    for (loop, fut), answer in zip(calls, answers, strict=True):
+        futs, ans = by_loop.setdefault(loop, ([], []))
+        futs.append(fut)
+        ans.append(answer)
+    for loop, (futs, ans) in by_loop.items():
+        with contextlib.suppress(RuntimeError):  # the loop is closed
+            loop.call_soon_threadsafe(_settle, futs, ans)
+
+
 class _Lane:
-    """Queued calls of one kind, drained by bulk calls on a worker thread."""
+    """Queued calls of one kind, drained by bulk calls on a worker thread.
+
+    At most one drain runs per lane; it always clears ``_busy`` when it
+    stops, whatever happened to the loops its callers came from.
+    """
 
     def __init__(self, run: Batch, executor: ThreadPoolExecutor) -> None:
         self._run = run
         self._executor = executor
         self._lock = threading.Lock()
-        self._queue: list[tuple[Hashable, Any, asyncio.Future[Any]]] = []
+        self._queue: list[tuple[Hashable, Any, Loop, asyncio.Future[Any]]] = []
         self._busy = False
 
-    def submit(
-        self, loop: asyncio.AbstractEventLoop, key: Hashable, item: Any
-    ) -> asyncio.Future[Any]:
+    def __len__(self) -> int:
+        """Return how many calls are queued and not yet taken by a drain."""
+        with self._lock:
+            return len(self._queue)
+
+    def submit(self, loop: Loop, key: Hashable, item: Any) -> asyncio.Future[Any]:
         fut: asyncio.Future[Any] = loop.create_future()
         with self._lock:
-            self._queue.append((key, item, fut))
+            self._queue.append((key, item, loop, fut))
             start = not self._busy
             self._busy = True
         if start:
             try:
-                self._executor.submit(self._drain, loop)
+                self._executor.submit(self._drain)
             except RuntimeError:  # the coordinator closed: fail what is queued
                 with self._lock:
                     queued, self._queue = self._queue, []
                     self._busy = False
                 err = CoordinatorNotFound("transaction coordinator is closed")
-                _settle([f for _, _, f in queued], [err] * len(queued))
+                _deliver([(lp, f) for _, _, lp, f in queued], [err] * len(queued))
         return fut
 
-    def _drain(self, loop: asyncio.AbstractEventLoop) -> None:
-        while True:
+    def _drain(self) -> None:
+        try:
+            while True:
+                with self._lock:
+                    queued, self._queue = self._queue, []
+                    if not queued:
+                        self._busy = False
+                        return
+                groups: dict[Hashable, list[tuple[Any, Loop, asyncio.Future[Any]]]] = {}
+                for key, item, loop, fut in queued:
+                    groups.setdefault(key, []).append((item, loop, fut))
+                for key, calls in groups.items():
+                    try:
+                        answers = self._run(key, [i for i, _, _ in calls])
+                    except BaseException as exc:  # e.g. a log write failure: every call fails
+                        answers = [exc] * len(calls)
+                    _deliver([(lp, f) for _, lp, f in calls], answers)
+        except BaseException:
             with self._lock:
-                queued, self._queue = self._queue, []
-                if not queued:
-                    self._busy = False
-                    return
-            groups: dict[Hashable, list[tuple[Any, asyncio.Future[Any]]]] = {}
-            for key, item, fut in queued:
-                groups.setdefault(key, []).append((item, fut))
-            for key, calls in groups.items():
-                futures = [f for _, f in calls]
-                try:
-                    answers = self._run(key, [i for i, _ in calls])
-                except BaseException as exc:  # e.g. a log write failure: every call fails
-                    answers = [exc] * len(calls)
-                try:
-                    loop.call_soon_threadsafe(_settle, futures, answers)
-                except RuntimeError:
-                    return  # the loop is closed: nobody awaits these any more
+                self._busy = False  # a later call starts a new drain
+            raise
 
 
 class AsyncCoordinator:
     """Awaitable calls on one :class:`~.coordinator.TransactionCoordinator`.
 
-    Get it with ``tc.aio()``; use it from one event loop at a time.
+    Get it with ``tc.aio()``. Calls may come from several event loops (and
+    threads) at once; each answer is delivered on its caller's loop.
     """
 
     def __init__(self, tc: TransactionCoordinator, workers: int = 4) -> None:
@@ -117,6 +142,7 @@ class AsyncCoordinator:
         self._partitions = _Lane(self._run_partitions, self._executor)
         self._subscriptions = _Lane(self._run_subscriptions, self._executor)
         self._ends = _Lane(self._run_ends, self._executor)
+        self._lanes = (self._new, self._partitions, self._subscriptions, self._ends)
 
     # Bulk calls run on the lane threads.
 
@@ -149,7 +175,7 @@ class AsyncCoordinator:
 
     async def add_produced_partitions(self, txn_id: TxnID, partitions: Iterable[str]) -> None:
         """Record (durably) that the transaction produced to ``partitions``."""
-        self.tc._seq_of(txn_id)  # a bad id fails this call alone, not the batch
+        self.tc._table.seq_of(txn_id)  # a bad id fails this call alone, not the batch
         names = partition_names(partitions)
         await self._partitions.submit(asyncio.get_running_loop(), None, (txn_id, names))
 
@@ -157,13 +183,13 @@ class AsyncCoordinator:
         self, txn_id: TxnID, subscriptions: Iterable[tuple[str, str] | Subscription]
     ) -> None:
         """Record (durably) that the transaction acked on these subscriptions."""
-        self.tc._seq_of(txn_id)
+        self.tc._table.seq_of(txn_id)
         subs = subscription_pairs(subscriptions)
         await self._subscriptions.submit(asyncio.get_running_loop(), None, (txn_id, subs))
 
     async def end_transaction(self, txn_id: TxnID, action: TxnAction | str) -> TxnStatus:
         """Commit or abort; the final status once it is durable (see ``end_transaction``)."""
-        self.tc._seq_of(txn_id)
+        self.tc._table.seq_of(txn_id)
         act = TxnAction.parse(action)
         status: TxnStatus = await self._ends.submit(asyncio.get_running_loop(), None, (txn_id, act))
         return status
@@ -175,6 +201,10 @@ class AsyncCoordinator:
     async def abort(self, txn_id: TxnID) -> TxnStatus:
         """Shorthand for ``end_transaction(txn_id, "abort")``."""
         return await self.end_transaction(txn_id, TxnAction.ABORT)
+
+    def queued(self) -> int:
+        """Return how many calls are queued in all lanes, not yet taken by a bulk call."""
+        return sum(len(lane) for lane in self._lanes)
 
     def close(self) -> None:
         """Stop the lane threads once queued calls are answered."""

@@ -1,4 +1,10 @@
-"""Settings of one transaction coordinator (names follow Pulsar's broker.conf)."""
+"""Settings of one transaction coordinator (names follow Pulsar's broker.conf).
+
+:class:`CoordinatorConfig` holds them, validated at construction;
+:class:`RetryPolicy` is the backoff for participants that fail transiently.
+Every duration carries its unit in its name (``*_ms``; PIP-255's own keys
+say ``_in_hour`` / ``_in_second``).
+"""
 
 from __future__ import annotations
 
@@ -8,8 +14,73 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from txnstream.config import BatchedWriteConfig
-from txnstream.coordinator.participants import RetryPolicy
-from txnstream.errors import ConfigError
+from txnstream.errors import ConfigError, InvalidArgumentError
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """Capped exponential backoff for participants that fail transiently.
+
+    A client's end retries until its deadline (``end_timeout_ms``); a
+    background end makes one attempt per run and schedules the next run
+    after :meth:`backoff_ms` through the timer, so it never holds a thread.
+    ``max_attempts`` (None: no limit) caps the attempts of one client call.
+    """
+
+    initial_backoff_ms: float = 5.0
+    max_backoff_ms: float = 1000.0
+    multiplier: float = 2.0
+    max_attempts: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("initial_backoff_ms", "max_backoff_ms", "multiplier"):
+            value = getattr(self, name)
+            if not _number(value):
+                raise InvalidArgumentError(
+                    f"{name} must be a finite number, got {value!r}", argument=name, value=value
+                )
+        if self.initial_backoff_ms < 0 or self.max_backoff_ms < self.initial_backoff_ms:
+            raise InvalidArgumentError(
+                "retry backoff must satisfy 0 <= initial_backoff_ms <= max_backoff_ms, got "
+                f"{self.initial_backoff_ms} and {self.max_backoff_ms}",
+                argument="initial_backoff_ms",
+                value=self.initial_backoff_ms,
+            )
+        if self.multiplier < 1:
+            raise InvalidArgumentError(
+                f"retry multiplier must be >= 1, got {self.multiplier}",
+                argument="multiplier",
+                value=self.multiplier,
+            )
+        attempts = self.max_attempts
+        if attempts is not None and (
+            isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 1
+        ):
+            raise InvalidArgumentError(
+                f"max_attempts must be an int >= 1 or None, got {attempts!r}",
+                argument="max_attempts",
+                value=attempts,
+            )
+
+    def backoff_ms(self, attempt: int) -> float:
+        """Delay before retry number ``attempt`` (1-based)."""
+        exponent = min(max(attempt - 1, 0), 64)  # beyond that the cap applies anyway
+        return float(min(self.max_backoff_ms, self.initial_backoff_ms * self.multiplier**exponent))
+
+
+#: Upper bounds of integer settings (ids, deadlines and counts stay far
+#: inside 64 bits and inside what one process can use).
+_INT_LIMITS = {
+    "default_timeout_ms": 1 << 40,
+    "max_timeout_ms": 1 << 40,
+    "sequence_reserve_block": 1 << 32,
+    "end_workers": 256,
+    "end_timeout_ms": 1 << 40,
+}
 
 #: Flat keyword aliases of ``CoordinatorConfig.batched_write`` fields.
 _BATCHED_ALIASES = {
@@ -39,10 +110,13 @@ class CoordinatorConfig:
     ``transaction_meta_persist_*`` are PIP-255's three settings (count 0 =
     idempotent end off; the durations must be finite and positive).
     ``sequence_reserve_block`` is how many ids one durable reservation of
-    the sequence mark covers. ``end_workers`` threads run background ends
-    (timeouts, recovery resumes); each run makes at most
-    ``background_end_attempts`` attempts on failing participants, then the
-    end is rescheduled with backoff (``retry``) so the pool keeps moving.
+    the sequence mark covers. ``end_timeout_ms`` is how long a client's end
+    (or ``close()`` draining ends) waits for participants and other
+    drivers; after it the caller gets ``TransactionEndPending`` (or its
+    subclass ``ParticipantsFailed``) naming the decided outcome, and the
+    end completes in the background. ``end_workers`` threads run
+    background ends (timeouts, recovery resumes, retries with ``retry``'s
+    backoff).
     """
 
     default_timeout_ms: int = 60_000
@@ -53,23 +127,24 @@ class CoordinatorConfig:
     transaction_meta_expire_check_interval_in_second: float = 300
     sequence_reserve_block: int = 1 << 16
     end_workers: int = 4
-    background_end_attempts: int = 3
+    end_timeout_ms: int = 30_000
     retry: RetryPolicy = field(default_factory=RetryPolicy)
 
     def __post_init__(self) -> None:
-        positive_ints = (
-            "default_timeout_ms",
-            "max_timeout_ms",
-            "sequence_reserve_block",
-            "end_workers",
-            "background_end_attempts",
-        )
-        for key in positive_ints:
+        for key, limit in _INT_LIMITS.items():
             value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= limit:
                 raise ConfigError(
-                    f"{key} must be a positive integer, got {value!r}", key=key, value=str(value)
+                    f"{key} must be an integer in 1..{limit}, got {value!r}",
+                    key=key,
+                    value=str(value),
                 )
+        if not isinstance(self.retry, RetryPolicy):
+            raise ConfigError(
+                f"retry must be a RetryPolicy, got {self.retry!r}",
+                key="retry",
+                value=str(self.retry),
+            )
         if not isinstance(self.batched_write, BatchedWriteConfig):
             raise ConfigError(
                 f"batched_write must be a BatchedWriteConfig, got {self.batched_write!r}",
@@ -77,10 +152,12 @@ class CoordinatorConfig:
                 value=str(self.batched_write),
             )
         value = self.transaction_meta_persist_count
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 1 << 32:
             key = "transaction_meta_persist_count"
             raise ConfigError(
-                f"{key} must be an integer >= 0, got {value!r}", key=key, value=str(value)
+                f"{key} must be an integer in 0..{1 << 32}, got {value!r}",
+                key=key,
+                value=str(value),
             )
         for key, unit_ms in (
             ("transaction_meta_persist_time_in_hour", 3_600_000),
@@ -91,10 +168,10 @@ class CoordinatorConfig:
                 isinstance(value, bool)
                 or not isinstance(value, int | float)
                 or not math.isfinite(value)
-                or value * unit_ms < 1
+                or not 1 <= value * unit_ms <= 1 << 40
             ):
                 raise ConfigError(
-                    f"{key} must be a finite number of at least 1 ms, got {value!r}",
+                    f"{key} must be a finite number from 1 ms to 2**40 ms, got {value!r}",
                     key=key,
                     value=str(value),
                 )
@@ -195,4 +272,4 @@ class CoordinatorConfig:
         return dataclasses.replace(self, **changes)
 
 
-__all__ = ["CoordinatorConfig"]
+__all__ = ["CoordinatorConfig", "RetryPolicy"]

@@ -1,69 +1,283 @@
-"""Driving the end of transactions (SPEC §4.3, §4.4), one or many at a time.
+"""How a transaction ends (SPEC §4.3, §4.4): decide, end the participants, complete.
 
-One *driver* thread per transaction runs the steps; other callers wait for
-it and get the same answer:
+Kafka spreads this over its coordinator and TransactionMarkerChannelManager;
+here it is one file, in the order things happen:
 
-1. OPEN -> COMMITTING/ABORTING, logged (:meth:`EndDriver.claim` decides it
-   under the table lock, the driver logs it);
-2. every produced partition and acked subscription is ended, transient
-   failures retried with backoff;
-3. the outcome is recorded in the TerminatedTxnStore (PIP-255), durably;
-4. COMMITTED/ABORTED is logged;
-5. the transaction leaves memory and all its log records are deleted by
-   position and batch index.
+1. **decide** -- the ending UPDATE (OPEN -> COMMITTING/ABORTING) is logged.
+   The claim (under the table lock) only marks it *pending*; ADD records
+   still in flight are waited for first, so every partition the client was
+   told it added is ended. A definite write failure reverts the claim (the
+   transaction is OPEN again, its timeout re-armed); an unknown outcome
+   leaves the decision *in doubt*: it is treated as decided and logged
+   again before anything builds on it.
+2. **participants** -- every produced partition (its transaction buffer
+   writes a marker) and acked subscription (its pending ack commits or
+   releases) is told the outcome; failures are retried with backoff. A
+   participant may answer at once or with a ``Future`` (its durable write),
+   so the participants of one end are written concurrently and share group
+   commits.
+3. **complete** -- the outcome is recorded in the TerminatedTxnStore
+   (PIP-255), COMMITTED/ABORTED is logged, the transaction leaves memory and
+   its log records are deleted by position and batch index (one cursor
+   operation). Once step 2 is done the outcome is visible, so the caller
+   gets it even if step 3 fails (it is retried in the background) and
+   cleanup is best effort (recovery purges leftovers).
 
-A client's single end runs the steps for its transaction, written through
-the writer's normal batching (shared entries across threads); a bulk end
-(:meth:`EndDriver.drive_many`) writes each step's records as one batch. The
-participants are read from memory only after the ending UPDATE is durable,
-so an ADD racing the end is either seen here or deleted when it lands.
+Who runs it: a client's request claims the transaction and *drives* the
+steps; others asking meanwhile wait for that driver. A client waits at most
+``end_timeout_ms``; after that it gets ``TransactionEndPending`` (or
+``ParticipantsFailed``) naming the decided outcome and the end goes on in
+the background. The opposite request on a decided transaction is answered
+at once (``TransactionAlreadyCommitted``/``Aborted``). Timeouts, ends found
+by recovery and retries run as *background ends* (:class:`BackgroundEnds`):
+one attempt per run on a small pool, the next run scheduled on the timer
+with backoff, so a dead participant never holds a thread and every failure
+is retried.
 
-A crash anywhere is repaired by recovery: step 1 not durable -> still OPEN
-(it times out); steps 2-4 -> recovered as COMMITTING/ABORTING and finished
-(participants and the store are idempotent); after 4 -> its leftover records
-are purged.
+A crash anywhere is repaired by recovery: decision not durable -> still OPEN
+(it times out); steps 2-3 -> recovered as COMMITTING/ABORTING and finished
+(participants and the store are idempotent); after the final record -> its
+leftover records are purged.
+
+Issue-10 note: the caller waits for steps 1-2 only in spirit already (step 3
+failing does not fail it); moving step 3 off the caller's path entirely is a
+matter of running :meth:`EndDriver._complete` in the background.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Protocol, cast, runtime_checkable
 
 from txnstream._native import TxnPosition, encode_txn_update
-from txnstream.coordinator.background import BackgroundEnds
-from txnstream.coordinator.counters import CoordinatorCounters
-from txnstream.coordinator.durable import DurableWriter
-from txnstream.coordinator.metadata import TxnMeta
-from txnstream.coordinator.participants import (
-    NullParticipants,
-    ParticipantResolver,
-    RetryPolicy,
-    end_participants,
+from txnstream.coordinator.config import CoordinatorConfig, RetryPolicy
+from txnstream.coordinator.metadata import TxnAction, TxnID, TxnMeta, TxnStatus
+from txnstream.coordinator.state import (
+    CoordinatorCounters,
+    DurableWriter,
+    PositionColumns,
+    TransactionTable,
+    definite,
 )
-from txnstream.coordinator.recovery import PositionColumns
-from txnstream.coordinator.status import TxnAction, TxnStatus, check_transition
-from txnstream.coordinator.table import TransactionTable
 from txnstream.coordinator.terminated import TerminatedTxnStore
-from txnstream.coordinator.timeouts import Clock
-from txnstream.coordinator.txn_id import TxnID
-from txnstream.errors import TransactionError
+from txnstream.errors import (
+    ParticipantsFailed,
+    TransactionAlreadyAborted,
+    TransactionAlreadyCommitted,
+    TransactionEndPending,
+    TransactionError,
+)
+from txnstream.timer import Clock, TimerHandle, TimerScope
 
-#: Named steps of ending, reported to ``step_hook`` (crash tests stop there).
+log = logging.getLogger(__name__)
+
+#: Named steps of an end, reported to the step hook (crash tests stop there).
 STEPS = ("ending_logged", "participants_done", "terminated_stored", "final_logged")
 
 StepHook = Callable[[str, TxnID], None]
 
-#: What :meth:`EndDriver.claim` decides: ``(meta, record, drive, done)``.
-Claim = tuple[TxnMeta | None, bytes | None, bool, threading.Event | None]
+#: Shortest delay before a background end that failed runs again.
+RETRY_MIN_MS = 20
+
+
+# ------------------------------------------------------------------ participants
+
+
+@runtime_checkable
+class Participant(Protocol):
+    """One produced partition or acked subscription of a transaction."""
+
+    def end(self, txn_id: TxnID, commit: bool) -> Future[None] | None:
+        """Commit (``commit=True``) or abort the transaction here; idempotent.
+
+        Return None when done, or a ``Future`` that completes once the end
+        is durable here (e.g. a marker append). Raising, or a future that
+        fails, means "not done yet": the coordinator retries with backoff,
+        also after a restart, for the same transaction and outcome.
+        """
+
+
+@runtime_checkable
+class ParticipantResolver(Protocol):
+    """Finds the participant that serves a partition or subscription."""
+
+    def partition(self, name: str) -> Participant:
+        """Return the transaction buffer of topic partition ``name``."""
+
+    def subscription(self, topic: str, subscription: str) -> Participant:
+        """Return the pending ack of ``subscription`` on ``topic``."""
+
+
+class _Nothing:
+    def end(self, txn_id: TxnID, commit: bool) -> None:
+        return None
+
+
+class NullParticipants:
+    """Resolver for a coordinator that runs without buffers (log-only use).
+
+    Every end succeeds at once; the coordinator still logs the full
+    COMMITTING -> COMMITTED sequence.
+    """
+
+    _nothing = _Nothing()
+
+    def partition(self, name: str) -> Participant:
+        """Return a participant that has nothing to end."""
+        return self._nothing
+
+    def subscription(self, topic: str, subscription: str) -> Participant:
+        """Return a participant that has nothing to end."""
+        return self._nothing
+
+
+def end_participants(
+    txn_id: TxnID,
+    commit: bool,
+    partitions: Sequence[str],
+    subscriptions: Sequence[tuple[str, str]],
+    resolver: ParticipantResolver,
+    *,
+    policy: RetryPolicy,
+    clock: Clock,
+    deadline_ms: int,
+    stop: threading.Event,
+    attempts: int | None = None,
+) -> int:
+    """End ``txn_id`` on every participant, retrying failed ones with backoff.
+
+    Each attempt starts every pending participant, then waits (up to the
+    deadline) for the futures they returned. Returns the number of retries.
+    Raises :class:`ParticipantsFailed` (``outcome`` = the decided final
+    status) once ``attempts`` (default ``policy.max_attempts``, None: no
+    limit) are used, the monotonic ``deadline_ms`` passed, or ``stop`` is set
+    while some still fail.
+    """
+    pending: list[tuple[str, Callable[[], Participant]]] = [
+        (f"partition {p}", functools.partial(resolver.partition, p)) for p in partitions
+    ]
+    pending += [
+        (f"subscription {t}/{s}", functools.partial(resolver.subscription, t, s))
+        for t, s in subscriptions
+    ]
+    limit = attempts if attempts is not None else policy.max_attempts
+    attempt = 0
+    retries = 0
+    while pending:
+        attempt += 1
+        failed, errors = _attempt(txn_id, commit, pending, clock, deadline_ms)
+        if not failed:
+            break
+        retries += len(failed)
+        remaining = deadline_ms - clock.monotonic_ms()
+        if (limit is not None and attempt >= limit) or remaining <= 0 or stop.is_set():
+            outcome = TxnStatus.COMMITTED if commit else TxnStatus.ABORTED
+            raise ParticipantsFailed(
+                f"ending transaction {txn_id} ({outcome.name}, decided) failed on "
+                f"{len(failed)} participant(s) after {attempt} attempt(s): "
+                f"{errors[0][0]}: {errors[0][1]}; it is completed in the background",
+                txn_id=txn_id,
+                outcome=outcome,
+                failures=errors,
+            )
+        log.debug("retrying end of %s on %d participants", txn_id, len(failed))
+        clock.wait(stop, min(policy.backoff_ms(attempt), remaining))
+        pending = failed
+    return retries
+
+
+def _attempt(
+    txn_id: TxnID,
+    commit: bool,
+    pending: list[tuple[str, Callable[[], Participant]]],
+    clock: Clock,
+    deadline_ms: int,
+) -> tuple[list[tuple[str, Callable[[], Participant]]], list[tuple[str, str]]]:
+    # One attempt on every pending participant: the failed ones and why.
+    failed: list[tuple[str, Callable[[], Participant]]] = []
+    errors: list[tuple[str, str]] = []
+    waiting: list[tuple[str, Callable[[], Participant], Future[None]]] = []
+    for label, get in pending:
+        try:
+            fut = get().end(txn_id, commit)
+        except Exception as exc:
+            failed.append((label, get))
+            errors.append((label, repr(exc)))
+            continue
+        if fut is not None:
+            waiting.append((label, get, fut))
+    if waiting:
+        all_done = threading.Event()
+        left = [len(waiting)]
+        lock = threading.Lock()
+
+        def one_done(_: Future[None]) -> None:
+            with lock:
+                left[0] -= 1
+                if left[0] == 0:
+                    all_done.set()
+
+        for _, _, fut in waiting:
+            fut.add_done_callback(one_done)
+        clock.wait(all_done, deadline_ms - clock.monotonic_ms())
+        for label, get, fut in waiting:
+            err = fut.exception(timeout=0) if fut.done() else TimeoutError("no answer in time")
+            if err is not None:
+                failed.append((label, get))
+                errors.append((label, repr(err)))
+    return failed, errors
+
+
+# ---------------------------------------------------------------------- answers
+
+
+def end_answer(txn_id: TxnID, act: TxnAction, final: TxnStatus, timed_out: bool) -> TxnStatus:
+    """Answer ``act`` on a transaction whose outcome is ``final``: the status, or raise.
+
+    The same end gets the outcome; the opposite one a definite
+    :class:`TransactionAlreadyCommitted` / :class:`TransactionAlreadyAborted`
+    (``timed_out=True`` when the timeout decided it).
+    """
+    if final is act.final_status:
+        return final
+    if final is TxnStatus.COMMITTED:
+        raise TransactionAlreadyCommitted(
+            f"cannot abort transaction {txn_id}: it already committed",
+            txn_id=txn_id,
+            status=final,
+        )
+    why = " (timed out)" if timed_out else ""
+    raise TransactionAlreadyAborted(
+        f"cannot commit transaction {txn_id}: it already aborted{why}",
+        txn_id=txn_id,
+        status=final,
+        timed_out=timed_out,
+    )
+
+
+def _pending_error(txn_id: TxnID, outcome: TxnStatus | None, why: str) -> TransactionEndPending:
+    said = f"{outcome.name}, decided" if outcome is not None else "not decided yet"
+    return TransactionEndPending(
+        f"the end of transaction {txn_id} ({said}) did not finish in time: {why}; "
+        "it is completed in the background, ask again for the outcome",
+        txn_id=txn_id,
+        outcome=outcome,
+    )
+
+
+# ----------------------------------------------------------------------- driver
 
 
 class EndDriver:
-    """Runs steps 1-5 for the transactions it claims; waits for other drivers.
+    """Runs the steps of ends for clients and for the background.
 
     ``participants`` and ``step_hook`` may be replaced at any time; they are
-    read when a transaction reaches the step that uses them. ``retry`` is
-    the policy of a client's end (it may retry until close); background
-    ends use ``background.policy`` (bounded per run).
+    read when a transaction reaches the step that uses them.
     """
 
     def __init__(
@@ -72,226 +286,557 @@ class EndDriver:
         writer: DurableWriter,
         store: TerminatedTxnStore,
         counters: CoordinatorCounters,
-        background: BackgroundEnds,
         *,
-        retry: RetryPolicy,
+        config: CoordinatorConfig,
         stop: threading.Event,
         clock: Clock,
     ) -> None:
         self.participants: ParticipantResolver = NullParticipants()
         self.step_hook: StepHook | None = None
+        self.background: BackgroundEnds | None = None
         self._table = table
         self._writer = writer
         self._store = store
         self._counters = counters
-        self._background = background
-        self._retry = retry
+        self._config = config
         self._stop = stop
         self._clock = clock
 
-    def claim(self, seq: int, act: TxnAction, timed_out: bool) -> Claim:
-        """Under the lock: decide what the caller does about ending ``seq``.
+    # -- client requests
 
-        Returns ``(meta, record, drive, done)``: ``meta`` None -> not in
-        memory; ``drive`` -> the caller drives the end (``record``: the
-        ending UPDATE to log first, None when resuming); ``done`` -> another
-        thread drives, wait for it; neither -> ``meta`` is the answer.
+    def end(self, seq: int, act: TxnAction, *, force: bool = False) -> TxnStatus | None:
+        """End ``seq`` for a client: the final status, or None if it is not in memory.
+
+        ``force`` (admin ``force_abort``): a decided end is finished instead
+        of refused. Raises the refusal (``TransactionAlreadyCommitted``...),
+        ``TransactionEndPending`` after ``end_timeout_ms``, or the log's
+        error when the decision could not be logged (nothing changed then).
         """
-        meta = self._table.txns.get(seq)
-        if meta is None or meta.status.is_final:
-            return meta, None, False, None
-        if meta.status is TxnStatus.OPEN:
-            if timed_out and self._clock() < meta.deadline:
-                return meta, None, False, None  # fired early (clock moved back)
-            target = act.ending_status
-            check_transition(self._table.tid(seq), meta.status, target)
-            now = self._clock()
-            record = encode_txn_update(
-                self._table.tc_id, seq, now, TxnStatus.OPEN, target, timed_out
-            )
-            meta.status = target
-            meta.timed_out = timed_out
-            meta.last_modified = now
-            if meta.timer is not None:
-                self._background.cancel(meta)
-            meta.driver = True
-            return meta, record, True, None
-        if timed_out:
-            return meta, None, False, None
-        if not meta.driver:
-            meta.driver = True  # resume an end stalled by failures
-            return meta, None, True, None
-        if meta.done is None:
-            meta.done = threading.Event()
-        return meta, None, False, meta.done
-
-    def end(
-        self, seq: int, act: TxnAction, *, timed_out: bool, background: bool = False
-    ) -> TxnMeta | None:
-        """Drive or wait for the end of ``seq``; None if it is not in memory.
-
-        With ``timed_out`` (the timer) nothing happens unless the transaction
-        is still OPEN past its deadline. ``background`` (a pool thread):
-        participants get a bounded number of attempts (``ParticipantsFailed``
-        then), and an end another thread drives is not waited for.
-        """
-        table = self._table
+        clock, table = self._clock, self._table
+        deadline = clock.monotonic_ms() + self._config.end_timeout_ms
+        waited: TxnMeta | None = None  # the transaction another thread was ending
         while True:
             with table.lock:
-                table.check_open()
-                meta, record, drive, done = self.claim(seq, act, timed_out)
-            if meta is None:
-                return None
-            if drive:
-                self._drive_one(meta, record, background)
-                return meta
-            if done is None or background:
-                return meta
-            done.wait()
-            if meta.status.is_final:
-                return meta
-            # The driver gave up (failure); loop to take over or report.
+                meta = table.txns.get(seq)
+                if meta is None or not meta.visible:
+                    if waited is not None and waited.status.is_final:
+                        # It ended while we waited: answer from it (the store may be off).
+                        if force:
+                            return waited.status
+                        return end_answer(table.tid(seq), act, waited.status, waited.timed_out)
+                    return None
+                decision = meta.decision
+                wait: threading.Event | None = None
+                if meta.deciding:
+                    wait = table.changed(meta)  # a decision in flight may still fail
+                elif decision is None:
+                    self._claim(meta, act.ending_status, timed_out=False)
+                elif decision is not act.ending_status and not force:
+                    if not meta.driver and self.background is not None:
+                        self.background.retry_later(meta)  # nobody may be finishing it
+                    timed_out = meta.timed_out or meta.pending_timed_out
+                    outcome = decision.outcome
+                    assert outcome is not None
+                    end_answer(table.tid(seq), act, outcome, timed_out)  # raises the refusal
+                elif meta.driver:
+                    wait = table.changed(meta)  # another thread finishes it
+                else:
+                    self._take_over(meta)
+            if wait is None:
+                return self._drive(meta, deadline, background=False)
+            waited = meta
+            remaining = deadline - clock.monotonic_ms()
+            if (remaining <= 0 or not clock.wait(wait, remaining)) and (
+                clock.monotonic_ms() >= deadline
+            ):
+                outcome = decision.outcome if decision else None
+                raise _pending_error(table.tid(seq), outcome, "busy")
 
-    def _drive_one(self, meta: TxnMeta, record: bytes | None, background: bool) -> None:
-        """Run steps 1-5 for one claimed transaction; refusals raise.
+    def end_many(
+        self, reqs: list[tuple[TxnID, int, TxnAction]]
+    ) -> list[TxnStatus | TransactionError | None]:
+        """Many clients' ends: per item the final status, a refusal, or None (not in memory).
 
-        A client's own end: the writer's batching shares entries across threads.
+        Transactions that can be decided now are driven together (one
+        batched write per step); the others (another thread drives them, or
+        the opposite end was decided) are answered one by one afterwards.
+        A log write failure raises.
         """
-        writer = self._writer
-        try:
-            if record is not None:
-                try:
-                    pos = writer.write(record)
-                except BaseException:
-                    self._ending_not_logged(meta)
-                    raise
-                writer.attach_one(meta, pos)
-            final_record, now = self._end_participants(meta, background)
-            with self._table.lock:
-                self._table.check_open()
-            last = writer.write(final_record)
-            self._hook("final_logged", meta.seq)
-            with self._table.lock:
-                positions = self._finish_locked(meta, last, now)
-                span = self._table.release_span(meta)
-            writer.log.delete(positions)
-            if span is not None:
-                writer.log.delete_columns(span)
-        finally:
-            self._release(meta)
+        table = self._table
+        deadline = self._clock.monotonic_ms() + self._config.end_timeout_ms
+        results: list[TxnStatus | TransactionError | None] = [None] * len(reqs)
+        claimed: list[tuple[int, TxnMeta]] = []
+        later: list[int] = []
+        seen: set[int] = set()
+        with table.lock:
+            for i, (_, seq, act) in enumerate(reqs):
+                meta = table.txns.get(seq)
+                if meta is None or not meta.visible:
+                    continue  # None: answered from the store by the caller
+                fresh = meta.decision is None and not meta.deciding and not meta.adds
+                if fresh and seq not in seen:
+                    self._claim(meta, act.ending_status, timed_out=False)
+                    claimed.append((i, meta))
+                    seen.add(seq)
+                else:
+                    later.append(i)
+        if claimed:
+            for (i, _), got in zip(claimed, self._drive_many(claimed, deadline), strict=True):
+                results[i] = got
+        for i in later:
+            _, seq, act = reqs[i]
+            try:
+                results[i] = self.end(seq, act)
+            except TransactionError as exc:
+                results[i] = exc
+        return results
 
-    def drive_many(
-        self, claimed: list[tuple[TxnMeta, bytes | None]]
-    ) -> list[TransactionError | None]:
-        """Run steps 1-5 for many claimed transactions, each step's records as one batch.
+    # -- background
 
-        Returns, per transaction, None when it ended or the refusal that
-        stopped it in steps 2-3 (e.g. ``ParticipantsFailed``; it stays
-        COMMITTING/ABORTING): one refused does not stop the others. A log
-        write failure raises. Every claimed transaction is released in the end.
+    def run_background(self, seq: int, *, timed_out: bool) -> None:
+        """End ``seq`` in the background (timeout or retry); never raises, retries later.
+
+        With ``timed_out`` only an OPEN transaction past its deadline is
+        aborted (a timer that fired early, or after a client decided, does
+        nothing); otherwise a decided end is finished. One attempt per run.
         """
-        writer = self._writer
-        refusals: list[TransactionError | None] = [None] * len(claimed)
+        table, clock = self._table, self._clock
+        bg = self.background
+        assert bg is not None, "EndDriver.background is not wired"
+        with table.lock:
+            meta = table.txns.get(seq)
+            if meta is None or table.closed or meta.driver or meta.deciding:
+                return
+            if timed_out:
+                if meta.decision is not None or meta.pending is not None:
+                    return
+                now = clock.monotonic_ms()
+                if now < meta.deadline or meta.adds:
+                    bg.arm(meta, max(meta.deadline, now + RETRY_MIN_MS))
+                    return
+                self._claim(meta, TxnStatus.ABORTING, timed_out=True)
+            elif meta.decision is None:
+                return
+            else:
+                self._take_over(meta)
+        deadline = clock.monotonic_ms() + self._config.end_timeout_ms
         try:
-            # Step 1: the OPEN ones log their ending UPDATE (resumed ones did).
-            fresh = [(m, r) for m, r in claimed if r is not None]
-            if fresh:
-                try:
-                    positions = writer.write_many([r for _, r in fresh])
-                except BaseException:
-                    for m, _ in fresh:
-                        self._ending_not_logged(m)
-                    raise
-                writer.attach(zip([m for m, _ in fresh], positions, strict=True))
-            # Steps 2-3 per transaction.
-            finals: list[tuple[TxnMeta, bytes, int]] = []
-            for i, (meta, _) in enumerate(claimed):
-                try:
-                    record, now = self._end_participants(meta, False)
-                except TransactionError as exc:
-                    refusals[i] = exc
-                    continue
-                finals.append((meta, record, now))
-            if not finals:
-                return refusals
-            with self._table.lock:
-                self._table.check_open()
-            lasts = writer.write_many([r for _, r, _ in finals])
-            for meta, _, _ in finals:
-                self._hook("final_logged", meta.seq)
-            deletes: list[TxnPosition] = []
-            spans: list[PositionColumns] = []
-            with self._table.lock:
-                for (meta, _, now), last in zip(finals, lasts, strict=True):
-                    deletes.extend(self._finish_locked(meta, last, now))
-                    span = self._table.release_span(meta)
-                    if span is not None:
-                        spans.append(span)
-            writer.log.delete(deletes)
-            for cols in spans:
-                writer.log.delete_columns(cols)
-            return refusals
+            self._drive(meta, deadline, background=True)
+        except TransactionError:
+            pass  # retried later (scheduled by _drive)
+        except Exception:
+            if not table.closed:
+                log.exception("background end of %s failed", table.tid(seq))
+
+    # -- the steps
+
+    def _claim(self, meta: TxnMeta, target: TxnStatus, *, timed_out: bool) -> None:
+        # Under the lock: decide ``target`` (pending until logged) and drive it.
+        meta.pending = target
+        meta.pending_timed_out = timed_out
+        meta.driver = True
+        if meta.timer is not None and self.background is not None:
+            self.background.cancel(meta)
+
+    def _take_over(self, meta: TxnMeta) -> None:
+        # Under the lock: drive a decided end nobody drives (a pending retry is moot).
+        meta.driver = True
+        if meta.timer is not None and self.background is not None:
+            self.background.cancel(meta)
+
+    def _drive(self, meta: TxnMeta, deadline: int, *, background: bool) -> TxnStatus:
+        """Run the remaining steps for ``meta`` (claimed by this thread).
+
+        Only the driver changes ``pending``, ``participants_done`` and (once
+        decided) the names, so it reads them without the lock.
+        """
+        tid = self._table.tid(meta.seq)
+        try:
+            if meta.pending is not None:
+                self._decide(meta, tid, deadline)
+            if not meta.participants_done:
+                self._end_participants(meta, tid, deadline, background)
+            return self._complete(meta, tid)
         finally:
-            for meta, _ in claimed:
+            if meta.driver:  # not released by a successful _finish
                 self._release(meta)
 
-    def _end_participants(self, meta: TxnMeta, background: bool) -> tuple[bytes, int]:
-        """Run steps 2-3 once the ending UPDATE is durable; return the final record."""
-        seq = meta.seq
-        tid = self._table.tid(seq)
+    def _decide(self, meta: TxnMeta, tid: TxnID, deadline: int) -> None:
+        """Step 1: log the pending ending UPDATE (after any ADD in flight)."""
+        table, clock = self._table, self._clock
+        if meta.adds:  # no ADD can start once the decision is pending: only wait if needed
+            self._await_adds(meta, tid, deadline)
+        target = meta.pending
+        assert target is not None
+        now = clock.wall_ms()
+        record = encode_txn_update(
+            table.tc_id, meta.seq, now, 0, int(target), meta.pending_timed_out
+        )
+        try:
+            pos = self._writer.write(record)
+        except BaseException as exc:
+            with table.lock:
+                if definite(exc) and not meta.in_doubt:
+                    self._revert(meta)
+                else:
+                    meta.in_doubt = True  # may be durable: decided; logged again later
+            raise
+        with table.lock:
+            meta.status = target
+            meta.timed_out = meta.pending_timed_out
+            meta.pending = None
+            meta.in_doubt = False
+            meta.positions.append(pos)
+            meta.decided_at = clock.monotonic_ms()
+            meta.last_modified = now
+            if meta.done is not None:
+                table.notify(meta)
+
+    def _await_adds(self, meta: TxnMeta, tid: TxnID, deadline: int) -> None:
+        # ADD records still in flight finish (or fail) before the decision.
+        table, clock = self._table, self._clock
+        with table.lock:
+            while meta.adds:
+                event = table.changed(meta)
+                table.lock.release()
+                try:
+                    clock.wait(event, deadline - clock.monotonic_ms())
+                finally:
+                    table.lock.acquire()
+                if meta.adds and clock.monotonic_ms() >= deadline:
+                    self._revert(meta)
+                    raise _pending_error(tid, None, "partitions being added")
+
+    def _revert(self, meta: TxnMeta) -> None:
+        # Under the lock: the decision was not logged; the transaction is OPEN again.
+        meta.pending = None
+        meta.pending_timed_out = False
+        if self.background is not None:
+            self.background.rearm_after_failure(meta)
+        self._table.notify(meta)
+
+    def _end_participants(self, meta: TxnMeta, tid: TxnID, deadline: int, background: bool) -> None:
+        """Step 2: tell every participant the decided outcome."""
         commit = meta.status is TxnStatus.COMMITTING
-        self._hook("ending_logged", seq)
+        partitions = meta.partition_list()
+        subscriptions = meta.subscription_list()
+        self._hook("ending_logged", tid)
         end_participants(
             tid,
             commit,
-            list(meta.partitions or ()),
-            list(meta.subscriptions or ()),
+            partitions,
+            subscriptions,
             self.participants,
-            self._background.policy if background else self._retry,
-            self._stop,
+            policy=self._config.retry,
+            clock=self._clock,
+            deadline_ms=deadline,
+            stop=self._stop,
+            attempts=1 if background else None,
         )
-        self._hook("participants_done", seq)
-        final = TxnStatus.COMMITTED if commit else TxnStatus.ABORTED
-        self._store.record(tid, meta.client_name, final, timed_out=meta.timed_out)
-        self._hook("terminated_stored", seq)
-        now = self._clock()
-        record = encode_txn_update(self._table.tc_id, seq, now, meta.status, final, meta.timed_out)
-        return record, now
+        meta.participants_done = True
+        self._hook("participants_done", tid)
 
-    def _finish_locked(self, meta: TxnMeta, last: TxnPosition, now: int) -> list[TxnPosition]:
-        # Step 5 under the lock: leave memory; return the records to delete.
-        commit = meta.status is TxnStatus.COMMITTING
-        meta.status = TxnStatus.COMMITTED if commit else TxnStatus.ABORTED
-        # last_modified is still the time of the ending UPDATE.
-        self._counters.ended(commit, meta.timed_out, max(0, now - meta.last_modified))
+    def _complete(self, meta: TxnMeta, tid: TxnID) -> TxnStatus:
+        """Step 3: store the outcome, log the final status, leave memory, clean up.
+
+        The outcome is visible once step 2 is done, so a failure here is
+        logged and retried in the background while the outcome is returned.
+        """
+        table = self._table
+        decided = meta.status
+        final = decided.outcome
+        assert final is not None
+        assert decided.is_ending
+        try:
+            self._store.record(tid, meta.client_name, final, timed_out=meta.timed_out)
+            self._hook("terminated_stored", tid)
+            now = self._clock.wall_ms()
+            record = encode_txn_update(
+                table.tc_id, meta.seq, now, int(decided), int(final), meta.timed_out
+            )
+            last = self._writer.write(record)
+            self._hook("final_logged", tid)
+        except Exception:
+            if not table.closed:
+                log.warning("completing %s failed; retried in the background", tid, exc_info=True)
+            return final
+        with table.lock:
+            records = self._finish(meta, final, last, now)
+        if records:
+            self._writer.delete(records)
+        return final
+
+    def _finish(
+        self, meta: TxnMeta, final: TxnStatus, last: TxnPosition, now: int
+    ) -> list[TxnPosition] | PositionColumns | None:
+        # Under the lock: the final record is durable; leave memory.
+        table = self._table
+        commit = final is TxnStatus.COMMITTED
+        latency = max(0, self._clock.monotonic_ms() - meta.decided_at)
+        self._counters.ended(commit, meta.timed_out, latency)
+        meta.status = final
         meta.last_modified = now
-        self._table.txns.pop(meta.seq, None)
-        positions = meta.positions
-        positions.append(last)
-        meta.positions = []
+        table.txns.pop(meta.seq, None)
+        meta.positions.append(last)
         meta.partitions = meta.subscriptions = None
-        if meta.timer is not None:  # a pending background retry
-            self._background.cancel(meta)
-        return positions
+        if meta.timer is not None and self.background is not None:
+            self.background.cancel(meta)
+        meta.driver = False  # released here: it left memory, nothing to retry
+        if meta.done is not None:
+            table.notify(meta)
+        return table.release(meta)
 
-    def _ending_not_logged(self, meta: TxnMeta) -> None:
-        # The ending UPDATE failed: as far as the log knows it is still OPEN.
-        with self._table.lock:
-            meta.status = TxnStatus.OPEN
-            meta.timed_out = False
-            if not self._table.closed:
-                self._background.arm(meta)
+    def _drive_many(
+        self, claimed: list[tuple[int, TxnMeta]], deadline: int
+    ) -> list[TxnStatus | TransactionError | None]:
+        """Run steps 1-3 for many claimed (fresh) transactions, each step one batch."""
+        table, clock, writer = self._table, self._clock, self._writer
+        metas = [m for _, m in claimed]
+        results: list[TxnStatus | TransactionError | None] = [None] * len(metas)
+        try:
+            now = clock.wall_ms()
+            with table.lock:
+                records = [
+                    encode_txn_update(
+                        table.tc_id, m.seq, now, int(TxnStatus.OPEN), int(m.pending or 0), False
+                    )
+                    for m in metas
+                ]
+            try:
+                positions = writer.write_many(records)
+            except BaseException as exc:
+                with table.lock:
+                    for m in metas:
+                        if definite(exc):
+                            self._revert(m)
+                        else:
+                            m.in_doubt = True
+                raise
+            mono = clock.monotonic_ms()
+            with table.lock:
+                for m, pos in zip(metas, positions, strict=True):
+                    assert m.pending is not None
+                    m.status, m.pending = m.pending, None
+                    m.positions.append(pos)
+                    m.decided_at = mono
+                    m.last_modified = now
+                    table.notify(m)
+            ready: list[int] = []
+            for i, m in enumerate(metas):
+                try:
+                    self._end_participants(m, table.tid(m.seq), deadline, background=False)
+                except TransactionError as exc:
+                    results[i] = exc
+                    continue
+                ready.append(i)
+            for i, final in zip(ready, self._complete_many([metas[i] for i in ready]), strict=True):
+                results[i] = final
+            return results
+        finally:
+            for m in metas:
+                self._release(m)
+
+    def _complete_many(self, metas: list[TxnMeta]) -> list[TxnStatus]:
+        """Step 3 for many: store records one by one, the final records as one batch."""
+        if not metas:
+            return []
+        table = self._table
+        finals: list[TxnStatus] = []
+        for m in metas:
+            outcome = m.status.outcome
+            assert outcome is not None
+            finals.append(outcome)
+        try:
+            for m, final in zip(metas, finals, strict=True):
+                tid = table.tid(m.seq)
+                self._store.record(tid, m.client_name, final, timed_out=m.timed_out)
+                self._hook("terminated_stored", tid)
+            now = self._clock.wall_ms()
+            finals_logged = [
+                encode_txn_update(table.tc_id, m.seq, now, int(m.status), int(f), m.timed_out)
+                for m, f in zip(metas, finals, strict=True)
+            ]
+            lasts = self._writer.write_many(finals_logged)
+            for m in metas:
+                self._hook("final_logged", table.tid(m.seq))
+        except Exception:
+            if not table.closed:
+                log.warning("completing %d ends failed; retried in the background", len(metas))
+            return finals
+        positions: list[TxnPosition] = []
+        spans: list[PositionColumns] = []
+        with table.lock:
+            for m, final, last in zip(metas, finals, lasts, strict=True):
+                done = self._finish(m, final, last, now)
+                if isinstance(done, list):
+                    positions.extend(done)
+                elif done is not None:
+                    spans.append(done)
+        if spans:
+            if positions:
+                spans.append(PositionColumns.from_positions(positions))
+            self._writer.delete(PositionColumns.concat(spans))
+        elif positions:
+            self._writer.delete(positions)
+        return finals
 
     def _release(self, meta: TxnMeta) -> None:
-        with self._table.lock:
+        # The driver stops; a decided end still live is retried in the background.
+        table = self._table
+        with table.lock:
             meta.driver = False
-            done, meta.done = meta.done, None
-        if done is not None:
-            done.set()
+            live = table.txns.get(meta.seq) is meta
+            if live and meta.decision is not None and self.background is not None:
+                self.background.retry_later(meta)
+            table.notify(meta)
 
-    def _hook(self, step: str, seq: int) -> None:
+    def _hook(self, step: str, tid: TxnID) -> None:
         if self.step_hook is not None:
-            self.step_hook(step, self._table.tid(seq))
+            self.step_hook(step, tid)
 
 
-__all__ = ["STEPS", "Claim", "EndDriver", "StepHook"]
+# ------------------------------------------------------------------- background
+
+
+class BackgroundEnds:
+    """Timeouts and retries: ends nobody waits for, one attempt per run.
+
+    Runs go to ``executor``; the next run of a failed end is scheduled on
+    the coordinator's timer scope after ``policy``'s backoff (at least
+    :data:`RETRY_MIN_MS`). Timeouts are one shared callback per
+    coordinator plus the sequence as argument (no closure per transaction).
+    Arming and cancelling are called with the table lock held.
+    """
+
+    def __init__(
+        self,
+        table: TransactionTable,
+        driver: EndDriver,
+        timers: TimerScope,
+        executor: ThreadPoolExecutor,
+        policy: RetryPolicy,
+    ) -> None:
+        self._table = table
+        self._driver = driver
+        self._timers = timers
+        self._clock = timers.clock
+        self._executor = executor
+        self._policy = policy
+        self._running = 0
+        self._idle = threading.Condition()
+        # Bound once: every timer shares them (no closure per transaction).
+        self._fire_timeout_cb = self._fire_timeout
+        self._fire_retry_cb = self._fire_retry
+        driver.background = self
+
+    # -- timers (under the table lock)
+
+    def arm(self, meta: TxnMeta, at: int | None = None) -> None:
+        """Abort ``meta`` when its deadline (or ``at``, monotonic ms) passes while OPEN."""
+        if meta.timer is not None:
+            self.cancel(meta)
+        with contextlib.suppress(RuntimeError):  # the scope is closed: closing
+            meta.timer = self._timers.schedule(
+                meta.deadline if at is None else at, self._fire_timeout_cb, meta.seq
+            )
+
+    def arm_all(self, metas: Sequence[TxnMeta], deadlines: Sequence[int] | None = None) -> None:
+        """:meth:`arm` each (at ``deadlines`` if given) with one heap update."""
+        if len(metas) == 1 and deadlines is None:
+            self.arm(metas[0])
+            return
+        when = [m.deadline for m in metas] if deadlines is None else list(deadlines)
+        handles = self._timers.schedule_many(when, self._fire_timeout_cb, [m.seq for m in metas])
+        for meta, handle in zip(metas, handles, strict=True):
+            meta.timer = handle
+
+    def cancel(self, meta: TxnMeta) -> None:
+        """Cancel ``meta``'s armed timeout or pending retry, if any."""
+        if meta.timer is not None:
+            self._timers.cancel(cast("TimerHandle", meta.timer))
+            meta.timer = None
+
+    def rearm_after_failure(self, meta: TxnMeta) -> None:
+        """Re-arm the timeout of a decision that failed to log (after a backoff if due)."""
+        if self._table.closed:
+            return
+        meta.retries += 1
+        delay = max(RETRY_MIN_MS, self._policy.backoff_ms(meta.retries))
+        self.arm(meta, max(meta.deadline, self._clock.monotonic_ms() + int(delay)))
+
+    def retry_later(self, meta: TxnMeta) -> None:
+        """Run ``meta``'s decided end again after a backoff (unless one is scheduled)."""
+        if meta.timer is not None or self._table.closed:
+            return
+        meta.retries += 1
+        delay = max(RETRY_MIN_MS, self._policy.backoff_ms(meta.retries))
+        with contextlib.suppress(RuntimeError):
+            meta.timer = self._timers.schedule(
+                self._clock.monotonic_ms() + int(delay), self._fire_retry_cb, meta.seq
+            )
+
+    # -- runs (on the executor)
+
+    def resume_all(self, seqs: Sequence[int]) -> None:
+        """Finish the ends of ``seqs`` (decided earlier, found by recovery)."""
+        for seq in seqs:
+            self._submit(self._retry, seq)
+
+    def _fire_timeout(self, seq: int) -> None:
+        with self._table.lock:
+            meta = self._table.txns.get(seq)
+            if meta is not None:
+                meta.timer = None  # this run is the timeout
+        self._submit(self._timeout, seq)
+
+    def _fire_retry(self, seq: int) -> None:
+        with self._table.lock:
+            meta = self._table.txns.get(seq)
+            if meta is not None:
+                meta.timer = None  # this run is the scheduled retry
+        self._submit(self._retry, seq)
+
+    def _timeout(self, seq: int) -> None:
+        self._driver.run_background(seq, timed_out=True)
+
+    def _retry(self, seq: int) -> None:
+        self._driver.run_background(seq, timed_out=False)
+
+    def _submit(self, fn: Callable[[int], None], seq: int) -> None:
+        with self._idle:
+            self._running += 1
+        try:
+            self._executor.submit(self._run, fn, seq)
+        except RuntimeError:  # the executor is shut down: closing
+            self._done()
+
+    def _run(self, fn: Callable[[int], None], seq: int) -> None:
+        try:
+            fn(seq)
+        finally:
+            self._done()
+
+    def _done(self) -> None:
+        with self._idle:
+            self._running -= 1
+            if self._running == 0:
+                self._idle.notify_all()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until no background run is queued or running; False on timeout."""
+        with self._idle:
+            return self._idle.wait_for(lambda: self._running == 0, timeout_s)
+
+
+__all__ = [
+    "RETRY_MIN_MS",
+    "STEPS",
+    "BackgroundEnds",
+    "EndDriver",
+    "NullParticipants",
+    "Participant",
+    "ParticipantResolver",
+    "StepHook",
+    "end_answer",
+    "end_participants",
+]

@@ -15,28 +15,37 @@ topic grow by that much each time. With a key per transaction an end costs
 O(1) bytes: one record for the new transaction plus a tombstone for the one
 it pushes out of the client's newest ``persist_count`` (both in one group
 commit). "Newest ``count`` per client" is rebuilt on :meth:`restore` by
-grouping the values by client name (a value written under the older
-per-client layout is read too and rewritten per transaction).
+grouping the values by client name.
 
 Tombstones and overwritten values are garbage until the topic is
-compacted: :meth:`sweep` (run every ``expire_check_interval``) drops entries
-older than ``persist_time_ms`` and compacts when a quarter of the records
-are garbage, and writes request a compaction once the topic holds more than
-about twice the live keys, so the topic stays O(live keys).
+compacted: :meth:`sweep` (run every ``expire_check_interval`` by
+:class:`StoreMaintenance`) drops entries older than ``persist_time_ms``
+and compacts when a quarter of the records are garbage, and writes request
+a compaction once the topic holds more than about twice the live keys, so
+the topic stays O(live keys).
+
+End times are wall-clock milliseconds: they are persisted and compared
+across restarts. With the feature off (``persist_count == 0``) nothing is
+recorded and nothing stored is touched, so switching it off for a while
+loses no stored outcome.
 """
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
-from txnstream.coordinator.status import TxnStatus
-from txnstream.coordinator.timeouts import Clock, wall_clock_ms
-from txnstream.coordinator.txn_id import TxnID
+from txnstream.coordinator.metadata import TxnID, TxnStatus
 from txnstream.errors import CorruptEntryError, InvalidArgumentError
 from txnstream.proto import TerminatedTxnState
+from txnstream.timer import Clock, TimerScope, clock_arg
+
+log = logging.getLogger(__name__)
 
 #: Writes request a compaction once garbage exceeds the live keys plus this.
 COMPACT_SLACK = 1024
@@ -53,48 +62,6 @@ class TerminatedPersistence(Protocol):
 
     def compact(self) -> object:
         """Drop everything but the newest value of each live key."""
-
-
-class InMemoryTerminatedPersistence:
-    """Compacted-topic semantics in memory (newest value per key; None deletes).
-
-    ``entries`` counts records as a topic would hold them (tombstones and
-    overwritten values included) until :meth:`compact`.
-    """
-
-    def __init__(self) -> None:
-        self.data: dict[str, bytes] = {}
-        self.puts = 0
-        self.entries = 0
-        self.compactions = 0
-        self._lock = threading.Lock()
-
-    def put(self, key: str, value: bytes | None) -> None:
-        """Store or delete ``key``."""
-        self.put_many([(key, value)])
-
-    def put_many(self, records: Sequence[tuple[str, bytes | None]]) -> None:
-        """Store or delete every key, in order."""
-        with self._lock:
-            for key, value in records:
-                self.puts += 1
-                self.entries += 1
-                if value is None:
-                    self.data.pop(key, None)
-                else:
-                    self.data[key] = value
-
-    def items(self) -> list[tuple[str, bytes]]:
-        """Return every key and value."""
-        with self._lock:
-            return list(self.data.items())
-
-    def compact(self) -> dict[str, int]:
-        """Forget garbage: only the live keys remain."""
-        with self._lock:
-            before, self.entries = self.entries, len(self.data)
-            self.compactions += 1
-            return {"entries_before": before, "entries_after": self.entries}
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +119,7 @@ class TerminatedTxnStore:
         persist_time_ms: int = 72 * 3_600_000,
         *,
         persistence: TerminatedPersistence | None = None,
-        clock: Clock = wall_clock_ms,
+        clock: Clock | None = None,
     ) -> None:
         if isinstance(persist_count, bool) or not isinstance(persist_count, int):
             raise InvalidArgumentError(
@@ -176,7 +143,7 @@ class TerminatedTxnStore:
         self.persist_time_ms = persist_time_ms
         self.schedule_compaction: Callable[[], None] | None = None
         self._persistence = persistence
-        self._clock = clock
+        self._clock = clock_arg(clock)
         self._lock = threading.Lock()
         # client -> {txn_id: (status, end_time, timed_out)} in end order (oldest first).
         self._clients: dict[str, dict[TxnID, tuple[TxnStatus, int, bool]]] = {}
@@ -245,7 +212,7 @@ class TerminatedTxnStore:
                 entries = self._clients[client_name] = {}
             row = entries.get(txn_id)
             if row is None:
-                row = (final, self._clock() if end_time is None else end_time, timed_out)
+                row = (final, self._clock.wall_ms() if end_time is None else end_time, timed_out)
                 entries[txn_id] = row
                 self._index[txn_id] = client_name
             writes: list[tuple[str, bytes | None]] = [
@@ -320,7 +287,7 @@ class TerminatedTxnStore:
         Their keys are deleted from the topic, which is then compacted when
         at least a quarter of its records are garbage.
         """
-        cutoff = self._clock() - self.persist_time_ms
+        cutoff = self._clock.wall_ms() - self.persist_time_ms
         writes: list[tuple[str, bytes | None]] = []
         with self._lock:
             for client in list(self._clients):
@@ -339,72 +306,53 @@ class TerminatedTxnStore:
         return len(writes)
 
     def restore(self) -> int:
-        """Load the persisted state (recovery); expired entries are dropped.
+        """Load the persisted state (recovery); return the transactions restored.
 
-        Returns the number of transactions restored. A value that is not a
-        ``TerminatedTxnState`` raises :class:`CorruptEntryError` naming the
-        key. Keys of dropped transactions, and values of the per-client
-        layout (rewritten per transaction), are deleted from the topic.
+        Keeps the newest ``persist_count`` per client that are younger than
+        ``persist_time_ms``; keys of the others are deleted. With the store
+        off nothing is loaded and nothing deleted. A value that is not a
+        ``TerminatedTxnState`` holding the one transaction its key names
+        raises :class:`CorruptEntryError` naming the key.
         """
-        if self._persistence is None:
+        if self._persistence is None or not self.enabled:
             return 0
-        cutoff = self._clock() - self.persist_time_ms
-        # client -> txn -> (status, end_time, timed_out, key it is stored under)
-        # ("" for a row read from a per-client value).
-        found: dict[str, dict[TxnID, tuple[TxnStatus, int, bool, str]]] = {}
+        cutoff = self._clock.wall_ms() - self.persist_time_ms
+        # client -> txn -> (status, end_time, timed_out)
+        found: dict[str, dict[TxnID, tuple[TxnStatus, int, bool]]] = {}
         writes: list[tuple[str, bytes | None]] = []
-        per_client_keys: list[str] = []
         keys = 0
         for key, value in self._persistence.items():
             keys += 1
             state = TerminatedTxnState()
             try:
                 state.ParseFromString(value)
-                rows = [
-                    (
-                        TxnID(t.txnid_most_bits, t.txnid_least_bits),
-                        _final(TxnStatus(t.status)),
-                        t.end_time,
-                        t.timed_out,
-                    )
-                    for t in state.txns
-                ]
+                if len(state.txns) != 1:
+                    raise ValueError(f"{len(state.txns)} transactions in one value")
+                t = state.txns[0]
+                tid = TxnID(t.txnid_most_bits, t.txnid_least_bits)
+                if key != txn_key(tid):
+                    raise ValueError(f"it holds transaction {tid}")
+                row = (_final(TxnStatus(t.status)), t.end_time, t.timed_out)
             except Exception as exc:
                 raise CorruptEntryError(
                     f"terminated-transaction state under key {key!r} is corrupt: {exc}",
                     key=key,
                 ) from exc
-            per_txn = len(rows) == 1 and key == txn_key(rows[0][0])
-            client = found.setdefault(state.client_name, {})
-            for tid, status, end_time, timed_out in rows:
-                # A per-transaction key wins over an older per-client value.
-                if per_txn or tid not in client:
-                    client[tid] = (status, end_time, timed_out, key if per_txn else "")
-            if not per_txn:
-                per_client_keys.append(key)  # deleted once its rows are rewritten
+            found.setdefault(state.client_name, {})[tid] = row
         with self._lock:
             self._clients.clear()
             self._index.clear()
             for name, txns in found.items():
                 ordered = sorted(txns.items(), key=lambda kv: kv[1][1])
-                keep = ordered[-self.persist_count :] if self.persist_count else []
-                keep = [kv for kv in keep if kv[1][1] > cutoff]
+                keep = [kv for kv in ordered[-self.persist_count :] if kv[1][1] > cutoff]
                 kept = {tid for tid, _ in keep}
-                for tid, (_, _, _, key) in ordered:
-                    if tid not in kept and key:
-                        writes.append((key, None))
+                writes.extend((txn_key(tid), None) for tid, _ in ordered if tid not in kept)
                 if not keep:
                     continue
                 entries = self._clients[name] = {}
-                for tid, (status, end_time, timed_out, key) in keep:
-                    entries[tid] = (status, end_time, timed_out)
+                for tid, row in keep:
+                    entries[tid] = row
                     self._index[tid] = name
-                    if not key:  # from a per-client value: rewrite per transaction
-                        writes.append(
-                            (txn_key(tid), _encode(name, tid, status, end_time, timed_out))
-                        )
-            # After the rewrites, so a torn write cannot lose a transaction.
-            writes.extend((key, None) for key in per_client_keys)
             restored = len(self._index)
             self._entries = keys
             self._unknown = True  # garbage written before the restart is not counted
@@ -412,8 +360,72 @@ class TerminatedTxnStore:
         return restored
 
 
+class StoreMaintenance:
+    """Upkeep of the store: the expiry sweep by timer, compactions on demand.
+
+    Both run on one maintenance thread of their own, so they never queue
+    behind transaction ends (and ends never wait for them). The sweep is
+    scheduled on the coordinator's timer scope, every ``interval_ms``.
+    """
+
+    def __init__(
+        self,
+        store: TerminatedTxnStore,
+        timers: TimerScope,
+        interval_ms: int,
+        *,
+        name: str,
+    ) -> None:
+        self._store = store
+        self._timers = timers
+        self._interval_ms = interval_ms
+        self._stopped = False
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix=name)
+        store.schedule_compaction = self._schedule_compaction
+
+    def _submit(self, fn: Callable[[], None]) -> None:
+        # RuntimeError: the pool is shut down, the coordinator is closing.
+        with contextlib.suppress(RuntimeError):
+            self._pool.submit(fn)
+
+    def _schedule_compaction(self) -> None:
+        self._submit(self._compact)
+
+    def _compact(self) -> None:
+        try:
+            self._store.compact()
+        except Exception:
+            if not self._stopped:
+                log.exception("compacting the terminated-transaction topic failed")
+
+    def start_sweeps(self) -> None:
+        """Sweep expired entries every interval until shutdown (nothing if the store is off)."""
+        if self._store.enabled:
+            self._arm()
+
+    def _arm(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the scope is closed
+            self._timers.schedule(
+                self._timers.clock.monotonic_ms() + self._interval_ms,
+                lambda: self._submit(self._sweep),
+            )
+
+    def _sweep(self) -> None:
+        try:
+            self._store.sweep()
+        except Exception:
+            log.exception("terminated-transaction sweep failed")
+        if not self._stopped:
+            self._arm()
+
+    def shutdown(self) -> None:
+        """Stop the maintenance thread (queued work is dropped)."""
+        self._stopped = True
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+
 __all__ = [
-    "InMemoryTerminatedPersistence",
+    "StoreMaintenance",
     "TerminatedPersistence",
     "TerminatedRecord",
     "TerminatedTxnStore",

@@ -7,17 +7,22 @@
 //! yields the live transactions with interned strings and flat positions,
 //! plus the positions of records to purge.
 //!
-//! Rules (same as the Python reference `txnstream.coordinator.replay.fold`):
+//! Rules (the Python reference fold in the tests follows the same ones):
 //! only records of this coordinator (`most_bits == tc_id`) count; deleted
-//! records only bound the sequence. A transaction's status is the highest
-//! `new_status` of its UPDATE records (the two branches never mix, so that
-//! is the last one reached), OPEN if none. A transaction whose NEW record is
-//! gone, or whose status is final, has ended: its remaining records are
-//! purged. Timeout, start time and client name come from the NEW record;
-//! partitions and subscriptions are the union in first-seen order;
-//! `last_modified` is the largest of the start time and the non-NEW
-//! records' modification times; `timed_out` is set when any UPDATE record
-//! carries the txnstream `timed_out` extension (an abort by the timer).
+//! records only bound the sequence. UPDATE records are applied in log order
+//! and each must be an allowed transition (SPEC §4.3: OPEN -> COMMITTING |
+//! ABORTING, COMMITTING -> COMMITTED, ABORTING -> ABORTED, the same status
+//! again is a no-op; OPEN may also go straight to a final status, whose
+//! deciding record was deleted). A log in which one transaction takes both
+//! the commit and the abort branch, or goes back, is a `CorruptEntry`
+//! naming the record and the transaction: the coordinator never picks one
+//! outcome silently. A transaction whose NEW record is gone, or whose
+//! status is final, has ended: its remaining records are purged. Timeout,
+//! start time and client name come from the NEW record; partitions and
+//! subscriptions are the union in first-seen order; `last_modified` is the
+//! largest of the start time and the non-NEW records' modification times;
+//! `timed_out` is set when any UPDATE record carries the txnstream
+//! `timed_out` extension (an abort by the timer).
 
 use crate::ackset::AckSet;
 use crate::error::{Error, Result};
@@ -26,9 +31,9 @@ use crate::position::{Position, TxnPosition};
 use crate::replay::{entry_records, scan_cursor};
 use crate::txnlog_record::{
     decode, OP_ADD_PARTITION, OP_ADD_SUBSCRIPTION, OP_NEW, OP_UPDATE, STATUS_ABORTED,
-    STATUS_COMMITTED, STATUS_OPEN,
+    STATUS_ABORTING, STATUS_COMMITTED, STATUS_COMMITTING, STATUS_OPEN,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// Interned id meaning "no client name".
 pub const NO_NAME: u32 = u32::MAX;
@@ -48,9 +53,10 @@ pub struct LiveTxn {
     pub last_modified: u64,
     /// Interned client name, or [`NO_NAME`].
     pub client_name: u32,
-    /// Interned partition names.
+    /// Interned partition names (distinct, first-seen order).
     pub partitions: Vec<u32>,
-    /// Interned `(topic, subscription)` pairs (see [`Folded::pairs`]).
+    /// Interned `(topic, subscription)` pairs (see [`Folded::pairs`]),
+    /// distinct, first-seen order.
     pub subscriptions: Vec<u32>,
     /// Positions of its live records, in log order.
     pub positions: Vec<TxnPosition>,
@@ -98,7 +104,7 @@ impl Acc {
     fn new() -> Self {
         Self {
             has_new: false,
-            status: -1,
+            status: STATUS_OPEN,
             timeout_ms: 0,
             start_time: 0,
             last_modified: 0,
@@ -182,13 +188,12 @@ impl TxnLogFolder {
         if deleted {
             return Ok(());
         }
-        if r.op == OP_UPDATE && !(-1..=STATUS_ABORTED).contains(&r.new_status) {
-            return Err(with_index(
-                Error::corrupt_entry(0, format!("unknown new_status {}", r.new_status)),
-                pos,
-            ));
-        }
         let acc = self.txns.entry(r.least_bits).or_insert_with(Acc::new);
+        if r.op == OP_UPDATE && r.new_status >= 0 {
+            // Before any change: a refused transition leaves the folder as it was.
+            check_transition(self.tc_id, r.least_bits, acc.status, r.new_status)
+                .map_err(|reason| with_index(Error::corrupt_entry(0, reason), pos))?;
+        }
         acc.positions.push(pos);
         match r.op {
             OP_NEW => {
@@ -203,24 +208,21 @@ impl TxnLogFolder {
                 };
                 return Ok(());
             }
+            // Duplicates are dropped once, in `finish` (no scan per name).
             OP_ADD_PARTITION => {
                 for p in &r.partitions {
-                    let id = self.names.string(p);
-                    if !acc.partitions.contains(&id) {
-                        acc.partitions.push(id);
-                    }
+                    acc.partitions.push(self.names.string(p));
                 }
             }
             OP_ADD_SUBSCRIPTION => {
                 for (t, s) in &r.subscriptions {
-                    let id = self.names.pair(t, s);
-                    if !acc.subscriptions.contains(&id) {
-                        acc.subscriptions.push(id);
-                    }
+                    acc.subscriptions.push(self.names.pair(t, s));
                 }
             }
             OP_UPDATE => {
-                acc.status = acc.status.max(r.new_status);
+                if r.new_status >= 0 {
+                    acc.status = r.new_status;
+                }
                 acc.timed_out |= r.timed_out;
             }
             _ => {}
@@ -244,7 +246,7 @@ impl TxnLogFolder {
         let mut purge = Vec::new();
         let mut live_records = 0u64;
         for (seq, a) in self.txns {
-            let status = if a.status < 0 { STATUS_OPEN } else { a.status };
+            let status = a.status;
             let ended = status == STATUS_COMMITTED || status == STATUS_ABORTED;
             if !a.has_new || ended {
                 purge.extend(a.positions);
@@ -258,8 +260,8 @@ impl TxnLogFolder {
                 start_time: a.start_time,
                 last_modified: a.last_modified,
                 client_name: a.client_name,
-                partitions: a.partitions,
-                subscriptions: a.subscriptions,
+                partitions: distinct(a.partitions),
+                subscriptions: distinct(a.subscriptions),
                 positions: a.positions,
                 timed_out: a.timed_out,
             });
@@ -276,6 +278,57 @@ impl TxnLogFolder {
             live_records,
             foreign_records: self.foreign,
         }
+    }
+}
+
+/// `ids` without repeats, in first-seen order (one hash set, not a scan per id).
+fn distinct(mut ids: Vec<u32>) -> Vec<u32> {
+    if ids.len() > 1 {
+        let mut seen = HashSet::with_capacity(ids.len());
+        ids.retain(|id| seen.insert(*id));
+    }
+    ids
+}
+
+fn status_name(s: i8) -> &'static str {
+    match s {
+        STATUS_OPEN => "OPEN",
+        STATUS_COMMITTING => "COMMITTING",
+        STATUS_COMMITTED => "COMMITTED",
+        STATUS_ABORTING => "ABORTING",
+        STATUS_ABORTED => "ABORTED",
+        _ => "UNKNOWN",
+    }
+}
+
+/// Checks one UPDATE of transaction `(tc_id, seq)` from `cur` to `new`
+/// (see the module rules); the error text names both and the transaction.
+fn check_transition(tc_id: u64, seq: u64, cur: i8, new: i8) -> std::result::Result<(), String> {
+    let commit = |s: i8| s == STATUS_COMMITTING || s == STATUS_COMMITTED;
+    let abort = |s: i8| s == STATUS_ABORTING || s == STATUS_ABORTED;
+    let ok = match cur {
+        _ if cur == new => true,
+        STATUS_OPEN => new != STATUS_OPEN && (STATUS_COMMITTING..=STATUS_ABORTED).contains(&new),
+        STATUS_COMMITTING => new == STATUS_COMMITTED,
+        STATUS_ABORTING => new == STATUS_ABORTED,
+        _ => false,
+    };
+    if ok {
+        return Ok(());
+    }
+    let (a, b) = (status_name(cur), status_name(new));
+    if (commit(cur) && abort(new)) || (abort(cur) && commit(new)) {
+        Err(format!(
+            "transaction ({tc_id},{seq}) has both a commit and an abort in its log ({a}, then {b})"
+        ))
+    } else if (0..=STATUS_ABORTED).contains(&new) {
+        Err(format!(
+            "transaction ({tc_id},{seq}) goes back from {a} to {b}"
+        ))
+    } else {
+        Err(format!(
+            "transaction ({tc_id},{seq}): unknown new_status {new}"
+        ))
     }
 }
 
@@ -325,22 +378,33 @@ mod tests {
             0i8..4,
             0u64..12,
             prop_oneof![9 => Just(0u64), 1 => Just(1u64)],
-            -1i8..5,
+            (-1i8..5, 0i8..3, prop::bool::weighted(0.05)),
             0u8..4,
             0u64..1000,
             prop::bool::weighted(0.15),
             prop::bool::weighted(0.2),
         )
             .prop_map(
-                |(op, seq, most, status, name, time, deleted, timed_out)| Gen {
-                    op,
-                    seq,
-                    most,
-                    status,
-                    name,
-                    time,
-                    deleted,
-                    timed_out,
+                |(op, seq, most, (any, step, wild), name, time, deleted, timed_out)| {
+                    // Mostly one branch per transaction (commit for even
+                    // sequences): both valid logs and ones going back; now
+                    // and then any status at all (branches mixed).
+                    let status = match (wild, step) {
+                        (true, _) => any,
+                        (false, 0) => 0,
+                        (false, k) if seq % 2 == 0 => k,
+                        (false, k) => k + 2,
+                    };
+                    Gen {
+                        op,
+                        seq,
+                        most,
+                        status,
+                        name,
+                        time,
+                        deleted,
+                        timed_out,
+                    }
                 },
             )
     }
@@ -386,8 +450,11 @@ mod tests {
         bool,
     );
 
-    /// The obvious fold over prost-decoded messages.
-    fn reference(log: &[Gen], bytes: &[Vec<u8>]) -> (BTreeMap<u64, RefTxn>, usize, Option<u64>) {
+    type RefFold = (BTreeMap<u64, RefTxn>, usize, Option<u64>);
+
+    /// The obvious fold over prost-decoded messages: UPDATEs in log order,
+    /// each checked against the transition table; `Err` for a bad one.
+    fn reference(log: &[Gen], bytes: &[Vec<u8>]) -> std::result::Result<RefFold, ()> {
         use crate::proto::TransactionMetadataEntry;
         use prost::Message;
         let mut by_seq: BTreeMap<u64, Vec<TransactionMetadataEntry>> = BTreeMap::new();
@@ -406,12 +473,19 @@ mod tests {
         let mut live = BTreeMap::new();
         let mut purge = 0;
         for (seq, ms) in by_seq {
-            let status = ms
-                .iter()
-                .filter(|m| m.metadata_op == Some(3))
-                .filter_map(|m| m.new_status)
-                .max()
-                .unwrap_or(0) as i8;
+            let mut status = 0i32;
+            for m in ms.iter().filter(|m| m.metadata_op == Some(3)) {
+                let Some(new) = m.new_status else { continue };
+                let allowed = new == status
+                    || (status == 0 && (1..=4).contains(&new))
+                    || (status == 1 && new == 2)
+                    || (status == 3 && new == 4);
+                if !allowed {
+                    return Err(());
+                }
+                status = new;
+            }
+            let status = status as i8;
             let news: Vec<_> = ms.iter().filter(|m| m.metadata_op == Some(0)).collect();
             if news.is_empty() || status == 2 || status == 4 {
                 purge += ms.len();
@@ -458,7 +532,7 @@ mod tests {
                 ),
             );
         }
-        (live, purge, max_seq)
+        Ok((live, purge, max_seq))
     }
 
     proptest! {
@@ -466,16 +540,29 @@ mod tests {
         fn fold_matches_reference(log in proptest::collection::vec(gen(), 0..120), per_entry in 1usize..6) {
             let bytes: Vec<Vec<u8>> = log.iter().map(encode).collect();
             let mut folder = TxnLogFolder::new(0);
+            let mut failed = false;
             for (i, (g, b)) in log.iter().zip(&bytes).enumerate() {
                 let pos = TxnPosition {
                     position: Position::new(3, (i / per_entry) as u64),
                     batch_size: per_entry as u32,
                     batch_index: (i % per_entry) as u32,
                 };
-                folder.push(b, pos, g.deleted).unwrap();
+                if let Err(e) = folder.push(b, pos, g.deleted) {
+                    let at = match e {
+                        Error::CorruptEntry { position, .. } => position,
+                        _ => None,
+                    };
+                    prop_assert_eq!(at, Some(pos.position));
+                    failed = true;
+                    break;
+                }
             }
+            let Ok((want, purge, max_seq)) = reference(&log, &bytes) else {
+                prop_assert!(failed, "the reference refused a transition the fold accepted");
+                return Ok(());
+            };
+            prop_assert!(!failed, "the fold refused a transition the reference accepted");
             let f = folder.finish();
-            let (want, purge, max_seq) = reference(&log, &bytes);
             prop_assert_eq!(f.max_seq, max_seq);
             prop_assert_eq!(f.purge.len(), purge);
             prop_assert_eq!(f.records as usize, log.len());

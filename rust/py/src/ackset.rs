@@ -1,5 +1,6 @@
 //! `txnstream.AckSet` and the numpy bulk ack-set operations.
 
+use crate::args::i64_arg;
 use crate::errors::BindResult;
 use numpy::{
     IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2,
@@ -17,20 +18,34 @@ pub struct PyAckSet(pub ackset::AckSet);
 #[pymethods]
 impl PyAckSet {
     #[new]
-    fn new(batch_size: i64) -> BindResult<Self> {
-        Ok(Self(ackset::AckSet::new(batch_size)?))
+    fn new(batch_size: &Bound<'_, PyAny>) -> BindResult<Self> {
+        Ok(Self(ackset::AckSet::new(i64_arg(
+            batch_size,
+            "batch_size",
+        )?)?))
     }
 
     /// Rebuilds a set from signed 64-bit words and its batch size.
     #[staticmethod]
-    fn from_words(words: Vec<i64>, batch_size: i64) -> BindResult<Self> {
-        Ok(Self(ackset::AckSet::from_words(&words, batch_size)?))
+    fn from_words(words: &Bound<'_, PyAny>, batch_size: &Bound<'_, PyAny>) -> BindResult<Self> {
+        let mut ws = Vec::with_capacity(words.len().unwrap_or(0));
+        let items = words.try_iter().map_err(|_| {
+            txnstream_core::Error::invalid("words must be a sequence of signed 64-bit ints")
+        })?;
+        for (i, w) in items.enumerate() {
+            ws.push(i64_arg(&w?, &format!("words[{i}]"))?);
+        }
+        let size = i64_arg(batch_size, "batch_size")?;
+        Ok(Self(ackset::AckSet::from_words(&ws, size)?))
     }
 
     /// The set of a batch of ``batch_size`` with only ``index`` deleted.
     #[staticmethod]
-    fn single_deleted(batch_size: i64, index: i64) -> BindResult<Self> {
-        Ok(Self(ackset::AckSet::single_deleted(batch_size, index)?))
+    fn single_deleted(batch_size: &Bound<'_, PyAny>, index: &Bound<'_, PyAny>) -> BindResult<Self> {
+        Ok(Self(ackset::AckSet::single_deleted(
+            i64_arg(batch_size, "batch_size")?,
+            i64_arg(index, "index")?,
+        )?))
     }
 
     #[getter]
@@ -38,12 +53,12 @@ impl PyAckSet {
         self.0.batch_size()
     }
 
-    fn clear(&mut self, index: i64) -> BindResult<()> {
-        Ok(self.0.clear(index)?)
+    fn clear(&mut self, index: &Bound<'_, PyAny>) -> BindResult<()> {
+        Ok(self.0.clear(i64_arg(index, "index")?)?)
     }
 
-    fn get(&self, index: i64) -> BindResult<bool> {
-        Ok(self.0.get(index)?)
+    fn get(&self, index: &Bound<'_, PyAny>) -> BindResult<bool> {
+        Ok(self.0.get(i64_arg(index, "index")?)?)
     }
 
     fn is_empty(&self) -> bool {

@@ -1,28 +1,62 @@
-//! Borrowing byte buffers from Python without copying.
+//! Records from Python: any object with the buffer protocol.
+//!
+//! `bytes` are used in place (immutable, so safe to read with the GIL
+//! released). Any other buffer (`bytearray`, `memoryview`, a numpy array,
+//! ...) is copied once into a new `bytes` object while the GIL is held: a
+//! mutable buffer could otherwise change under a write running without
+//! the GIL. The buffer must be C-contiguous; its items are taken as raw
+//! bytes whatever their type.
 
-use pyo3::exceptions::PyTypeError;
+use crate::errors::BindResult;
 use pyo3::prelude::*;
-use pyo3::types::PyBytes;
+use pyo3::types::{PyBytes, PyMemoryView};
+use txnstream_core::Error;
 
-/// Collects a sequence of `bytes` objects, naming the argument on a type error.
-pub fn bytes_list<'py>(seq: &Bound<'py, PyAny>, arg: &str) -> PyResult<Vec<Bound<'py, PyBytes>>> {
-    if seq.is_instance_of::<PyBytes>() {
-        return Err(PyTypeError::new_err(format!(
-            "{arg} must be a sequence of bytes, not a single bytes object"
-        )));
+/// `obj` as `bytes` (itself, or a copy of its buffer); `what` names it in errors.
+pub fn record_bytes<'py>(obj: &Bound<'py, PyAny>, what: &str) -> BindResult<Bound<'py, PyBytes>> {
+    if let Ok(b) = obj.cast::<PyBytes>() {
+        return Ok(b.clone());
     }
+    let not_buffer = || {
+        let kind = obj
+            .get_type()
+            .name()
+            .map_or_else(|_| "?".to_owned(), |n| n.to_string());
+        Error::invalid(format!(
+            "{what} must be bytes or another buffer (bytearray, memoryview, numpy array), \
+             not {kind}"
+        ))
+    };
+    let view = PyMemoryView::from(obj).map_err(|_| not_buffer())?;
+    let flat = view.call_method1("cast", ("B",)).map_err(|_| {
+        Error::invalid(format!(
+            "{what} must be a C-contiguous buffer (copy a strided view first)"
+        ))
+    })?;
+    let copy = obj.py().get_type::<PyBytes>().call1((flat,))?;
+    Ok(copy.cast_into::<PyBytes>().map_err(PyErr::from)?)
+}
+
+/// Collects a sequence of records (see [`record_bytes`]), naming the
+/// argument and the index of a bad one.
+pub fn bytes_list<'py>(seq: &Bound<'py, PyAny>, arg: &str) -> BindResult<Vec<Bound<'py, PyBytes>>> {
+    if seq.is_instance_of::<PyBytes>() {
+        return Err(Error::invalid(format!(
+            "{arg} must be a sequence of bytes, not a single bytes object"
+        ))
+        .into());
+    }
+    let items = seq.try_iter().map_err(|_| {
+        Error::invalid(format!(
+            "{arg} must be a sequence of bytes-like records, not {}",
+            seq.get_type()
+                .name()
+                .map_or_else(|_| "?".to_owned(), |n| n.to_string())
+        ))
+    })?;
     let mut out = Vec::with_capacity(seq.len().unwrap_or(0));
-    for (i, item) in seq.try_iter()?.enumerate() {
-        let item = item?;
-        match item.cast_into::<PyBytes>() {
-            Ok(b) => out.push(b),
-            Err(e) => {
-                return Err(PyTypeError::new_err(format!(
-                    "{arg}[{i}] must be bytes, not {}",
-                    e.into_inner().get_type().name()?
-                )))
-            }
-        }
+    for (i, item) in items.enumerate() {
+        out.push(record_bytes(&item?, &format!("{arg}[{i}]"))?);
     }
     Ok(out)
 }

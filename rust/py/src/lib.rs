@@ -4,6 +4,7 @@
 //! and convert errors in one place (`errors.rs`).
 
 mod ackset;
+mod args;
 mod buffers;
 mod completion;
 mod errors;
@@ -42,7 +43,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(txnlog::encode_txn_add_partitions, m)?)?;
     m.add_function(wrap_pyfunction!(txnlog::encode_txn_add_subscriptions, m)?)?;
     m.add_function(wrap_pyfunction!(txnlog::encode_txn_update, m)?)?;
-    m.add_function(wrap_pyfunction!(txnlog::fold_txn_log, m)?)?;
+    m.add_function(wrap_pyfunction!(replay::fold_txn_log, m)?)?;
     m.add_function(wrap_pyfunction!(txnlog::fold_txn_entries, m)?)?;
     Ok(())
 }

@@ -1,10 +1,10 @@
 //! `txnstream.Position` and `txnstream.TxnPosition` value types.
 
 use crate::errors::BindResult;
+use numpy::PyReadonlyArray1;
 use pyo3::basic::CompareOp;
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
-use pyo3::types::PyInt;
+use pyo3::types::{PyBool, PyInt};
 use pyo3::IntoPyObjectExt;
 use txnstream_core::{Error, Position, TxnPosition};
 
@@ -145,12 +145,12 @@ impl PyTxnPosition {
     }
 }
 
-/// `obj` as an unsigned integer of at most `bits` bits; a negative or too
-/// large int is an `InvalidArgumentError` naming `what` and the value, a
-/// non-int a `TypeError`.
+/// `obj` as an unsigned integer of at most `bits` bits; a non-int (bools
+/// included), a negative or a too large int is an `InvalidArgumentError`
+/// (also a `TypeError`) naming `what` and the value.
 fn uint_arg(obj: &Bound<'_, PyAny>, what: &str, bits: u32) -> BindResult<u64> {
-    if !obj.is_instance_of::<PyInt>() {
-        return Err(PyTypeError::new_err(format!(
+    if obj.is_instance_of::<PyBool>() || !obj.is_instance_of::<PyInt>() {
+        return Err(Error::invalid(format!(
             "{what} must be an int, not {}",
             obj.get_type().name()?
         ))
@@ -192,4 +192,46 @@ fn compare(a: Position, other: &Bound<'_, PyAny>, op: CompareOp) -> PyResult<Py<
 
 fn hash(p: Position) -> u64 {
     p.ledger_id.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ p.entry_id
+}
+
+fn column<T: numpy::Element + Copy>(a: &PyReadonlyArray1<'_, T>) -> Vec<T> {
+    match a.as_slice() {
+        Ok(s) => s.to_vec(),
+        // Not contiguous (a strided view): copy element by element.
+        Err(_) => a.as_array().iter().copied().collect(),
+    }
+}
+
+/// Records given as four equally long columns (the bulk form of a list of
+/// `TxnPosition`), for `Cursor.delete_records`.
+pub fn records_from_columns(
+    ledger_id: &PyReadonlyArray1<'_, u64>,
+    entry_id: &PyReadonlyArray1<'_, u64>,
+    batch_size: &PyReadonlyArray1<'_, u32>,
+    batch_index: &PyReadonlyArray1<'_, u32>,
+) -> BindResult<Vec<TxnPosition>> {
+    let (l, e, s, i) = (
+        column(ledger_id),
+        column(entry_id),
+        column(batch_size),
+        column(batch_index),
+    );
+    if e.len() != l.len() || s.len() != l.len() || i.len() != l.len() {
+        return Err(Error::invalid(format!(
+            "ledger_id, entry_id, batch_size and batch_index must have the same length, \
+             got {}, {}, {}, {}",
+            l.len(),
+            e.len(),
+            s.len(),
+            i.len()
+        ))
+        .into());
+    }
+    Ok((0..l.len())
+        .map(|k| TxnPosition {
+            position: Position::new(l[k], e[k]),
+            batch_size: s[k],
+            batch_index: i[k],
+        })
+        .collect())
 }

@@ -1,15 +1,17 @@
-//! `txnstream._native.replay_log`: live records of a managed ledger written
-//! by a BufferedWriter, as numpy columns (one call, GIL released).
+//! Reading logs written by a BufferedWriter, in one call with the GIL
+//! released: `replay_log` (live records as numpy columns) and
+//! `fold_txn_log` (a coordinator's log folded into live transactions).
 
 use crate::errors::BindResult;
 use crate::ledger::PyManagedLedger;
 use crate::position::position_of;
+use crate::txnlog::folded_dict;
 use numpy::IntoPyArray;
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyString};
 use txnstream_core::ledger::Cursor;
 use txnstream_core::replay::{self, LiveRecords};
+use txnstream_core::txnlog_fold::{fold_cursor, Folded};
 use txnstream_core::{Error, Position};
 
 /// The cursor named by `cursor` (a name or a `Cursor` object) on `ml`;
@@ -18,11 +20,11 @@ fn cursor_of(ml: &PyManagedLedger, cursor: &Bound<'_, PyAny>) -> BindResult<Curs
     let name: String = if let Ok(s) = cursor.cast::<PyString>() {
         s.to_str()?.to_owned()
     } else if let Ok(n) = cursor.getattr("name") {
-        n.extract().map_err(|_| {
-            PyTypeError::new_err("cursor must be a Cursor of this ledger or a cursor name")
+        n.extract::<String>().map_err(|_| {
+            Error::invalid("cursor must be a Cursor of this ledger or a cursor name")
         })?
     } else {
-        return Err(PyTypeError::new_err(format!(
+        return Err(Error::invalid(format!(
             "cursor must be a Cursor or a cursor name, not {}",
             cursor.get_type().name()?
         ))
@@ -36,7 +38,7 @@ fn pos(obj: Option<&Bound<'_, PyAny>>, arg: &str) -> BindResult<Option<Position>
         None => Ok(None),
         Some(o) => match position_of(o) {
             Some(p) => Ok(Some(p)),
-            None => Err(PyTypeError::new_err(format!(
+            None => Err(Error::invalid(format!(
                 "{arg} must be a Position or TxnPosition, not {}",
                 o.get_type().name()?
             ))
@@ -105,4 +107,22 @@ pub fn replay_log<'py>(
         }
     };
     Ok(columns(py, records)?)
+}
+
+/// Fold the transaction log ``ml`` as seen by cursor ``cursor`` (a name)
+/// into the live transactions of coordinator ``tc_id`` (see
+/// ``txnstream.coordinator.state``). Rewinds the cursor.
+#[pyfunction]
+pub fn fold_txn_log<'py>(
+    py: Python<'py>,
+    ml: &Bound<'py, PyManagedLedger>,
+    cursor: &str,
+    tc_id: u64,
+) -> BindResult<Bound<'py, PyDict>> {
+    let inner = &ml.get().inner;
+    let folded = py.detach(|| -> txnstream_core::Result<Folded> {
+        let c = inner.open_cursor(cursor)?;
+        fold_cursor(&c, tc_id)
+    })?;
+    Ok(folded_dict(py, folded)?)
 }

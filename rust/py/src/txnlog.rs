@@ -1,18 +1,24 @@
 //! Coordinator transaction-log helpers: records encoded from arguments (no
-//! protobuf object per record) and the recovery fold of a whole log into
-//! live-transaction columns (one call, GIL released for the I/O and fold).
+//! protobuf object per record) and the recovery fold's result as columns.
+//!
+//! This module knows nothing of the ledger binding: folding a log read from
+//! a managed ledger is `replay::fold_txn_log` (the reading side), which
+//! hands the fold to [`folded_dict`] here.
 
 use crate::errors::BindResult;
-use crate::ledger::PyManagedLedger;
-use numpy::{IntoPyArray, PyReadonlyArray1};
-use pyo3::exceptions::PyTypeError;
+use numpy::IntoPyArray;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
-use txnstream_core::txnlog_fold::{fold_cursor, Folded, TxnLogFolder, NO_NAME};
+use txnstream_core::txnlog_fold::{Folded, TxnLogFolder, NO_NAME};
 use txnstream_core::txnlog_record::{
     Encode, OP_ADD_PARTITION, OP_ADD_SUBSCRIPTION, OP_NEW, OP_UPDATE, STATUS_OPEN,
 };
-use txnstream_core::{AckSet, Error, Position, TxnPosition};
+use txnstream_core::{AckSet, Error, Position};
+
+/// Kept here for `ledger.rs` (`Cursor.delete_records`), which imports it
+/// from this module; it lives in `position.rs`.
+// NOTE(lead): import it from `crate::position` in ledger.rs and drop this.
+pub use crate::position::records_from_columns;
 
 fn status_arg(v: i64, arg: &str) -> BindResult<i8> {
     match i8::try_from(v) {
@@ -133,8 +139,8 @@ pub fn encode_txn_update<'py>(
     ))
 }
 
-/// The fold as the dict ``txnstream.coordinator.recovery`` reads.
-fn folded_dict<'py>(py: Python<'py>, f: Folded) -> PyResult<Bound<'py, PyDict>> {
+/// The fold as the dict ``txnstream.coordinator.state.FoldResult`` reads.
+pub fn folded_dict<'py>(py: Python<'py>, f: Folded) -> PyResult<Bound<'py, PyDict>> {
     // Interned names become shared str objects (memory and time).
     let strings: Vec<Bound<'py, PyString>> =
         f.strings.iter().map(|s| PyString::new(py, s)).collect();
@@ -250,24 +256,6 @@ fn folded_dict<'py>(py: Python<'py>, f: Folded) -> PyResult<Bound<'py, PyDict>> 
     Ok(d)
 }
 
-/// Fold the transaction log ``ml`` as seen by cursor ``cursor`` (a name)
-/// into the live transactions of coordinator ``tc_id`` (see
-/// ``txnstream.coordinator.recovery``). Rewinds the cursor.
-#[pyfunction]
-pub fn fold_txn_log<'py>(
-    py: Python<'py>,
-    ml: &Bound<'py, PyManagedLedger>,
-    cursor: &str,
-    tc_id: u64,
-) -> BindResult<Bound<'py, PyDict>> {
-    let inner = &ml.get().inner;
-    let folded = py.detach(|| -> txnstream_core::Result<Folded> {
-        let c = inner.open_cursor(cursor)?;
-        fold_cursor(&c, tc_id)
-    })?;
-    Ok(folded_dict(py, folded)?)
-}
-
 /// Fold in-memory entries: ``entries[i]`` at ``(ledger_id[i], entry_id[i])``,
 /// with the batch indexes ``deleted[i]`` already deleted.
 #[pyfunction]
@@ -281,7 +269,7 @@ pub fn fold_txn_entries<'py>(
 ) -> BindResult<Bound<'py, PyDict>> {
     let n = entries.len();
     if ledger_id.len() != n || entry_id.len() != n || deleted.len() != n {
-        return Err(PyTypeError::new_err(format!(
+        return Err(Error::invalid(format!(
             "entries, ledger_id, entry_id and deleted must have the same length, got {n}, {}, {}, {}",
             ledger_id.len(),
             entry_id.len(),
@@ -309,46 +297,4 @@ pub fn fold_txn_entries<'py>(
         Ok(folder.finish())
     })?;
     Ok(folded_dict(py, folded)?)
-}
-
-fn column<T: numpy::Element + Copy>(a: &PyReadonlyArray1<'_, T>) -> Vec<T> {
-    match a.as_slice() {
-        Ok(s) => s.to_vec(),
-        // Not contiguous (a strided view): copy element by element.
-        Err(_) => a.as_array().iter().copied().collect(),
-    }
-}
-
-/// Records given as four equally long columns (the bulk form of a list of
-/// `TxnPosition`), for `Cursor.delete_records`.
-pub fn records_from_columns(
-    ledger_id: &PyReadonlyArray1<'_, u64>,
-    entry_id: &PyReadonlyArray1<'_, u64>,
-    batch_size: &PyReadonlyArray1<'_, u32>,
-    batch_index: &PyReadonlyArray1<'_, u32>,
-) -> BindResult<Vec<TxnPosition>> {
-    let (l, e, s, i) = (
-        column(ledger_id),
-        column(entry_id),
-        column(batch_size),
-        column(batch_index),
-    );
-    if e.len() != l.len() || s.len() != l.len() || i.len() != l.len() {
-        return Err(Error::invalid(format!(
-            "ledger_id, entry_id, batch_size and batch_index must have the same length, \
-             got {}, {}, {}, {}",
-            l.len(),
-            e.len(),
-            s.len(),
-            i.len()
-        ))
-        .into());
-    }
-    Ok((0..l.len())
-        .map(|k| TxnPosition {
-            position: Position::new(l[k], e[k]),
-            batch_size: s[k],
-            batch_index: i[k],
-        })
-        .collect())
 }

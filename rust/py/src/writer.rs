@@ -5,14 +5,15 @@
 //! thread ([`crate::completion`]); blocking calls wait with the GIL released
 //! and need no Python at all.
 
-use crate::buffers::{bytes_list, with_slices};
+use crate::args::{i64_arg, timeout_ms_arg};
+use crate::buffers::{bytes_list, record_bytes, with_slices};
 use crate::completion::{completer, future_with_callback, object_list, Job};
 use crate::errors::BindResult;
 use crate::ledger::PyManagedLedger;
 use crate::position::PyTxnPosition;
 use pyo3::exceptions::PyTimeoutError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList};
+use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 use std::time::Duration;
@@ -24,16 +25,17 @@ fn positions_list<'py>(py: Python<'py>, ps: &[TxnPosition]) -> PyResult<Bound<'p
     object_list(py, ps.iter().copied().map(PyTxnPosition))
 }
 
-fn wait_for<T: Send>(rx: &Receiver<Result<T>>, timeout: Option<f64>) -> BindResult<T> {
+fn wait_for<T: Send>(rx: &Receiver<Result<T>>, timeout: Option<Duration>) -> BindResult<T> {
     match timeout {
         None => rx
             .recv()
             .map_err(|_| Error::invalid("writer dropped the record without completing it"))?
             .map_err(Into::into),
-        Some(t) => match rx.recv_timeout(Duration::from_secs_f64(t.max(0.0))) {
+        Some(t) => match rx.recv_timeout(t) {
             Ok(r) => r.map_err(Into::into),
             Err(_) => Err(PyTimeoutError::new_err(format!(
-                "record not durable within {t} s (it may still be written)"
+                "record not durable within {} ms (it may still be written)",
+                t.as_secs_f64() * 1000.0
             ))
             .into()),
         },
@@ -48,6 +50,8 @@ fn wait_for<T: Send>(rx: &Receiver<Result<T>>, timeout: Option<f64>) -> BindResu
 /// has waited ``max_delay_ms``. Every record completes with its
 /// :class:`TxnPosition` ``(ledger_id, entry_id, batch_size, batch_index)``
 /// in submission order; an unbatched record has ``batch_size == 1``.
+/// Records may be ``bytes`` or any C-contiguous buffer (``bytearray``,
+/// ``memoryview``, numpy arrays), taken as raw bytes.
 #[pyclass(name = "BufferedWriter", module = "txnstream._native", weakref)]
 #[derive(Debug)]
 pub struct PyBufferedWriter {
@@ -59,16 +63,24 @@ pub struct PyBufferedWriter {
 #[pymethods]
 impl PyBufferedWriter {
     #[new]
-    #[pyo3(signature = (ml, max_records = 512, max_size = 4 << 20, max_delay_ms = 1.0, batch_enabled = true, name = None))]
+    #[pyo3(signature = (ml, max_records = None, max_size = None, max_delay_ms = None, batch_enabled = true, name = None))]
     fn new(
         ml: &Bound<'_, PyManagedLedger>,
-        max_records: i64,
-        max_size: i64,
-        max_delay_ms: f64,
+        max_records: Option<&Bound<'_, PyAny>>,
+        max_size: Option<&Bound<'_, PyAny>>,
+        max_delay_ms: Option<&Bound<'_, PyAny>>,
         batch_enabled: bool,
         name: Option<String>,
     ) -> BindResult<Self> {
-        let config = config_from(max_records, max_size, max_delay_ms, batch_enabled)?;
+        let config = config_from(
+            WriterConfig {
+                batch_enabled,
+                ..WriterConfig::default()
+            },
+            max_records,
+            max_size,
+            max_delay_ms,
+        )?;
         completer()?;
         let sink: Arc<dyn EntrySink> = ml.borrow().inner.clone();
         let writer = BufferedWriter::new(sink, config, name)?;
@@ -79,7 +91,8 @@ impl PyBufferedWriter {
     }
 
     /// Write one record: a ``Future[TxnPosition]`` resolved once it is durable.
-    fn write(&self, py: Python<'_>, record: &Bound<'_, PyBytes>) -> BindResult<Py<PyAny>> {
+    fn write(&self, py: Python<'_>, record: &Bound<'_, PyAny>) -> BindResult<Py<PyAny>> {
+        let record = record_bytes(record, "record")?;
         let (fut, done) = future_with_callback(py, Job::TxnPosition)?;
         self.writer.write(record.as_bytes(), done)?;
         Ok(fut.unbind())
@@ -100,14 +113,18 @@ impl PyBufferedWriter {
 
     /// Write one record and wait (GIL released) until it is durable.
     ///
-    /// Raises the write's error, or ``TimeoutError`` after ``timeout`` seconds.
-    #[pyo3(signature = (record, timeout = None))]
+    /// Raises the write's error, or ``TimeoutError`` after ``timeout_ms``
+    /// milliseconds (``None`` or ``inf``: no limit; the record may still be
+    /// written after a timeout).
+    #[pyo3(signature = (record, timeout_ms = None))]
     fn write_blocking(
         &self,
         py: Python<'_>,
-        record: &Bound<'_, PyBytes>,
-        timeout: Option<f64>,
+        record: &Bound<'_, PyAny>,
+        timeout_ms: Option<&Bound<'_, PyAny>>,
     ) -> BindResult<PyTxnPosition> {
+        let timeout = timeout_ms_arg(timeout_ms)?;
+        let record = record_bytes(record, "record")?;
         let data = record.as_bytes();
         let p = py.detach(|| {
             let (tx, rx) = mpsc::sync_channel(1);
@@ -123,13 +140,14 @@ impl PyBufferedWriter {
     }
 
     /// Write many records and wait (GIL released): ``list[TxnPosition]``.
-    #[pyo3(signature = (records, timeout = None))]
+    #[pyo3(signature = (records, timeout_ms = None))]
     fn write_many_blocking(
         &self,
         py: Python<'_>,
         records: &Bound<'_, PyAny>,
-        timeout: Option<f64>,
+        timeout_ms: Option<&Bound<'_, PyAny>>,
     ) -> BindResult<Py<PyList>> {
+        let timeout = timeout_ms_arg(timeout_ms)?;
         let objs = bytes_list(records, "records")?;
         let slices = with_slices(&objs)?;
         let ps = py.detach(|| {
@@ -166,18 +184,14 @@ impl PyBufferedWriter {
     fn reconfigure(
         &self,
         py: Python<'_>,
-        max_records: Option<i64>,
-        max_size: Option<i64>,
-        max_delay_ms: Option<f64>,
+        max_records: Option<&Bound<'_, PyAny>>,
+        max_size: Option<&Bound<'_, PyAny>>,
+        max_delay_ms: Option<&Bound<'_, PyAny>>,
         batch_enabled: Option<bool>,
     ) -> BindResult<()> {
-        let cur = self.writer.config();
-        let config = config_from(
-            max_records.unwrap_or(i64::from(cur.max_records)),
-            max_size.unwrap_or(cur.max_size as i64),
-            max_delay_ms.unwrap_or(cur.max_delay.as_secs_f64() * 1000.0),
-            batch_enabled.unwrap_or(cur.batch_enabled),
-        )?;
+        let mut cur = self.writer.config();
+        cur.batch_enabled = batch_enabled.unwrap_or(cur.batch_enabled);
+        let config = config_from(cur, max_records, max_size, max_delay_ms)?;
         py.detach(|| self.writer.reconfigure(config))?;
         Ok(())
     }
@@ -207,19 +221,22 @@ impl PyBufferedWriter {
     }
 
     /// Close: unflushed records fail with ``WriterClosedError``; flushed
-    /// ones complete. Waits (GIL released, up to ``timeout`` s) until every
-    /// future of this writer is resolved; returns False on timeout.
-    #[pyo3(signature = (timeout = None))]
-    fn close(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
+    /// ones complete. Waits (GIL released, up to ``timeout_ms``; ``None``
+    /// or ``inf``: no limit) until every future of this writer is resolved;
+    /// returns False on timeout.
+    #[pyo3(signature = (timeout_ms = None))]
+    fn close(&self, py: Python<'_>, timeout_ms: Option<&Bound<'_, PyAny>>) -> BindResult<bool> {
+        let timeout = timeout_ms_arg(timeout_ms)?;
         self.writer.close();
-        self.drain(py, timeout)
+        Ok(self.drain(py, timeout)?)
     }
 
     /// Wait until every entry handed to the ledger has completed and its
-    /// futures are resolved. Returns False on timeout.
-    #[pyo3(signature = (timeout = None))]
-    fn wait_idle(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
-        self.drain(py, timeout)
+    /// futures are resolved (up to ``timeout_ms``). Returns False on timeout.
+    #[pyo3(signature = (timeout_ms = None))]
+    fn wait_idle(&self, py: Python<'_>, timeout_ms: Option<&Bound<'_, PyAny>>) -> BindResult<bool> {
+        let timeout = timeout_ms_arg(timeout_ms)?;
+        Ok(self.drain(py, timeout)?)
     }
 
     /// Counters and histograms (a snapshot; no lock taken).
@@ -238,7 +255,8 @@ impl PyBufferedWriter {
         _v: &Bound<'_, PyAny>,
         _tb: &Bound<'_, PyAny>,
     ) -> PyResult<bool> {
-        self.close(py, None)?;
+        self.writer.close();
+        self.drain(py, None)?;
         Ok(false)
     }
 
@@ -256,8 +274,7 @@ impl PyBufferedWriter {
 }
 
 impl PyBufferedWriter {
-    fn drain(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<bool> {
-        let limit = timeout.map(|t| Duration::from_secs_f64(t.max(0.0)));
+    fn drain(&self, py: Python<'_>, limit: Option<Duration>) -> PyResult<bool> {
         let tx = completer()?.clone();
         Ok(py.detach(|| {
             let start = std::time::Instant::now();
@@ -278,27 +295,51 @@ impl PyBufferedWriter {
     }
 }
 
+/// An int or float argument as `f64` (huge ints become infinity).
+fn number(obj: &Bound<'_, PyAny>) -> Option<f64> {
+    let numeric = !obj.is_instance_of::<PyBool>()
+        && (obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyFloat>());
+    numeric.then(|| obj.extract::<f64>().unwrap_or(f64::INFINITY))
+}
+
+/// `base` with the given thresholds replaced; a bad one is a `ConfigError`
+/// naming its key and value.
 fn config_from(
-    max_records: i64,
-    max_size: i64,
-    max_delay_ms: f64,
-    batch_enabled: bool,
-) -> Result<WriterConfig> {
+    base: WriterConfig,
+    max_records: Option<&Bound<'_, PyAny>>,
+    max_size: Option<&Bound<'_, PyAny>>,
+    max_delay_ms: Option<&Bound<'_, PyAny>>,
+) -> BindResult<WriterConfig> {
     let bad = |key: &str, value: String, reason: &str| Error::Config {
         key: key.into(),
         value,
         reason: reason.into(),
     };
-    let max_records = u32::try_from(max_records)
-        .map_err(|_| bad("max_records", max_records.to_string(), "must be >= 1"))?;
-    let max_size = usize::try_from(max_size)
-        .map_err(|_| bad("max_size", max_size.to_string(), "must be >= 1"))?;
-    let config = WriterConfig {
-        max_records,
-        max_size,
-        max_delay: WriterConfig::delay_from_millis(max_delay_ms)?,
-        batch_enabled,
+    let int = |obj: &Bound<'_, PyAny>, key: &str| -> BindResult<i64> {
+        i64_arg(obj, key).map_err(|_| bad(key, obj.to_string(), "must be an int").into())
     };
+    let mut config = base;
+    if let Some(v) = max_records {
+        let n = int(v, "max_records")?;
+        config.max_records =
+            u32::try_from(n).map_err(|_| bad("max_records", n.to_string(), "must be >= 1"))?;
+    }
+    if let Some(v) = max_size {
+        let n = int(v, "max_size")?;
+        config.max_size =
+            usize::try_from(n).map_err(|_| bad("max_size", n.to_string(), "must be >= 1"))?;
+    }
+    if let Some(v) = max_delay_ms {
+        // NaN and infinities go on to `delay_from_millis`, which names them.
+        let ms = number(v).ok_or_else(|| {
+            bad(
+                "max_delay_ms",
+                v.to_string(),
+                "must be a number of milliseconds",
+            )
+        })?;
+        config.max_delay = WriterConfig::delay_from_millis(ms)?;
+    }
     config.validate()?;
     Ok(config)
 }

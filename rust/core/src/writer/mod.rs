@@ -561,9 +561,10 @@ impl BufferedWriter {
     }
 
     /// Waits until every entry handed to storage has completed (their
-    /// callbacks have run). `None` waits without limit. True when idle.
+    /// callbacks have run). `None`, or a timeout too long to be a point in
+    /// time, waits without limit. True when idle.
     pub fn wait_idle(&self, timeout: Option<Duration>) -> bool {
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let mut n = self.inner.in_flight.lock();
         while *n > 0 {
             match deadline {

@@ -1,0 +1,580 @@
+"""Failures while a transaction changes state: memory changes only after the durable write.
+
+Real managed ledgers with injected ENOSPC/EIO (``txnstream.testing`` fault hooks),
+interrupts in flight, dead participants, ``close()`` racing ends, and a many-thread
+run on the real ledger with faults injected.
+"""
+
+from __future__ import annotations
+
+import errno
+import random
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from txnstream import testing
+from txnstream.coordinator import (
+    TransactionCoordinator,
+    TxnID,
+    TxnStatus,
+)
+from txnstream.coordinator.state import LedgerTransactionLog
+from txnstream.errors import (
+    CoordinatorNotFound,
+    CorruptEntryError,
+    InvalidArgumentError,
+    ParticipantsFailed,
+    StorageError,
+    TransactionAlreadyAborted,
+    TransactionAlreadyCommitted,
+    TransactionEndPending,
+    TransactionError,
+    TransactionNotFound,
+    TxnStreamError,
+)
+from txnstream.testing import (
+    InMemorySequence,
+    InMemoryTerminatedPersistence,
+    InMemoryTransactionLog,
+    ManualClock,
+    RecordingParticipants,
+)
+from txnstream.timer import TimerService
+
+HOUR = 3_600_000
+
+
+@pytest.fixture
+def tc(tmp_path: Path) -> Iterator[TransactionCoordinator]:
+    coordinator = TransactionCoordinator.open(
+        tmp_path, 0, registry=None, transaction_meta_persist_count=10
+    )
+    yield coordinator
+    testing.clear_faults(testing.log_ledger(coordinator))
+    coordinator.close()
+
+
+def reopen(tmp_path: Path, **kw: Any) -> TransactionCoordinator:
+    kw.setdefault("transaction_meta_persist_count", 10)
+    return TransactionCoordinator.open(tmp_path, 0, registry=None, **kw)
+
+
+# --------------------------------------------------------------- defect 0
+
+
+@pytest.mark.parametrize("kind", ["sync", "write"])
+def test_failed_add_changes_nothing_and_its_retry_writes(
+    tc: TransactionCoordinator, tmp_path: Path, kind: str
+) -> None:
+    txn = tc.new_transaction(timeout_ms=HOUR)
+    ml = testing.log_ledger(tc)
+    testing.inject_fault(ml, kind, errno=errno.ENOSPC)
+    with pytest.raises(StorageError):
+        tc.add_produced_partitions(txn, ["out"])
+    testing.inject_fault(ml, kind, errno=errno.ENOSPC)
+    with pytest.raises(StorageError):
+        tc.add_acked_subscriptions(txn, [("in", "sub")])
+    info = tc.get_transaction(txn)
+    assert (info.partitions, info.subscriptions, info.log_records) == ((), (), 1)
+    # The client's retry writes the records (it is not answered from memory).
+    tc.add_produced_partitions(txn, ["out"])
+    tc.add_acked_subscriptions(txn, [("in", "sub")])
+    assert tc.get_transaction(txn).log_records == 3
+    tc.close()
+    with reopen(tmp_path) as again:
+        info = again.get_transaction(txn)
+        assert (info.partitions, info.subscriptions) == (("out",), (("in", "sub"),))
+
+
+def test_failed_bulk_add_changes_nothing(tc: TransactionCoordinator, tmp_path: Path) -> None:
+    txns = tc.new_transactions(3, timeout_ms=HOUR)
+    testing.inject_fault(testing.log_ledger(tc), "sync", errno=errno.ENOSPC)
+    with pytest.raises(StorageError):
+        tc.add_produced_partitions_many([(t, ["out"]) for t in txns])
+    testing.inject_fault(testing.log_ledger(tc), "sync", errno=errno.ENOSPC)
+    with pytest.raises(StorageError):
+        tc.add_acked_subscriptions_many([(t, [("in", "s")]) for t in txns])
+    assert [tc.get_transaction(t).partitions for t in txns] == [()] * 3
+    assert [tc.get_transaction(t).subscriptions for t in txns] == [()] * 3
+    assert tc.add_produced_partitions_many([(t, ["out"]) for t in txns]) == [None] * 3
+    tc.close()
+    with reopen(tmp_path) as again:
+        assert [again.get_transaction(t).partitions for t in txns] == [("out",)] * 3
+
+
+def test_failed_new_transaction_leaves_no_ghost(tc: TransactionCoordinator) -> None:
+    with pytest.raises(InvalidArgumentError, match="client_name"):
+        tc.new_transaction(client_name="\ud800")  # not encodable as UTF-8
+    testing.inject_fault(testing.log_ledger(tc), "sync", errno=errno.ENOSPC)
+    with pytest.raises(StorageError):
+        tc.new_transaction()
+    assert tc.list_transactions() == []
+    txn = tc.new_transaction()
+    assert tc.commit(txn) is TxnStatus.COMMITTED
+    # Nothing pins the low-water mark: every id issued so far has ended.
+    assert tc.low_water_mark() == txn.least_bits
+    assert tc.stats()["live"] == 0
+
+
+# --------------------------------------------------------------- defect 1
+
+
+def manual(tmp_path: Path, **kw: Any) -> tuple[TransactionCoordinator, ManualClock, TimerService]:
+    clock = ManualClock()
+    timers = TimerService(clock, start=False)
+    tc = TransactionCoordinator.open(
+        tmp_path,
+        0,
+        registry=None,
+        clock=clock,
+        timers=timers,
+        transaction_meta_persist_count=10,
+        **kw,
+    )
+    return tc, clock, timers
+
+
+def test_background_end_retries_a_failed_final_record(tmp_path: Path) -> None:
+    tc, clock, timers = manual(tmp_path)
+    try:
+        txn = tc.new_transaction(timeout_ms=1_000, client_name="c")
+        tc.add_produced_partitions(txn, ["out"])
+        ml = testing.log_ledger(tc)
+        armed = [True]
+
+        def hook(step: str, t: TxnID) -> None:
+            if step == "terminated_stored" and armed[0]:
+                armed[0] = False
+                testing.inject_fault(ml, "sync", errno=errno.EIO)
+
+        testing.set_step_hook(tc, hook)
+        clock.advance(1_000)
+        testing.settle(tc, timers)
+        assert not armed[0], "the timeout ran the end"
+        assert tc.get_transaction(txn).status is TxnStatus.ABORTING  # final record failed
+        assert tc.low_water_mark() == txn.least_bits - 1
+        clock.advance(60_000)  # past any backoff
+        testing.settle(tc, timers)
+        info = tc.get_transaction(txn)
+        assert (info.status, info.timed_out) == (TxnStatus.ABORTED, True)
+        assert tc.low_water_mark() == txn.least_bits
+    finally:
+        tc.close()
+
+
+def in_memory(**kw: Any) -> tuple[TransactionCoordinator, ManualClock, TimerService]:
+    """A coordinator over in-memory doubles on manual time (timers run on settle)."""
+    clock = ManualClock()
+    timers = TimerService(clock, start=False)
+    kw.setdefault("transaction_meta_persist_count", 10)
+    tc = TransactionCoordinator(0, InMemoryTransactionLog(), clock=clock, timers=timers, **kw)
+    return tc, clock, timers
+
+
+def test_background_end_retries_a_failed_store_write() -> None:
+    topic = InMemoryTerminatedPersistence()
+    tc, clock, timers = in_memory(terminated=topic)
+    try:
+        txn = tc.new_transaction(timeout_ms=1_000, client_name="c")
+        topic.fail_next(1)
+        clock.advance(1_000)
+        testing.settle(tc, timers)
+        assert tc.get_transaction(txn).status is TxnStatus.ABORTING
+        clock.advance(60_000)
+        testing.settle(tc, timers)
+        assert tc.get_transaction(txn).status is TxnStatus.ABORTED
+        assert tc.stats()["live"] == 0
+    finally:
+        tc.close()
+
+
+# --------------------------------------------------------------- defect 2
+
+
+def test_cleanup_failure_after_the_final_record_still_answers_the_outcome(
+    tc: TransactionCoordinator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    txn = tc.new_transaction(client_name="c")
+    tc.add_produced_partitions(txn, ["out"])
+
+    def broken(self: object, *args: object) -> None:
+        raise StorageError("cursor deletes failed", errno=errno.EIO)
+
+    monkeypatch.setattr(LedgerTransactionLog, "delete", broken)
+    assert tc.commit(txn) is TxnStatus.COMMITTED
+    assert tc.commit(txn) is TxnStatus.COMMITTED
+    monkeypatch.undo()
+    tc.close()
+    with reopen(tmp_path) as again:
+        # Recovery purged the records the failed cleanup left behind
+        # (NEW, ADD, COMMITTING, COMMITTED).
+        assert again.recovery["purged_records"] == 4
+        assert again.commit(txn) is TxnStatus.COMMITTED
+
+
+def test_close_drains_an_end_in_flight_before_closing_the_log(tmp_path: Path) -> None:
+    parts = RecordingParticipants()
+    tc = reopen(tmp_path, participants=parts)
+    txn = tc.new_transaction(client_name="c")
+    tc.add_produced_partitions(txn, ["out"])
+    gate, entered = threading.Event(), threading.Event()
+
+    def slow(t: TxnID, commit: bool) -> None:
+        entered.set()
+        assert gate.wait(30)
+
+    parts.partition("out").hook = slow
+    got: list[object] = []
+    ender = threading.Thread(target=lambda: got.append(_call(tc.commit, txn)))
+    ender.start()
+    assert entered.wait(30)
+    closer = threading.Thread(target=tc.close)
+    closer.start()
+    # close() stops intake at once...
+    testing.wait_closed(tc)
+    with pytest.raises(CoordinatorNotFound):
+        tc.new_transaction()
+    # ...and closes the log only after the end in flight finished.
+    gate.set()
+    ender.join(30)
+    closer.join(30)
+    assert not ender.is_alive() and not closer.is_alive()
+    assert got == [TxnStatus.COMMITTED]
+    with reopen(tmp_path) as again:
+        assert again.commit(txn) is TxnStatus.COMMITTED
+        assert again.stats()["live"] == 0
+
+
+def _call(fn: Any, *args: Any) -> object:
+    try:
+        return fn(*args)
+    except BaseException as exc:
+        return exc
+
+
+def test_close_racing_many_ends(tmp_path: Path) -> None:
+    """Every end racing close() gets an outcome or a definite refusal; outcomes survive."""
+    tc = reopen(tmp_path, participants=RecordingParticipants())
+    txns = tc.new_transactions(400, client_name="c")
+    answers: dict[TxnID, object] = {}
+    lock = threading.Lock()
+    start = threading.Barrier(5)
+
+    def worker(k: int) -> None:
+        start.wait()
+        for txn in txns[k::4]:
+            got = _call(tc.end_transaction, txn, "commit" if txn.least_bits % 2 else "abort")
+            with lock:
+                answers[txn] = got
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for th in threads:
+        th.start()
+    start.wait()
+    tc.close()
+    for th in threads:
+        th.join(60)
+        assert not th.is_alive()
+    assert len(answers) == len(txns)
+    ended = {t: a for t, a in answers.items() if isinstance(a, TxnStatus)}
+    for a in answers.values():
+        if not isinstance(a, TxnStatus):
+            assert isinstance(a, CoordinatorNotFound | TransactionEndPending), repr(a)
+    with reopen(tmp_path) as again:
+        for txn, status in ended.items():
+            assert again.end_transaction(txn, "commit" if txn.least_bits % 2 else "abort") is status
+
+
+# --------------------------------------------------------------- defect 3
+
+
+def test_interrupt_after_a_durable_commit_decision_keeps_the_commit(
+    tc: TransactionCoordinator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    txn = tc.new_transaction(client_name="c")
+    tc.add_produced_partitions(txn, ["out"])
+    real = LedgerTransactionLog.write_sync
+    calls = [0]
+
+    def interrupted(self: LedgerTransactionLog, record: bytes) -> Any:
+        pos = real(self, record)  # the COMMITTING record is durable...
+        calls[0] += 1
+        if calls[0] == 1:
+            raise KeyboardInterrupt  # ...and then the caller is interrupted
+        return pos
+
+    monkeypatch.setattr(LedgerTransactionLog, "write_sync", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        tc.commit(txn)
+    # The decision may be durable: nothing may revert it to OPEN or abort it.
+    with pytest.raises(TransactionAlreadyCommitted):
+        tc.abort(txn)
+    assert tc.commit(txn) is TxnStatus.COMMITTED
+    monkeypatch.undo()
+    tc.close()
+    with reopen(tmp_path) as again:
+        assert again.commit(txn) is TxnStatus.COMMITTED
+        with pytest.raises(TransactionAlreadyCommitted):
+            again.abort(txn)
+
+
+def test_a_log_with_both_outcomes_for_one_transaction_is_corrupt() -> None:
+    from txnstream._native import encode_txn_new, encode_txn_update
+
+    log = InMemoryTransactionLog()
+    log.write_sync(encode_txn_new(0, 7, 1, 1000))
+    log.write_sync(encode_txn_update(0, 7, 2, 0, int(TxnStatus.COMMITTING)))
+    log.write_sync(encode_txn_update(0, 7, 3, 0, int(TxnStatus.ABORTING)))
+    with pytest.raises(CorruptEntryError, match=r"\(0,7\)"):
+        TransactionCoordinator(0, log)
+
+
+def test_updates_fold_in_log_order() -> None:
+    from txnstream._native import encode_txn_new, encode_txn_update
+
+    log = InMemoryTransactionLog()
+    log.write_sync(encode_txn_new(0, 1, 1, 1000, "c"))
+    log.write_sync(encode_txn_update(0, 1, 2, 0, int(TxnStatus.ABORTING), True))
+    log.write_sync(encode_txn_update(0, 1, 3, 0, int(TxnStatus.ABORTING)))  # a re-written decision
+    with TransactionCoordinator(0, log, transaction_meta_persist_count=10) as tc:
+        assert tc.recovery["ending"] == 1
+        assert tc.abort(TxnID(0, 1)) is TxnStatus.ABORTED
+        with pytest.raises(TransactionAlreadyAborted) as err:
+            tc.commit(TxnID(0, 1))
+        assert err.value.details["timed_out"]
+    bad = InMemoryTransactionLog()
+    bad.write_sync(encode_txn_new(0, 2, 1, 1000))
+    bad.write_sync(encode_txn_update(0, 2, 2, 1, int(TxnStatus.COMMITTED)))
+    bad.write_sync(encode_txn_update(0, 2, 3, 2, int(TxnStatus.COMMITTING)))  # goes back
+    with pytest.raises(CorruptEntryError, match="COMMITTED"):
+        TransactionCoordinator(0, bad)
+
+
+# --------------------------------------------------------------- defect 4
+
+
+def test_sequence_mark_is_raised_only_after_it_is_durable() -> None:
+    seq = InMemorySequence()
+    log = InMemoryTransactionLog()
+    tc = TransactionCoordinator(0, log, sequence=seq, sequence_reserve_block=4)
+    issued: list[int] = []
+    try:
+        for i in range(30):
+            if i % 7 == 3:
+                seq.fail_next(1)
+            try:
+                txn = tc.new_transaction()
+            except StorageError:
+                continue
+            # Every id handed out is below the mark that is durable right now.
+            assert txn.least_bits < seq.mark
+            issued.append(txn.least_bits)
+    finally:
+        tc.close()
+    assert issued == sorted(set(issued))
+    # A restart resumes at the durable mark: no id repeats even with an empty log.
+    tc = TransactionCoordinator(0, InMemoryTransactionLog(), sequence=seq)
+    try:
+        assert tc.new_transaction().least_bits > max(issued)
+    finally:
+        tc.close()
+
+
+# --------------------------------------------------------------- defect 6
+
+
+def test_client_end_with_a_dead_participant_has_a_deadline() -> None:
+    parts = RecordingParticipants()
+    parts.partition("dead").fail_next(10**9)
+    tc = TransactionCoordinator(0, InMemoryTransactionLog(), participants=parts, end_timeout_ms=200)
+    try:
+        txn = tc.new_transaction(client_name="c")
+        tc.add_produced_partitions(txn, ["dead"])
+        got: list[object] = []
+        th = threading.Thread(target=lambda: got.append(_call(tc.commit, txn)))
+        th.start()
+        th.join(30)
+        assert not th.is_alive(), "the client's end must not block forever"
+        err = got[0]
+        assert isinstance(err, ParticipantsFailed)
+        assert err.retriable and err.outcome is TxnStatus.COMMITTED
+        assert tc.get_transaction(txn).status is TxnStatus.COMMITTING
+        # The decided outcome is answered at once; completion goes on in the background.
+        with pytest.raises(TransactionAlreadyCommitted):
+            tc.abort(txn)
+        parts.partition("dead").fail_next(0)
+        testing.wait_until(lambda: tc.stats()["live"] == 0)
+        assert parts.partition("dead").outcomes == {txn: True}
+    finally:
+        tc.close()
+
+
+def test_opposite_request_on_an_ending_transaction_is_answered_at_once() -> None:
+    parts = RecordingParticipants()
+    tc = TransactionCoordinator(0, InMemoryTransactionLog(), participants=parts)
+    gate, entered = threading.Event(), threading.Event()
+
+    def hold(t: TxnID, commit: bool) -> None:
+        entered.set()
+        gate.wait(30)
+
+    parts.partition("out").hook = hold
+    try:
+        txn = tc.new_transaction(client_name="c")
+        tc.add_produced_partitions(txn, ["out"])
+        committer = threading.Thread(target=tc.commit, args=(txn,))
+        committer.start()
+        assert entered.wait(30)
+        got: list[object] = []
+        aborter = threading.Thread(target=lambda: got.append(_call(tc.abort, txn)))
+        aborter.start()
+        aborter.join(10)
+        alive = aborter.is_alive()
+        gate.set()
+        committer.join(30)
+        aborter.join(30)
+        assert not alive, "the abort waited for the commit instead of answering"
+        assert isinstance(got[0], TransactionAlreadyCommitted)
+    finally:
+        gate.set()
+        tc.close()
+
+
+# -------------------------------------------------------------- force abort
+
+
+def test_force_abort_of_a_transaction_stuck_in_committing() -> None:
+    parts = RecordingParticipants()
+    dead = parts.partition("dead")
+    dead.fail_next(10**9)
+    tc, _, _ = in_memory(participants=parts, end_timeout_ms=1)
+    try:
+        stuck = tc.new_transaction(client_name="c")
+        tc.add_produced_partitions(stuck, ["dead", "ok"])
+        with pytest.raises(ParticipantsFailed):
+            tc.commit(stuck)
+        assert tc.get_transaction(stuck).status is TxnStatus.COMMITTING
+        # Still unreachable: force_abort cannot flip a decided commit and says so.
+        with pytest.raises(ParticipantsFailed) as err:
+            tc.force_abort(stuck)
+        assert err.value.outcome is TxnStatus.COMMITTED
+        # Reachable again: force_abort finishes it now, without waiting for the
+        # background retry's backoff, as the commit it is.
+        dead.fail_next(0)
+        assert tc.force_abort(stuck) is TxnStatus.COMMITTED
+        assert tc.get_transaction(stuck).status is TxnStatus.COMMITTED
+        assert tc.low_water_mark() == stuck.least_bits
+        assert all(p.outcomes == {stuck: True} for p in parts.all())
+        # An OPEN transaction is aborted; a remembered one reports its outcome.
+        other = tc.new_transaction(client_name="c")
+        assert tc.force_abort(other) is TxnStatus.ABORTED
+        assert tc.force_abort(other) is TxnStatus.ABORTED
+        assert tc.force_abort(stuck) is TxnStatus.COMMITTED
+        with pytest.raises(TransactionNotFound):
+            tc.force_abort(TxnID(0, 999))
+    finally:
+        tc.close()
+
+
+# ------------------------------------------------ many threads, real ledger
+
+
+@pytest.mark.parametrize("batched", [False, True])
+def test_many_threads_on_the_real_ledger_with_faults(tmp_path: Path, batched: bool) -> None:
+    """Random commits, aborts and timeouts from 12 threads while syncs fail now and then."""
+    parts = RecordingParticipants()
+    tc = reopen(
+        tmp_path,
+        participants=parts,
+        batched_write_enabled=batched,
+        transaction_meta_persist_count=10_000,
+    )
+    ml = testing.log_ledger(tc)
+    acked: dict[TxnID, TxnStatus] = {}
+    added: dict[TxnID, set[str]] = {}
+    failures: list[BaseException] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    failed_writes = [0]
+
+    def retry(fn: Any, *args: Any) -> Any:
+        for _ in range(1_000):
+            try:
+                return fn(*args)
+            except StorageError:
+                with lock:
+                    failed_writes[0] += 1
+                stop.wait(0.001)
+        raise AssertionError("a write kept failing")
+
+    def worker(k: int) -> None:
+        rng = random.Random(k)
+        try:
+            for _ in range(60):
+                timeout = 20 if rng.random() < 0.15 else HOUR
+                txn = retry(tc.new_transaction, timeout, f"w{k}")
+                names = [f"p{rng.randrange(4)}", f"p{rng.randrange(4)}"]
+                try:
+                    retry(tc.add_produced_partitions, txn, names)
+                except TransactionError:
+                    continue  # timed out already (short timeouts)
+                with lock:
+                    added[txn] = set(names)
+                action = "commit" if rng.random() < 0.7 else "abort"
+                try:
+                    status = retry(tc.end_transaction, txn, action)
+                except (TransactionAlreadyAborted, TransactionEndPending):
+                    continue
+                with lock:
+                    acked[txn] = status
+        except BaseException as exc:
+            failures.append(exc)
+
+    def injector() -> None:
+        rng = random.Random(99)
+        while not stop.wait(0.02):
+            testing.inject_fault(ml, rng.choice(["sync", "write"]), errno=errno.ENOSPC)
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(12)]
+    inj = threading.Thread(target=injector)
+    inj.start()
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(120)
+        assert not th.is_alive()
+    stop.set()
+    inj.join()
+    testing.clear_faults(ml)
+    assert failures == []
+    assert acked, "some transactions must have ended"
+    assert failed_writes[0] > 0, "the injected faults must have failed some calls"
+    testing.wait_until(lambda: tc.stats()["ending"] == 0)
+    tc.close()
+
+    for p in parts.all():
+        assert p.conflicts == []
+    for txn, status in acked.items():
+        for name in added[txn]:
+            assert parts.partition(name).outcomes[txn] is (status is TxnStatus.COMMITTED)
+    parts2 = RecordingParticipants()
+    with reopen(tmp_path, participants=parts2, transaction_meta_persist_count=10_000) as again:
+        for txn, status in acked.items():
+            action = "commit" if status is TxnStatus.COMMITTED else "abort"
+            assert again.end_transaction(txn, action) is status
+        for txn in added:
+            try:
+                again.force_abort(txn)
+            except TxnStreamError as exc:
+                raise AssertionError(f"{txn}: {exc!r}") from exc
+        testing.wait_until(lambda: again.stats()["live"] == 0)
+        assert again.low_water_mark() == again.stats()["next_seq"] - 1
+    for p in parts2.all():
+        for txn, commit in p.outcomes.items():
+            if txn in acked:
+                assert commit is (acked[txn] is TxnStatus.COMMITTED)

@@ -27,7 +27,7 @@ $(DEPS): pyproject.toml | $(PY)
 setup: $(DEPS)
 
 build: $(DEPS)
-	maturin develop --release --quiet
+	maturin develop --release --quiet --features testing
 
 demo: build
 	txnstream demo --data demo-data

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from txnstream import ManagedLedger
+from txnstream import ManagedLedger, testing
 
 
 @pytest.fixture
@@ -19,5 +19,5 @@ def gated_ledger(tmp_path: Path) -> Iterator[ManagedLedger]:
     """
     ledger = ManagedLedger.open(tmp_path, "gated")
     yield ledger
-    ledger._clear_faults()
+    testing.clear_faults(ledger)
     ledger.close()

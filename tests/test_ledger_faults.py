@@ -20,6 +20,7 @@ from txnstream import (
     ManagedLedger,
     Position,
     StorageError,
+    testing,
 )
 
 HEADER = 32
@@ -71,7 +72,7 @@ def entry_record(data: Path, p: Position) -> tuple[Path, int, int]:
 def test_injected_failure_fails_every_waiter(tmp_path: Path, kind: str) -> None:
     ml = ManagedLedger.open(tmp_path, "f")
     good = ml.append_many([payload(i) for i in range(10)])
-    ml._inject_fault(kind, errno=errno.ENOSPC, times=1)
+    testing.inject_fault(ml, kind, errno=errno.ENOSPC, times=1)
     futs = [ml.append_async(payload(100 + i)) for i in range(200)]
     cf.wait(futs, timeout=30)
     failed = [f.exception() for f in futs if f.exception() is not None]
@@ -97,14 +98,14 @@ def test_injected_failure_fails_every_waiter(tmp_path: Path, kind: str) -> None:
 
 def test_sync_append_gets_the_error_and_bad_fault_kind(tmp_path: Path) -> None:
     with ManagedLedger.open(tmp_path, "s") as ml:
-        ml._inject_fault("sync", errno=errno.EIO)
+        testing.inject_fault(ml, "sync", errno=errno.EIO)
         with pytest.raises(StorageError) as ei:
             ml.append(b"x")
         assert ei.value.errno == errno.EIO
         assert ml.last_position is None
         assert ml.read(ml.append(b"y")) == b"y"
         with pytest.raises(InvalidArgumentError):
-            ml._inject_fault("explode")
+            testing.inject_fault(ml, "explode")
 
 
 REAL_LIMIT = textwrap.dedent(

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from txnstream import ManagedLedger, Position, StorageError
+from txnstream import ManagedLedger, Position, StorageError, testing
 
 PAD = b"p" * (64 << 10)
 
@@ -47,18 +47,18 @@ def test_group_written_during_a_failing_sync_fails_and_never_reappears(
     tmp_path: Path, ml: ManagedLedger
 ) -> None:
     good = ml.append(b"good")
-    ml._hold_fault("sync")
+    testing.hold_fault(ml, "sync")
     # Large groups go through the sync thread, so the writer is free.
     first = ml.append_async(b"group-n" + PAD)
-    assert ml._wait_fault_held("sync", timeout=20)
+    assert testing.wait_fault_held(ml, "sync", timeout_ms=20000)
     # The next group (large enough to be pipelined) is written while group
     # N's sync is still held.
     later = [ml.append_async(b"group-n+1 %d" % i + PAD) for i in range(20)]
     wait_on_disk(tmp_path, b"group-n+1 19")
     done, _ = cf.wait([first, *later], timeout=0.2)
     assert not done
-    ml._inject_fault("sync", errno=errno.EIO, times=1)
-    ml._release_fault("sync")
+    testing.inject_fault(ml, "sync", errno=errno.EIO, times=1)
+    testing.release_fault(ml, "sync")
     for f in [first, *later]:
         with pytest.raises(StorageError):
             f.result(timeout=30)
@@ -79,14 +79,14 @@ def test_group_written_during_a_failing_sync_fails_and_never_reappears(
 def test_write_failure_behind_a_held_sync_keeps_the_durable_group(
     tmp_path: Path, ml: ManagedLedger
 ) -> None:
-    ml._hold_fault("sync")
+    testing.hold_fault(ml, "sync")
     first = ml.append_async(b"synced-first" + PAD)
-    assert ml._wait_fault_held("sync", timeout=20)
-    ml._inject_fault("write", errno=errno.ENOSPC, times=1)
+    assert testing.wait_fault_held(ml, "sync", timeout_ms=20000)
+    testing.inject_fault(ml, "write", errno=errno.ENOSPC, times=1)
     doomed = ml.append_async(b"never-written" + PAD)
     time.sleep(0.1)
     assert not first.done()
-    ml._release_fault("sync")
+    testing.release_fault(ml, "sync")
     # Group N's sync succeeded: it is durable and acknowledged.
     p = first.result(timeout=30)
     with pytest.raises(StorageError) as ei:
@@ -116,7 +116,7 @@ def test_callers_complete_in_append_order_across_pipelined_groups(
 
         return cb
 
-    ml._hold_fault("sync")
+    testing.hold_fault(ml, "sync")
     futs: list[cf.Future[Any]] = []
     for i in range(300):
         # Small appends (synced by whichever thread is free) mixed with
@@ -130,10 +130,10 @@ def test_callers_complete_in_append_order_across_pipelined_groups(
         f.add_done_callback(record(i))
         futs.append(f)
         if i == 0:
-            assert ml._wait_fault_held("sync", timeout=20)
+            assert testing.wait_fault_held(ml, "sync", timeout_ms=20000)
     time.sleep(0.05)
     assert not order
-    ml._release_fault("sync")
+    testing.release_fault(ml, "sync")
     cf.wait(futs, timeout=30)
     assert order == list(range(300))
     flat: list[Position] = []
@@ -144,14 +144,14 @@ def test_callers_complete_in_append_order_across_pipelined_groups(
 
 
 def test_close_waits_for_a_held_sync(ml: ManagedLedger) -> None:
-    ml._hold_fault("sync")
+    testing.hold_fault(ml, "sync")
     futs = [ml.append_async(b"x%d" % i) for i in range(50)]
-    assert ml._wait_fault_held("sync", timeout=20)
+    assert testing.wait_fault_held(ml, "sync", timeout_ms=20000)
     closer = threading.Thread(target=ml.close)
     closer.start()
     closer.join(0.2)
     assert closer.is_alive()
-    ml._release_fault("sync")
+    testing.release_fault(ml, "sync")
     closer.join(30)
     assert not closer.is_alive()
     assert [f.result(timeout=0).entry_id for f in futs] == list(range(50))
@@ -189,7 +189,7 @@ def test_append_futures_are_real_running_futures(ml: ManagedLedger) -> None:
     assert set(cf.as_completed(futs, timeout=30)) == set(futs)
     assert seen == [futs[0]]
     assert not any(f.cancelled() for f in futs)
-    ml._inject_fault("sync", errno=errno.EIO, times=1)
+    testing.inject_fault(ml, "sync", errno=errno.EIO, times=1)
     bad = ml.append_async(b"bad")
     done, _ = cf.wait([bad], timeout=30, return_when=cf.FIRST_EXCEPTION)
     assert done == {bad}

@@ -21,6 +21,7 @@ from txnstream import (
     Position,
     StorageError,
     TxnPosition,
+    testing,
 )
 
 
@@ -32,17 +33,17 @@ def ml(gated_ledger: ManagedLedger) -> ManagedLedger:
 def test_no_append_resolves_before_its_sync(ml: ManagedLedger) -> None:
     ml.append(b"warm")
     writer = BufferedWriter(ml, max_records=4, max_delay_ms=1)
-    ml._hold_fault("sync")
+    testing.hold_fault(ml, "sync")
     futs: list[cf.Future[Any]] = []
     futs += [ml.append_async(b"one %d" % i) for i in range(10)]
     futs.append(ml.append_many_async([b"a", b"b", b"c"]))
     futs += [writer.write(b"rec %d" % i) for i in range(8)]
-    assert ml._wait_fault_held("sync", timeout=20)
+    assert testing.wait_fault_held(ml, "sync", timeout_ms=20000)
     # Written, not durable: give a broken ordering every chance to show.
     done, _ = cf.wait(futs, timeout=0.3)
     assert not done
     assert ml.entry_count() == 1
-    ml._release_fault("sync")
+    testing.release_fault(ml, "sync")
     done, pending = cf.wait(futs, timeout=30)
     assert not pending
     assert all(f.exception() is None for f in futs)
@@ -52,13 +53,13 @@ def test_no_append_resolves_before_its_sync(ml: ManagedLedger) -> None:
 def test_read_only_reader_never_sees_a_failed_group(tmp_path: Path, ml: ManagedLedger) -> None:
     good = ml.append_many([b"good %d" % i for i in range(3)])
     ro = ManagedLedger.open(tmp_path, ml.name, read_only=True)
-    ml._hold_fault("sync")
+    testing.hold_fault(ml, "sync")
     futs = [ml.append_async(b"doomed %d" % i) for i in range(5)]
-    assert ml._wait_fault_held("sync", timeout=20)
+    assert testing.wait_fault_held(ml, "sync", timeout_ms=20000)
     ro.refresh()
     assert ro.last_position == good[-1]
-    ml._inject_fault("sync", errno=errno.EIO, times=1)
-    ml._release_fault("sync")
+    testing.inject_fault(ml, "sync", errno=errno.EIO, times=1)
+    testing.release_fault(ml, "sync")
     for f in futs:
         with pytest.raises(StorageError):
             f.result(timeout=30)
@@ -77,20 +78,20 @@ def test_lock_waits_release_the_gil(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import threading, time
-        from txnstream import ManagedLedger
+        from txnstream import ManagedLedger, testing
         ml = ManagedLedger.open({str(tmp_path)!r}, "g")
         ml.append(b"x")
-        ml._hold_fault("meta")
+        testing.hold_fault(ml, "meta")
         flusher = threading.Thread(target=ml.checkpoint)
         flusher.start()
-        assert ml._wait_fault_held("meta", timeout=20)
+        assert testing.wait_fault_held(ml, "meta", timeout_ms=20000)
         out = []
         reader = threading.Thread(
             target=lambda: out.append((ml.ledgers(), ml.cursor_names()))
         )
         reader.start()
         time.sleep(0.2)
-        ml._release_fault("meta")
+        testing.release_fault(ml, "meta")
         reader.join()
         flusher.join()
         assert out and out[0][0][0][1] == 1, out

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from txnstream import BufferedWriter, LedgerClosedError, ManagedLedger, StorageError
+from txnstream import BufferedWriter, LedgerClosedError, ManagedLedger, StorageError, testing
 
 
 def run_child(script: str, *args: str, timeout: float = 240) -> list[str]:
@@ -169,10 +169,10 @@ def test_fork_child_gets_fresh_threads_and_old_handles_fail_fast(tmp_path: Path)
 
 def test_backpressure_waits_then_times_out(tmp_path: Path) -> None:
     ml = ManagedLedger.open(tmp_path, "bp", max_pending_bytes=1 << 20, append_timeout_ms=300)
-    ml._hold_fault("sync")
+    testing.hold_fault(ml, "sync")
     big = b"x" * (600 << 10)
     first = ml.append_async(big)  # admitted: the queue was empty
-    assert ml._wait_fault_held("sync", timeout=20)
+    assert testing.wait_fault_held(ml, "sync", timeout_ms=20000)
     # The queue holds ~600 KiB of a 1 MiB budget: the next one must wait,
     # and gives up with a retriable storage error naming the limit.
     with pytest.raises(StorageError) as ei:
@@ -181,7 +181,7 @@ def test_backpressure_waits_then_times_out(tmp_path: Path) -> None:
     assert "backpressure" in str(ei.value)
     # Once the queue drains, appends go through again.
     waiter = cf.ThreadPoolExecutor(1).submit(ml.append, big)
-    ml._release_fault("sync")
+    testing.release_fault(ml, "sync")
     assert first.result(timeout=30) < waiter.result(timeout=30)
     ml.close()
 
@@ -242,7 +242,7 @@ def test_two_storage_threads_without_pipelining(tmp_path: Path) -> None:
         two = threads() - base
         futs = [ml.append_async(b"%d" % i) for i in range(500)]
         assert [ml.read(f.result(timeout=30)) for f in futs] == [b"%d" % i for i in range(500)]
-        ml._inject_fault("sync", errno=errno.EIO)
+        testing.inject_fault(ml, "sync", errno=errno.EIO)
         with pytest.raises(StorageError):
             ml.append(b"lost")
         assert ml.read(ml.append(b"next")) == b"next"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from txnstream import BufferedWriter, ManagedLedger, TxnPosition, frame
+from txnstream import BufferedWriter, ManagedLedger, TxnPosition, frame, testing
 from txnstream.errors import (
     ConfigError,
     InvalidArgumentError,
@@ -195,7 +195,7 @@ def test_blocking_timeout(ml: ManagedLedger) -> None:
 @pytest.mark.parametrize("batching", [True, False])
 def test_always_failing_storage(ml: ManagedLedger, batching: bool) -> None:
     w = BufferedWriter(ml, max_records=3, max_delay_ms=HOUR_MS, batch_enabled=batching)
-    ml._inject_fault("write", errno=28, times=1000)
+    testing.inject_fault(ml, "write", errno=28, times=1000)
     futs = [w.write(rec(i)) for i in range(6)]
     many = w.write_many([rec(i) for i in range(6, 9)])
     errors = []
@@ -211,14 +211,14 @@ def test_always_failing_storage(ml: ManagedLedger, batching: bool) -> None:
     s = w.stats()
     assert (s["records"], s["failed_records"]) == (0, 9)
     assert s["failed_entries"] == (3 if batching else 9)
-    ml._clear_faults()
+    testing.clear_faults(ml)
 
 
 @pytest.mark.parametrize("batching", [True, False])
 def test_sometimes_failing_storage(ml: ManagedLedger, batching: bool) -> None:
     w = BufferedWriter(ml, max_records=3, max_delay_ms=HOUR_MS, batch_enabled=batching)
     ok1 = results([w.write(rec(i)) for i in range(3)])
-    ml._inject_fault("sync", errno=5, times=1)
+    testing.inject_fault(ml, "sync", errno=5, times=1)
     bad = [w.write(rec(i)) for i in range(3, 6)]
     with pytest.raises(StorageError) as first:
         bad[0].result(timeout=10)

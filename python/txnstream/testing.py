@@ -43,33 +43,51 @@ if TYPE_CHECKING:
 # ------------------------------------------------------------------ fault hooks
 
 
-def inject_fault(ml: ManagedLedger, kind: str, errno: int = 5, times: int = 1) -> None:
-    """Make the next ``times`` calls of ``kind`` on ``ml`` fail with ``errno``.
+def _hooks() -> Any:
+    """Return the native fault hooks.
 
-    ``kind``: ``"write"`` (half the batch reaches the file, then the error),
-    ``"sync"``, ``"preallocate"``, ``"read"`` or ``"meta"``.
+    They are built only with the cargo feature ``testing`` (as ``make build``
+    does); a release wheel has none.
     """
-    ml._inject_fault(kind, errno, times)
+    try:
+        from txnstream._native import _testing  # type: ignore[attr-defined]
+    except ImportError as e:  # pragma: no cover - depends on the build
+        raise RuntimeError(
+            "txnstream was built without the cargo feature 'testing': fault hooks are "
+            "only in development builds (make build)"
+        ) from e
+    return _testing
+
+
+def inject_fault(ml: ManagedLedger, kind: str, errno: int = 5, times: int = 1) -> None:
+    """Make the next ``times`` calls of ``kind`` fail with ``errno``.
+
+    The hooks act on ``ml``'s whole data directory (its ledgers share one
+    journal). ``kind``: ``"write"`` (half the group reaches the journal, then the
+    error), ``"sync"``, ``"preallocate"``, ``"read"`` or ``"meta"`` (a
+    catalog write at a checkpoint).
+    """
+    _hooks().inject_fault(ml, kind, errno, times)
 
 
 def hold_fault(ml: ManagedLedger, kind: str) -> None:
     """Hold every later call of ``kind`` at a gate until :func:`release_fault`."""
-    ml._hold_fault(kind)
+    _hooks().hold_fault(ml, kind)
 
 
 def release_fault(ml: ManagedLedger, kind: str) -> None:
     """Let calls held by :func:`hold_fault` go on."""
-    ml._release_fault(kind)
+    _hooks().release_fault(ml, kind)
 
 
 def wait_fault_held(ml: ManagedLedger, kind: str, timeout_ms: int = 10_000) -> bool:
     """Wait until a call of ``kind`` is held at its gate; False after ``timeout_ms``."""
-    return bool(ml._wait_fault_held(kind, timeout_ms / 1000.0))
+    return bool(_hooks().wait_fault_held(ml, kind, timeout_ms))
 
 
 def clear_faults(ml: ManagedLedger) -> None:
     """Disarm every injected fault and open every gate."""
-    ml._clear_faults()
+    _hooks().clear_faults(ml)
 
 
 # ------------------------------------------------------------ coordinator access

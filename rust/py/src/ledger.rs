@@ -7,7 +7,7 @@
 //! thread ([`crate::completion`]).
 
 use crate::ackset::PyAckSet;
-use crate::buffers::{bytes_list, with_slices};
+use crate::buffers::{bytes_list, record_bytes, with_slices};
 use crate::completion::{future_with_callback, object_list, Job};
 use crate::errors::BindResult;
 use crate::position::{position_of, PyPosition, PyTxnPosition};
@@ -18,7 +18,7 @@ use pyo3::IntoPyObjectExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
-use txnstream_core::ledger::{CompactedTopic, Cursor, FaultKind, LedgerOptions, ManagedLedger};
+use txnstream_core::ledger::{CompactedTopic, Cursor, LedgerOptions, ManagedLedger};
 use txnstream_core::sink::EntrySink;
 use txnstream_core::{Error, Position, TxnPosition};
 
@@ -41,14 +41,6 @@ fn entries<'py>(py: Python<'py>, es: Vec<(Position, Vec<u8>)>) -> PyResult<Bound
 }
 
 // ---------------------------------------------------------------- arguments
-
-fn fault_kind(kind: &str) -> BindResult<FaultKind> {
-    Ok(FaultKind::parse(kind).ok_or_else(|| {
-        Error::invalid(format!(
-            "fault kind must be 'write', 'sync', 'preallocate', 'read' or 'meta', got {kind:?}"
-        ))
-    })?)
-}
 
 fn id_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<u64> {
     if let Ok(v) = obj.extract::<u64>() {
@@ -87,6 +79,14 @@ fn record_arg(obj: &Bound<'_, PyAny>, arg: &str) -> BindResult<TxnPosition> {
         return Ok(t.get().0);
     }
     Ok(TxnPosition::single(pos_arg(obj, arg)?))
+}
+
+/// An optional int option (`None`: the default), typed-checked by
+/// [`crate::args::i64_arg`] so that a wrong type or a huge value names it.
+fn int_opt(obj: Option<&Bound<'_, PyAny>>, what: &str) -> BindResult<Option<i64>> {
+    obj.filter(|o| !o.is_none())
+        .map(|o| crate::args::i64_arg(o, what))
+        .transpose()
 }
 
 fn opt_u64(key: &str, v: Option<i64>, default: u64) -> BindResult<u64> {
@@ -214,42 +214,55 @@ impl PyManagedLedger {
         py: Python<'_>,
         directory: PathBuf,
         name: &str,
-        max_entries_per_ledger: Option<i64>,
-        max_bytes_per_ledger: Option<i64>,
+        max_entries_per_ledger: Option<Bound<'_, PyAny>>,
+        max_bytes_per_ledger: Option<Bound<'_, PyAny>>,
         read_only: bool,
-        preallocate_bytes: Option<i64>,
-        cursor_flush_interval_ms: Option<i64>,
-        max_batch_bytes: Option<i64>,
-        journal_segment_bytes: Option<i64>,
-        checkpoint_bytes: Option<i64>,
-        checkpoint_interval_ms: Option<i64>,
-        max_pending_bytes: Option<i64>,
-        append_timeout_ms: Option<i64>,
-        max_open_files: Option<i64>,
-        storage_threads: Option<i64>,
+        preallocate_bytes: Option<Bound<'_, PyAny>>,
+        cursor_flush_interval_ms: Option<Bound<'_, PyAny>>,
+        max_batch_bytes: Option<Bound<'_, PyAny>>,
+        journal_segment_bytes: Option<Bound<'_, PyAny>>,
+        checkpoint_bytes: Option<Bound<'_, PyAny>>,
+        checkpoint_interval_ms: Option<Bound<'_, PyAny>>,
+        max_pending_bytes: Option<Bound<'_, PyAny>>,
+        append_timeout_ms: Option<Bound<'_, PyAny>>,
+        max_open_files: Option<Bound<'_, PyAny>>,
+        storage_threads: Option<Bound<'_, PyAny>>,
     ) -> BindResult<Self> {
         let opts = options(OpenArgs {
-            max_entries_per_ledger,
-            max_bytes_per_ledger,
+            max_entries_per_ledger: int_opt(
+                max_entries_per_ledger.as_ref(),
+                "max_entries_per_ledger",
+            )?,
+            max_bytes_per_ledger: int_opt(max_bytes_per_ledger.as_ref(), "max_bytes_per_ledger")?,
             read_only,
-            preallocate_bytes,
-            cursor_flush_interval_ms,
-            max_batch_bytes,
-            journal_segment_bytes,
-            checkpoint_bytes,
-            checkpoint_interval_ms,
-            max_pending_bytes,
-            append_timeout_ms,
-            max_open_files,
-            storage_threads,
+            preallocate_bytes: int_opt(preallocate_bytes.as_ref(), "preallocate_bytes")?,
+            cursor_flush_interval_ms: int_opt(
+                cursor_flush_interval_ms.as_ref(),
+                "cursor_flush_interval_ms",
+            )?,
+            max_batch_bytes: int_opt(max_batch_bytes.as_ref(), "max_batch_bytes")?,
+            journal_segment_bytes: int_opt(
+                journal_segment_bytes.as_ref(),
+                "journal_segment_bytes",
+            )?,
+            checkpoint_bytes: int_opt(checkpoint_bytes.as_ref(), "checkpoint_bytes")?,
+            checkpoint_interval_ms: int_opt(
+                checkpoint_interval_ms.as_ref(),
+                "checkpoint_interval_ms",
+            )?,
+            max_pending_bytes: int_opt(max_pending_bytes.as_ref(), "max_pending_bytes")?,
+            append_timeout_ms: int_opt(append_timeout_ms.as_ref(), "append_timeout_ms")?,
+            max_open_files: int_opt(max_open_files.as_ref(), "max_open_files")?,
+            storage_threads: int_opt(storage_threads.as_ref(), "storage_threads")?,
         })?;
         let inner = py.detach(|| ManagedLedger::open(&directory, name, opts))?;
         Ok(Self { inner })
     }
 
     /// Append one entry; returns its position once it is durable.
-    fn append(&self, py: Python<'_>, data: &Bound<'_, PyBytes>) -> BindResult<PyPosition> {
-        let d = data.as_bytes();
+    fn append(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> BindResult<PyPosition> {
+        let b = record_bytes(data, "data")?;
+        let d = b.as_bytes();
         Ok(PyPosition(py.detach(|| self.inner.append(d))?))
     }
 
@@ -269,10 +282,11 @@ impl PyManagedLedger {
     fn append_async<'py>(
         &self,
         py: Python<'py>,
-        data: &Bound<'py, PyBytes>,
+        data: &Bound<'py, PyAny>,
     ) -> BindResult<Bound<'py, PyAny>> {
+        let b = record_bytes(data, "data")?;
         let (fut, done) = future_with_callback(py, Job::Position)?;
-        self.inner.append_async(data.as_bytes().to_vec(), done);
+        self.inner.append_async(b.as_bytes().to_vec(), done);
         Ok(fut)
     }
 
@@ -437,46 +451,6 @@ impl PyManagedLedger {
             self.inner.is_closed()
         )
     }
-
-    /// Test hook: the next ``times`` calls of ``kind`` ("write", "sync",
-    /// "preallocate", "read", "meta") fail with ``errno``.
-    #[pyo3(signature = (kind, errno=5, times=1))]
-    fn _inject_fault(&self, kind: &str, errno: i32, times: u32) -> BindResult<()> {
-        self.inner.inject_fault(fault_kind(kind)?, errno, times);
-        Ok(())
-    }
-
-    /// Test hook: every later call of ``kind`` waits until
-    /// :meth:`_release_fault` (e.g. hold the sync step of group commit).
-    fn _hold_fault(&self, kind: &str) -> BindResult<()> {
-        self.inner.fault_injector().hold(fault_kind(kind)?);
-        Ok(())
-    }
-
-    /// Test hook: let calls held by :meth:`_hold_fault` go on.
-    fn _release_fault(&self, kind: &str) -> BindResult<()> {
-        self.inner.fault_injector().release(fault_kind(kind)?);
-        Ok(())
-    }
-
-    /// Test hook: wait (GIL released) until a call of ``kind`` is held;
-    /// False after ``timeout`` seconds.
-    #[pyo3(signature = (kind, timeout=10.0))]
-    fn _wait_fault_held(&self, py: Python<'_>, kind: &str, timeout: f64) -> BindResult<bool> {
-        let k = fault_kind(kind)?;
-        let secs = if timeout.is_nan() {
-            0.0
-        } else {
-            timeout.clamp(0.0, 3600.0)
-        };
-        let t = Duration::from_secs_f64(secs);
-        Ok(py.detach(|| self.inner.fault_injector().wait_held(k, t)))
-    }
-
-    /// Test hook: disarm every injected fault and open every gate.
-    fn _clear_faults(&self) {
-        self.inner.fault_injector().clear();
-    }
 }
 
 // ---------------------------------------------------------------- Cursor
@@ -545,8 +519,12 @@ impl PyCursor {
         batch_size: numpy::PyReadonlyArray1<'_, u32>,
         batch_index: numpy::PyReadonlyArray1<'_, u32>,
     ) -> BindResult<()> {
-        let recs =
-            crate::txnlog::records_from_columns(&ledger_id, &entry_id, &batch_size, &batch_index)?;
+        let recs = crate::position::records_from_columns(
+            &ledger_id,
+            &entry_id,
+            &batch_size,
+            &batch_index,
+        )?;
         Ok(py.detach(|| self.inner.delete_batch_indexes(&recs))?)
     }
 
@@ -610,15 +588,18 @@ impl PyCompactedTopic {
         directory: PathBuf,
         name: &str,
         read_only: bool,
-        max_entries_per_ledger: Option<i64>,
-        max_bytes_per_ledger: Option<i64>,
-        preallocate_bytes: Option<i64>,
+        max_entries_per_ledger: Option<Bound<'_, PyAny>>,
+        max_bytes_per_ledger: Option<Bound<'_, PyAny>>,
+        preallocate_bytes: Option<Bound<'_, PyAny>>,
     ) -> BindResult<Self> {
         let opts = options(OpenArgs {
-            max_entries_per_ledger,
-            max_bytes_per_ledger,
+            max_entries_per_ledger: int_opt(
+                max_entries_per_ledger.as_ref(),
+                "max_entries_per_ledger",
+            )?,
+            max_bytes_per_ledger: int_opt(max_bytes_per_ledger.as_ref(), "max_bytes_per_ledger")?,
             read_only,
-            preallocate_bytes,
+            preallocate_bytes: int_opt(preallocate_bytes.as_ref(), "preallocate_bytes")?,
             ..OpenArgs::default()
         })?;
         let t = py.detach(|| CompactedTopic::open(&directory, name, opts))?;

@@ -12,6 +12,8 @@ mod frame;
 mod ledger;
 mod position;
 mod replay;
+#[cfg(feature = "testing")]
+mod testing;
 mod txnlog;
 mod writer;
 
@@ -45,5 +47,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(txnlog::encode_txn_update, m)?)?;
     m.add_function(wrap_pyfunction!(replay::fold_txn_log, m)?)?;
     m.add_function(wrap_pyfunction!(txnlog::fold_txn_entries, m)?)?;
+    #[cfg(feature = "testing")]
+    testing::register(m)?;
     Ok(())
 }

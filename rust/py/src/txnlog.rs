@@ -15,11 +15,6 @@ use txnstream_core::txnlog_record::{
 };
 use txnstream_core::{AckSet, Error, Position};
 
-/// Kept here for `ledger.rs` (`Cursor.delete_records`), which imports it
-/// from this module; it lives in `position.rs`.
-// NOTE(lead): import it from `crate::position` in ledger.rs and drop this.
-pub use crate::position::records_from_columns;
-
 fn status_arg(v: i64, arg: &str) -> BindResult<i8> {
     match i8::try_from(v) {
         Ok(s) if (0..=4).contains(&s) => Ok(s),

@@ -236,3 +236,45 @@ def test_read_only_open_sees_cursor_state(tmp_path: Path) -> None:
         ro.refresh()
         assert ro.last_position is not None and ro.read(ro.last_position) == b"w"
         ro.close()
+
+
+def test_append_positioned_reports_the_position_before_durability(tmp_path: Path) -> None:
+    from txnstream import testing
+
+    with ManagedLedger.open(tmp_path, "pos") as ml:
+        first = ml.append(b"first")
+        testing.hold_fault(ml, "sync")
+        assigned, durable = ml.append_positioned(bytearray(b"second"))
+        # The position comes while the sync is still held...
+        p = assigned.result(timeout=30)
+        assert p == Position(first.ledger_id, first.entry_id + 1)
+        assert testing.wait_fault_held(ml, "sync", timeout_ms=30_000)
+        assert not durable.done()
+        # ...and the entry is readable only once durable.
+        with pytest.raises(PositionNotFoundError):
+            ml.read(p)
+        testing.release_fault(ml, "sync")
+        assert durable.result(timeout=30) == p
+        assert ml.read(p) == b"second"
+        # A failure reaches both futures (the position never came).
+        testing.inject_fault(ml, "sync", errno=5)
+        assigned, durable = ml.append_positioned(b"lost")
+        with pytest.raises(StorageError):
+            durable.result(timeout=30)
+        assert assigned.done()
+
+
+def test_appends_take_any_buffer(tmp_path: Path) -> None:
+    import numpy as np
+
+    with ManagedLedger.open(tmp_path, "buf") as ml:
+        ps = [
+            ml.append(bytearray(b"ba")),
+            ml.append(memoryview(b"mv")),
+            ml.append_async(np.frombuffer(b"np", dtype=np.uint8)).result(timeout=30),
+        ]
+        assert [ml.read(p) for p in ps] == [b"ba", b"mv", b"np"]
+        with pytest.raises(InvalidArgumentError, match="data must be bytes"):
+            ml.append("text")  # type: ignore[arg-type]
+        with pytest.raises(InvalidArgumentError, match="max_entries_per_ledger"):
+            ManagedLedger.open(tmp_path, "big", max_entries_per_ledger=2**70)

@@ -290,6 +290,26 @@ impl PyManagedLedger {
         Ok(fut)
     }
 
+    /// Queue one entry: ``(assigned, durable)``, two
+    /// ``concurrent.futures.Future[Position]``. ``assigned`` resolves as soon
+    /// as the journal writer gives the entry its position (before the sync:
+    /// it is neither durable nor readable yet), ``durable`` once it is
+    /// durable (or with the error; then ``assigned`` too if it had not
+    /// resolved). For writes whose durability is only needed later, as a
+    /// transaction's before its commit decision.
+    fn append_positioned<'py>(
+        &self,
+        py: Python<'py>,
+        data: &Bound<'py, PyAny>,
+    ) -> BindResult<(Bound<'py, PyAny>, Bound<'py, PyAny>)> {
+        let b = record_bytes(data, "data")?;
+        let (assigned, at) = future_with_callback(py, Job::Position)?;
+        let (durable, done) = future_with_callback(py, Job::Position)?;
+        self.inner
+            .append_positioned(b.as_bytes().to_vec(), at, done);
+        Ok((assigned, durable))
+    }
+
     /// Queue entries for one group commit: ONE ``Future[list[Position]]``.
     fn append_many_async<'py>(
         &self,

@@ -80,7 +80,13 @@ pub(crate) enum Done {
     Waiter(Sender<Result<Vec<Position>>>),
     /// Nobody waits (background cursor and trim records).
     Nothing,
+    /// One entry whose caller learns its position as soon as the writer
+    /// assigns it (before the sync), and later whether it is durable.
+    Positioned(Option<PositionCallback>, AppendCallback),
 }
+
+/// Told an entry's position once the journal writer assigned it.
+pub type PositionCallback = Box<dyn FnOnce(Result<Position>) + Send + 'static>;
 
 impl Done {
     pub(crate) fn complete(self, r: Result<Vec<Position>>) {
@@ -96,6 +102,27 @@ impl Done {
                 let _ = tx.send(r);
             }
             Done::Nothing => {}
+            Done::Positioned(at, durable) => {
+                let first = r.and_then(|v| {
+                    v.first()
+                        .copied()
+                        .ok_or_else(|| Error::invalid("append completed without a position"))
+                });
+                if let Some(at) = at {
+                    // Failed before it was positioned.
+                    at(first.clone());
+                }
+                durable(first);
+            }
+        }
+    }
+
+    /// Reports the assigned positions to a `Positioned` caller (once).
+    fn positioned(&mut self, positions: &[Position]) {
+        if let Done::Positioned(at, _) = self {
+            if let (Some(cb), Some(&p)) = (at.take(), positions.first()) {
+                cb(Ok(p));
+            }
         }
     }
 }
@@ -761,6 +788,8 @@ impl WriterThread {
                     self.push_rec(&mut recs, Kind::Entry, ml.id, ledger, entry, e, false);
                 }
                 self.mls.insert(ml.id, w);
+                let mut done = done;
+                done.positioned(&positions);
                 Ok(Staged {
                     ml: Some(ml),
                     recs,

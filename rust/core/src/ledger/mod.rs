@@ -29,6 +29,7 @@ pub mod cursor;
 pub mod fault;
 pub mod fs;
 mod group_commit;
+pub use group_commit::PositionCallback;
 pub mod journal;
 pub mod ledger_file;
 pub mod options;
@@ -304,6 +305,28 @@ impl ManagedLedger {
             .shared
             .store
             .submit(self.append_cmd(data, Done::Batch(done)));
+    }
+
+    /// Appends one entry; `at` learns its position as soon as the journal
+    /// writer assigns it (before the sync: the entry is not durable, nor
+    /// readable, yet), `durable` once it is durable or failed (then `at`,
+    /// if not called yet, gets the error too). A transaction's write uses
+    /// this: it needs the message id at once and its durability only
+    /// before the commit decision.
+    pub fn append_positioned(
+        &self,
+        data: Vec<u8>,
+        at: group_commit::PositionCallback,
+        durable: AppendCallback,
+    ) {
+        if let Err(e) = self.check_entry(&data) {
+            at(Err(e.clone()));
+            return durable(Err(e));
+        }
+        let _ = self
+            .shared
+            .store
+            .submit(self.append_cmd(vec![data], Done::Positioned(Some(at), durable)));
     }
 
     /// Reads the entry at `pos`.

@@ -259,6 +259,13 @@ impl PyManagedLedger {
         Ok(Self { inner })
     }
 
+    /// Names of the managed ledgers in data directory ``directory`` (read
+    /// only: a live directory of another process, or a closed one).
+    #[staticmethod]
+    fn names(py: Python<'_>, directory: PathBuf) -> BindResult<Vec<String>> {
+        Ok(py.detach(|| ManagedLedger::list(&directory))?)
+    }
+
     /// Append one entry; returns its position once it is durable.
     fn append(&self, py: Python<'_>, data: &Bound<'_, PyAny>) -> BindResult<PyPosition> {
         let b = record_bytes(data, "data")?;

@@ -166,6 +166,19 @@ impl ManagedLedger {
         }))
     }
 
+    /// Names of the managed ledgers in `data_dir` (read-only: works on a
+    /// live directory from another process, and on a closed one).
+    pub fn list(data_dir: &Path) -> Result<Vec<String>> {
+        let opts = LedgerOptions {
+            read_only: true,
+            ..LedgerOptions::default()
+        };
+        let store = Store::acquire(data_dir, &opts)?;
+        let r = store.refresh().map(|()| store.ml_names());
+        let _ = store.release();
+        r
+    }
+
     /// Picks up what another process wrote since the last look (read-only
     /// opens; a no-op for the writer, whose state is always current).
     pub fn refresh(&self) -> Result<()> {

@@ -1318,6 +1318,13 @@ impl Store {
         }
     }
 
+    /// Names of every managed ledger (sorted).
+    pub fn ml_names(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.names.lock().keys().cloned().collect();
+        v.sort();
+        v
+    }
+
     /// Adds a new cursor durably.
     pub fn create_cursor(&self, ml: &Arc<MlState>, inner: &CursorInner) -> Result<()> {
         if self.io.read_only {

@@ -151,13 +151,15 @@ pub fn body_crc(body: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&len), body)
 }
 
-fn le_u32(b: &[u8]) -> u32 {
+/// A little-endian `u32` from the first 4 bytes of `b`.
+pub(crate) fn le_u32(b: &[u8]) -> u32 {
     let mut a = [0u8; 4];
     a.copy_from_slice(&b[..4]);
     u32::from_le_bytes(a)
 }
 
-fn le_u64(b: &[u8]) -> u64 {
+/// A little-endian `u64` from the first 8 bytes of `b`.
+pub(crate) fn le_u64(b: &[u8]) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[..8]);
     u64::from_le_bytes(a)

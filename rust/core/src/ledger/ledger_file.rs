@@ -18,7 +18,7 @@
 //! catch a stale or flipped slot; nothing unverified is ever returned.
 
 use super::fs::FsFile;
-use super::journal::body_crc;
+use super::journal::{body_crc, le_u32, le_u64};
 use super::options::MAX_ENTRY_SIZE;
 use crate::error::{Error, Result};
 use crate::position::Position;
@@ -89,18 +89,6 @@ pub fn encode_header(ledger_id: u64, idx: bool) -> [u8; HEADER_LEN as usize] {
     let crc = crc32c::crc32c(&h[..24]);
     h[24..28].copy_from_slice(&crc.to_le_bytes());
     h
-}
-
-fn le_u32(b: &[u8]) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[..4]);
-    u32::from_le_bytes(a)
-}
-
-fn le_u64(b: &[u8]) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[..8]);
-    u64::from_le_bytes(a)
 }
 
 fn check16(ledger_id: u64, entry: u64, end: u64) -> u64 {

@@ -183,24 +183,7 @@ pub(super) fn io_err(what: impl Into<String>, e: &io::Error) -> Error {
 /// Creates `dir` and any missing parents, syncing each parent after a
 /// child is created in it (so the new names survive a power cut).
 pub(super) fn create_dirs(fs: &dyn Fs, dir: &Path) -> Result<()> {
-    if fs.is_dir(dir) {
-        return Ok(());
-    }
-    let mut missing = Vec::new();
-    let mut p = Some(dir);
-    while let Some(d) = p.filter(|d| !d.as_os_str().is_empty()) {
-        if fs.is_dir(d) {
-            break;
-        }
-        missing.push(d.to_path_buf());
-        p = d.parent();
-    }
-    for d in missing.iter().rev() {
-        match fs.create_dir(d) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && fs.is_dir(d) => {}
-            Err(e) => return Err(io_err(format!("creating directory {}", d.display()), &e)),
-        }
+    for d in super::flusher::make_dirs(fs, dir)? {
         let parent = match d.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),

@@ -98,6 +98,7 @@ def op(
     phase: Phase = "workload",
     isolation: Isolation = "read_committed",
 ) -> Operation:
+    """An operation of process ``op_id``'s prefix; setup (seeding) is not transactional."""
     process = op_id.split(".")[0]
     return Operation(
         op_id,
@@ -107,6 +108,7 @@ def op(
         consumer=consumer if consumer is not None else f"{process}-c",
         isolation=isolation,
         phase=phase,
+        transactional=phase != "setup",
     )
 
 
@@ -350,6 +352,16 @@ def test_info_operation_partly_visible_is_torn() -> None:
         )
     )
     assert_only(history, "torn_transactions")
+
+
+def test_unseen_values_of_non_transactional_sends_are_not_torn() -> None:
+    history = History(
+        (
+            op("s.0", "ok", w("t", "a", 0, 0), w("t", "b", 0, 1), phase="setup"),
+            op("f.0", "ok", r("t", "a", 0, 0), phase="final"),
+        )
+    )
+    assert assert_only(history, "unseen").unseen[0].values == ("b",)
 
 
 def test_unseen_committed_value() -> None:

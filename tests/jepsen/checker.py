@@ -40,7 +40,7 @@ The anomalies, each decided from those facts:
   inputs back for redelivery.
 - ``nonmonotonic_sends``: per process and log, the positions its sends got back must
   increase in the order it sent.
-- ``torn_transactions`` (with a final phase): a committed operation some of whose
+- ``torn_transactions`` (with a final phase): a committed transaction some of whose
   writes were read and others never, within one log or across logs.
 - ``unseen`` (with a final phase): committed values never read by the end that are
   neither lost nor part of a torn transaction.
@@ -444,7 +444,7 @@ def _torn_and_unseen(f: _Facts, result: CheckResult, lost: set[str]) -> None:
     """After the final phase: partly visible committed operations, then unseen values."""
     torn: set[str] = set()
     for op in f.history:
-        if f.status[op.id] != "committed" or not op.sends:
+        if f.status[op.id] != "committed" or not op.sends or not op.transactional:
             continue
         seen = [s for s in op.sends if s.value in f.rc_readers]
         missing = [s for s in op.sends if s.value not in f.rc_readers]

@@ -29,7 +29,7 @@ Events (``"e"`` names the kind; ``"op"`` the operation id)::
 
     {"e": "spec", "input_topics": [...], "output_topics": [...]}
     {"e": "invoke", "op": "w1.7", "process": "w1", "consumer": "w1-c0",
-     "isolation": "read_committed", "phase": "workload"}
+     "isolation": "read_committed", "phase": "workload", "transactional": true}
     {"e": "poll", "op": ..., "topic": ..., "partition": 0, "position": [0, 5, 0], "value": ...}
     {"e": "send", "op": ..., "topic": ..., "value": ..., "key": ..., "source": ...}
     {"e": "sent", "op": ..., "value": ..., "partition": 1, "position": [0, 9, 0]}
@@ -121,10 +121,11 @@ MicroOp: TypeAlias = Poll | Send | Ack
 
 @dataclass(frozen=True)
 class Operation:
-    """One transaction (or non-transactional call) of one logical process.
+    """One transaction (or non-transactional calls) of one logical process.
 
     ``consumer`` names the consumer the polls went through (a process that restarts
     gets a new one); ``isolation`` is that consumer's isolation level.
+    ``transactional`` is False for plain sends, each durable on its own (seeding).
     """
 
     id: str
@@ -135,6 +136,7 @@ class Operation:
     isolation: Isolation = "read_committed"
     phase: Phase = "workload"
     error: str | None = None
+    transactional: bool = True
 
     @property
     def polls(self) -> tuple[Poll, ...]:
@@ -199,6 +201,7 @@ def operation_events(op: Operation) -> list[dict[str, Any]]:
             "consumer": op.consumer,
             "isolation": op.isolation,
             "phase": op.phase,
+            "transactional": op.transactional,
         }
     ]
     for m in op.ops:
@@ -310,6 +313,7 @@ class HistoryWriter:
         consumer: str | None = None,
         isolation: Isolation = "read_committed",
         phase: Phase = "workload",
+        transactional: bool = True,
     ) -> None:
         """Record the start of operation ``op_id``."""
         self.event(
@@ -320,6 +324,7 @@ class HistoryWriter:
                 "consumer": consumer,
                 "isolation": isolation,
                 "phase": phase,
+                "transactional": transactional,
             }
         )
 
@@ -462,6 +467,7 @@ class _OpBuilder:
     consumer: str | None
     isolation: Isolation
     phase: Phase
+    transactional: bool
     ops: list[MicroOp] = field(default_factory=list)
     type: OpType | None = None
     error: str | None = None
@@ -475,6 +481,7 @@ class _OpBuilder:
             consumer=self.consumer,
             isolation=self.isolation,
             phase=self.phase,
+            transactional=self.transactional,
             error=self.error
             if self.type is not None
             else "no completion recorded (the process died)",
@@ -503,6 +510,9 @@ def history_from_events(events: Iterable[Mapping[str, Any]]) -> History:
                 consumer=_opt_str(event, "consumer"),
                 isolation=_choice(event, "isolation", ISOLATIONS),  # type: ignore[arg-type]
                 phase=_choice(event, "phase", PHASES),  # type: ignore[arg-type]
+                transactional=bool(_get(event, "transactional", bool))
+                if "transactional" in event
+                else True,
             )
             continue
         b = builders.get(op_id)

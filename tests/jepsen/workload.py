@@ -248,7 +248,7 @@ def seed_inputs(
     """Send ``values`` to ``topic`` without a transaction (each durable on return)."""
     producer = client.producer(topic)
     op = f"{process}.0"
-    history.invoke(op, process, phase="setup")
+    history.invoke(op, process, phase="setup", transactional=False)
     for v in values:
         history.send(op, topic, v, key=v)
         history.sent(op, v, *message_position(producer.send(v.encode(), key=v)))

@@ -191,64 +191,71 @@ def _pos_json(position: Position | None) -> list[int] | None:
     return None if position is None else list(position)
 
 
+def _invoke_event(
+    op_id: str,
+    process: str,
+    consumer: str | None,
+    isolation: Isolation,
+    phase: Phase,
+    transactional: bool,
+) -> dict[str, Any]:
+    return {
+        "e": "invoke",
+        "op": op_id,
+        "process": process,
+        "consumer": consumer,
+        "isolation": isolation,
+        "phase": phase,
+        "transactional": transactional,
+    }
+
+
+def _located_event(op_id: str, m: Poll | Ack) -> dict[str, Any]:
+    return {
+        "e": "poll" if isinstance(m, Poll) else "ack",
+        "op": op_id,
+        "topic": m.topic,
+        "partition": m.partition,
+        "position": list(m.position),
+        "value": m.value,
+    }
+
+
+def _send_event(
+    op_id: str, topic: str, value: str, key: str | None, source: str | None
+) -> dict[str, Any]:
+    return {"e": "send", "op": op_id, "topic": topic, "value": value, "key": key, "source": source}
+
+
+def _sent_event(
+    op_id: str, value: str, partition: int | None, position: Position | None
+) -> dict[str, Any]:
+    return {
+        "e": "sent",
+        "op": op_id,
+        "value": value,
+        "partition": partition,
+        "position": _pos_json(position),
+    }
+
+
+def _complete_event(op_id: str, type_: OpType, error: str | None) -> dict[str, Any]:
+    return {"e": "complete", "op": op_id, "type": type_, "error": error}
+
+
 def operation_events(op: Operation) -> list[dict[str, Any]]:
     """The events that record ``op`` (what a worker writes step by step)."""
-    events: list[dict[str, Any]] = [
-        {
-            "e": "invoke",
-            "op": op.id,
-            "process": op.process,
-            "consumer": op.consumer,
-            "isolation": op.isolation,
-            "phase": op.phase,
-            "transactional": op.transactional,
-        }
+    events = [
+        _invoke_event(op.id, op.process, op.consumer, op.isolation, op.phase, op.transactional)
     ]
     for m in op.ops:
-        if isinstance(m, Poll):
-            events.append(
-                {
-                    "e": "poll",
-                    "op": op.id,
-                    "topic": m.topic,
-                    "partition": m.partition,
-                    "position": list(m.position),
-                    "value": m.value,
-                }
-            )
-        elif isinstance(m, Send):
-            events.append(
-                {
-                    "e": "send",
-                    "op": op.id,
-                    "topic": m.topic,
-                    "value": m.value,
-                    "key": m.key,
-                    "source": m.source,
-                }
-            )
+        if isinstance(m, Send):
+            events.append(_send_event(op.id, m.topic, m.value, m.key, m.source))
             if m.partition is not None or m.position is not None:
-                events.append(
-                    {
-                        "e": "sent",
-                        "op": op.id,
-                        "value": m.value,
-                        "partition": m.partition,
-                        "position": _pos_json(m.position),
-                    }
-                )
+                events.append(_sent_event(op.id, m.value, m.partition, m.position))
         else:
-            events.append(
-                {
-                    "e": "ack",
-                    "op": op.id,
-                    "topic": m.topic,
-                    "partition": m.partition,
-                    "position": list(m.position),
-                    "value": m.value,
-                }
-            )
-    events.append({"e": "complete", "op": op.id, "type": op.type, "error": op.error})
+            events.append(_located_event(op.id, m))
+    events.append(_complete_event(op.id, op.type, op.error))
     return events
 
 
@@ -316,30 +323,11 @@ class HistoryWriter:
         transactional: bool = True,
     ) -> None:
         """Record the start of operation ``op_id``."""
-        self.event(
-            {
-                "e": "invoke",
-                "op": op_id,
-                "process": process,
-                "consumer": consumer,
-                "isolation": isolation,
-                "phase": phase,
-                "transactional": transactional,
-            }
-        )
+        self.event(_invoke_event(op_id, process, consumer, isolation, phase, transactional))
 
     def poll(self, op_id: str, poll: Poll) -> None:
         """Record a receive that returned a message."""
-        self.event(
-            {
-                "e": "poll",
-                "op": op_id,
-                "topic": poll.topic,
-                "partition": poll.partition,
-                "position": list(poll.position),
-                "value": poll.value,
-            }
-        )
+        self.event(_located_event(op_id, poll))
 
     def send(
         self,
@@ -351,38 +339,19 @@ class HistoryWriter:
         source: str | None = None,
     ) -> None:
         """Record a send about to be made (before the call: the value is known)."""
-        self.event(
-            {"e": "send", "op": op_id, "topic": topic, "value": value, "key": key, "source": source}
-        )
+        self.event(_send_event(op_id, topic, value, key, source))
 
     def sent(self, op_id: str, value: str, partition: int, position: Position) -> None:
         """Record where a send recorded by :meth:`send` landed."""
-        self.event(
-            {
-                "e": "sent",
-                "op": op_id,
-                "value": value,
-                "partition": partition,
-                "position": list(position),
-            }
-        )
+        self.event(_sent_event(op_id, value, partition, position))
 
     def ack(self, op_id: str, ack: Ack) -> None:
         """Record an ack of a received input."""
-        self.event(
-            {
-                "e": "ack",
-                "op": op_id,
-                "topic": ack.topic,
-                "partition": ack.partition,
-                "position": list(ack.position),
-                "value": ack.value,
-            }
-        )
+        self.event(_located_event(op_id, ack))
 
     def complete(self, op_id: str, type_: OpType, error: str | None = None) -> None:
         """Record the end of operation ``op_id``: ``ok``, ``fail`` or ``info``."""
-        self.event({"e": "complete", "op": op_id, "type": type_, "error": error})
+        self.event(_complete_event(op_id, type_, error))
 
     def operation(self, op: Operation) -> None:
         """Record a whole operation at once (final reads, setup)."""
@@ -453,6 +422,16 @@ def _position(event: Mapping[str, Any]) -> Position:
     return tuple(raw)
 
 
+def _located(event: Mapping[str, Any]) -> tuple[str, int, Position, str]:
+    """``(topic, partition, position, value)`` of a poll or ack event."""
+    return (
+        str(_get(event, "topic", str)),
+        int(_get(event, "partition", int)),
+        _position(event),
+        str(_get(event, "value", str)),
+    )
+
+
 def _choice(event: Mapping[str, Any], name: str, allowed: Sequence[str]) -> str:
     value = _get(event, name, str)
     if value not in allowed:
@@ -521,23 +500,9 @@ def history_from_events(events: Iterable[Mapping[str, Any]]) -> History:
         if b.type is not None:
             raise HistoryFormatError(f"event {dict(event)!r} after operation {op_id!r} completed")
         if kind == "poll":
-            b.ops.append(
-                Poll(
-                    str(_get(event, "topic", str)),
-                    int(_get(event, "partition", int)),
-                    _position(event),
-                    str(_get(event, "value", str)),
-                )
-            )
+            b.ops.append(Poll(*_located(event)))
         elif kind == "ack":
-            b.ops.append(
-                Ack(
-                    str(_get(event, "topic", str)),
-                    int(_get(event, "partition", int)),
-                    _position(event),
-                    str(_get(event, "value", str)),
-                )
-            )
+            b.ops.append(Ack(*_located(event)))
         elif kind == "send":
             b.ops.append(
                 Send(

@@ -420,6 +420,27 @@ def test_input_never_processed_breaks_exactly_once() -> None:
     assert result.exactly_once[0].values == ("b",)
 
 
+def test_output_committed_without_its_ack_breaks_exactly_once() -> None:
+    no_ack = replace(T5, ops=T5.ops[:-1])
+    history = History((SEED, T1, T2, T3, T4, no_ack, FINAL_IN, FINAL_A, FINAL_B), CTP)
+    result = assert_only(history, "exactly_once")
+    assert result.exactly_once[0].values[0] == "c"
+    assert "acked by 0 committed operations" in result.exactly_once[0].message
+
+
+def test_value_overwritten_at_its_position_is_inconsistent_and_lost() -> None:
+    # v's send came back at position 0, but the log serves x there (x's position unknown).
+    history = History(
+        (
+            op("s.0", "ok", w("t", "v", 0, 0)),
+            op("x.0", "info", w("t", "x", None, None)),
+            op("r.0", "ok", r("t", "x", 0, 0)),
+        )
+    )
+    result = assert_only(history, "inconsistent_offsets", "lost_writes")
+    assert result.lost_writes[0].values == ("v",)
+
+
 def test_value_written_twice_is_a_workload_error() -> None:
     with pytest.raises(ValueError, match=r"'v' is sent by 'p\.0' and again by 'q\.0'"):
         check(History((op("p.0", "ok", w("t", "v", 0, 0)), op("q.0", "ok", w("t", "v", 0, 1)))))
@@ -1132,26 +1153,38 @@ def m_inconsistent(h: History, data: st.DataObject) -> History:
     )
 
 
-def m_lost(h: History, data: st.DataObject) -> History:
+def drop_final_read(
+    h: History, data: st.DataObject, keep: Callable[[Poll, bool, bool], bool]
+) -> History:
+    """Remove one final-phase read chosen among those ``keep(poll, earlier, later)`` accepts.
+
+    ``earlier`` / ``later``: the same final read has reads of that log before / after it.
+    """
     candidates = []
     for o, i, p in final_polls(h):
-        later = [q for q in o.ops[i + 1 :] if isinstance(q, Poll) and q.key == p.key]
-        if later and p.topic in OUT and not read_outside_final(h, p.value):
+        earlier = any(isinstance(q, Poll) and q.key == p.key for q in o.ops[:i])
+        later = any(isinstance(q, Poll) and q.key == p.key for q in o.ops[i + 1 :])
+        if keep(p, earlier, later):
             candidates.append((o, i))
     assume(candidates)
     o, i = data.draw(st.sampled_from(candidates))
     return replace_op(h, o, replace(o, ops=o.ops[:i] + o.ops[i + 1 :]))
+
+
+def m_lost(h: History, data: st.DataObject) -> History:
+    """An output nobody else read vanishes from the middle of the final read."""
+    return drop_final_read(
+        h, data, lambda p, _, later: later and p.topic in OUT and not read_outside_final(h, p.value)
+    )
 
 
 def m_unseen_or_torn(h: History, data: st.DataObject) -> History:
-    candidates = []
-    for o, i, p in final_polls(h):
-        later = [q for q in o.ops[i + 1 :] if isinstance(q, Poll) and q.key == p.key]
-        if not later and p.topic in OUT and not read_outside_final(h, p.value):
-            candidates.append((o, i))
-    assume(candidates)
-    o, i = data.draw(st.sampled_from(candidates))
-    return replace_op(h, o, replace(o, ops=o.ops[:i] + o.ops[i + 1 :]))
+    """An output nobody else read vanishes from the end of the final read."""
+    return drop_final_read(
+        h,
+        data,
+        lambda p, _, later: not later and p.topic in OUT and not read_outside_final(h, p.value),
+    )
 
 
 def m_rewind(h: History, data: st.DataObject) -> History:
@@ -1161,15 +1194,10 @@ def m_rewind(h: History, data: st.DataObject) -> History:
 
 
 def m_skip(h: History, data: st.DataObject) -> History:
-    candidates = []
-    for o, i, p in final_polls(h):
-        later = [q for q in o.ops[i + 1 :] if isinstance(q, Poll) and q.key == p.key]
-        earlier = [q for q in o.ops[:i] if isinstance(q, Poll) and q.key == p.key]
-        if earlier and later and read_outside_final(h, p.value):
-            candidates.append((o, i))
-    assume(candidates)
-    o, i = data.draw(st.sampled_from(candidates))
-    return replace_op(h, o, replace(o, ops=o.ops[:i] + o.ops[i + 1 :]))
+    """The final reader misses a value in the middle that others did read."""
+    return drop_final_read(
+        h, data, lambda p, earlier, later: earlier and later and read_outside_final(h, p.value)
+    )
 
 
 def m_send_order(h: History, data: st.DataObject) -> History:

@@ -21,7 +21,9 @@ Run: ``.venv/bin/pytest benches/test_ctp_sqlite.py --benchmark-only`` (group ``c
 threads at concurrency 1, 16 and 64, and one connection in a loop, the
 single-writer figure; the best of them is marked ``baseline``, so txnstream's CTP
 benchmarks in group ``ctp`` are reported as ratios to it). As a function:
-:func:`sqlite_ctp` for one configuration, :func:`sqlite_ctp_all` for all four.
+:func:`sqlite_ctp` for one configuration, :func:`sqlite_ctp_all` for all four; as a
+script, ``.venv/bin/python benches/test_ctp_sqlite.py 5`` prints medians of 5
+interleaved runs of each.
 
 Durable waits: SQLite does not count its syncs; by design WAL + FULL syncs the WAL
 once per COMMIT, plus the WAL and database file at each checkpoint (every 1000 WAL
@@ -266,9 +268,44 @@ def sqlite_ctp(directory: Path, concurrency: int, units: int = CTP_UNITS) -> Ctp
     return figures
 
 
-def sqlite_ctp_all(directory: Path, units: int = CTP_UNITS) -> list[CtpFigures]:
-    """Threads at 1, 16 and 64, then the single writer (concurrency 0 in :func:`sqlite_ctp`)."""
-    return [sqlite_ctp(directory, c, units) for c in (*CONCURRENCY, 0)]
+def sqlite_ctp_all(directory: Path, units: int = CTP_UNITS, reps: int = 1) -> list[CtpFigures]:
+    """Threads at 1, 16 and 64 and the single writer (concurrency 0), ``reps`` times.
+
+    The configurations take turns (1, 16, 64, single, 1, 16, ...), so a disk shared
+    with other work slows them alike rather than whichever ran during a busy spell.
+    """
+    return [sqlite_ctp(directory, c, units) for _ in range(reps) for c in (*CONCURRENCY, 0)]
+
+
+def main() -> None:
+    """``python benches/test_ctp_sqlite.py [reps] [units]``: medians of interleaved runs."""
+    import sys
+    import tempfile
+
+    reps = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    units = int(sys.argv[2]) if len(sys.argv) > 2 else CTP_UNITS
+    with tempfile.TemporaryDirectory(prefix="ctp-sqlite-") as d:
+        runs = sqlite_ctp_all(Path(d), units, reps)
+    print(f"{reps} interleaved runs of {units} units each; median (min-max)")
+    print("| config | units/s | commit p50 ms | commit p99 ms | unit p99 ms | busy retries |")
+    print("|---|---|---|---|---|---|")
+    for name in dict.fromkeys(f.name for f in runs):
+        mine = [f for f in runs if f.name == name]
+
+        def med(attr: str, mine: list[CtpFigures] = mine) -> str:
+            xs = sorted(getattr(f, attr) for f in mine)
+            return f"{xs[len(xs) // 2]:,.{0 if attr == 'units_per_s' else 2}f}"
+
+        rates = sorted(f.units_per_s for f in mine)
+        print(
+            f"| {name} | {med('units_per_s')} ({rates[0]:,.0f}-{rates[-1]:,.0f}) "
+            f"| {med('commit_p50_ms')} | {med('commit_p99_ms')} | {med('unit_p99_ms')} "
+            f"| {sum(f.busy_retries for f in mine)} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
 
 
 # ---------------------------------------------------------------------------- benches

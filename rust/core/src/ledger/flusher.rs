@@ -10,10 +10,10 @@
 
 use super::catalog::{write_catalog, CATALOG_FILE, CATALOG_FORMAT_VERSION};
 use super::fault::FaultKind;
-use super::fs::{Fs, FsFile};
+use super::fs::FsFile;
 use super::group_commit::Published;
 use super::journal::{self, Kind};
-use super::ledger_file;
+use super::ledger_file::{self, NewRecord};
 use super::state::{Applied, FileOpen, MlState};
 use super::store::*;
 use crate::error::{Error, Result};
@@ -21,8 +21,8 @@ use crate::position::Position;
 use crate::proto::{Catalog, ManagedLedgerState};
 use parking_lot::{Condvar, Mutex};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::io;
-use std::path::{Path, PathBuf};
+
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -89,32 +89,10 @@ const WRITE_BEHIND_EVERY: Duration = Duration::from_millis(200);
 /// whole file system with one call instead.
 const SYNCFS_THRESHOLD: usize = 64;
 
-/// Creates `dir` and any missing parents without syncing (the caller syncs
-/// their parents before relying on them); returns the ones created.
-pub(super) fn make_dirs(fs: &dyn Fs, dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut missing = Vec::new();
-    let mut p = Some(dir);
-    while let Some(d) = p.filter(|d| !d.as_os_str().is_empty()) {
-        if fs.is_dir(d) {
-            break;
-        }
-        missing.push(d.to_path_buf());
-        p = d.parent();
-    }
-    missing.reverse();
-    for d in &missing {
-        match fs.create_dir(d) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && fs.is_dir(d) => {}
-            Err(e) => return Err(io_err(format!("creating directory {}", d.display()), &e)),
-        }
-    }
-    Ok(missing)
-}
-
 /// Write-behind work for one ledger: first entry id, the entries' bodies
-/// back to back, and each one's (length, checksum).
-type Batch = (u64, Vec<u8>, Vec<(u32, u32)>);
+/// back to back, and each one's (length, checksum, `.log` offset if it is
+/// already there: a large entry the journal writer wrote directly).
+type Batch = (u64, Vec<u8>, Vec<(u32, u32, Option<u64>)>);
 
 impl Store {
     pub(super) fn flusher_loop(&self) {
@@ -243,9 +221,21 @@ impl Store {
                 from.max(*base),
                 Some(upto),
                 |seen| {
-                    if seen.head.kind != Kind::Entry {
-                        return Ok(());
-                    }
+                    let direct = match seen.head.kind {
+                        Kind::Entry => None,
+                        Kind::EntryRef => match journal::EntryRef::decode(seen.body) {
+                            Some(r) => Some(r),
+                            None => {
+                                return Err(journal::corrupt(
+                                    &path,
+                                    seen.at,
+                                    seen.head.position(),
+                                    "malformed entry reference",
+                                ))
+                            }
+                        },
+                        _ => return Ok(()),
+                    };
                     let b = batches
                         .entry((seen.head.ml, seen.head.a))
                         .or_insert_with(|| (seen.head.b, Vec::new(), Vec::new()));
@@ -257,9 +247,14 @@ impl Store {
                             "entries out of order in the journal",
                         ));
                     }
-                    b.1.extend_from_slice(seen.body);
-                    b.2.push((seen.head.body_len, seen.head.body_crc));
-                    held += seen.body.len();
+                    match direct {
+                        Some(r) => b.2.push((r.len, r.crc, Some(r.offset))),
+                        None => {
+                            b.1.extend_from_slice(seen.body);
+                            b.2.push((seen.head.body_len, seen.head.body_crc, None));
+                            held += seen.body.len();
+                        }
+                    }
                     Ok(())
                 },
             )?;
@@ -307,17 +302,40 @@ impl Store {
                 continue;
             }
             let mut off = 0usize;
-            let mut records: Vec<(&[u8], u32)> = Vec::with_capacity(lens.len());
-            for &(len, crc) in &lens {
-                records.push((&bodies[off..off + len as usize], crc));
-                off += len as usize;
+            let mut at = file_bytes;
+            let mut records: Vec<NewRecord<'_>> = Vec::with_capacity(lens.len());
+            for (i, &(len, crc, direct)) in lens.iter().enumerate() {
+                let payload = match direct {
+                    // Already in the file: it must be exactly where the
+                    // records before it end.
+                    Some(o) => {
+                        if i >= skip && o != at {
+                            return Err(ledger_file::corrupt(
+                                &ledger_file::log_path(&ml.prefix, ledger),
+                                ledger,
+                                first + i as u64,
+                                o,
+                                format!("a directly written entry is at {o}, expected {at}"),
+                            ));
+                        }
+                        None
+                    }
+                    None => {
+                        off += len as usize;
+                        Some(&bodies[off - len as usize..off])
+                    }
+                };
+                if i >= skip {
+                    at += (ledger_file::RECORD_HEADER_LEN + len as usize) as u64;
+                }
+                records.push(NewRecord { payload, len, crc });
             }
             let records = &records[skip..];
             if fresh {
                 // New names in `ledgers/` (maybe the directory itself): made
                 // durable by the checkpoint before a catalog refers to them.
                 let ldir = self.io.data_dir.join(LEDGERS_DIR);
-                let created = make_dirs(self.io.fs.as_ref(), &ldir)?;
+                let created = super::fs::make_dirs(self.io.fs.as_ref(), &ldir)?;
                 let mut c = self.ckpt.lock();
                 c.dirs.insert(ldir);
                 if !created.is_empty() {

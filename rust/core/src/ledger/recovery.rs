@@ -92,6 +92,62 @@ impl Store {
         Ok(())
     }
 
+    /// Why the ledger-file record an `EntryRef` points to does not check
+    /// out, if it does not (a group cut short by a crash wrote the reference
+    /// but not all of the record: a torn tail; before the acknowledged point,
+    /// damage). Entries already in the catalog's count, and entries of
+    /// ledgers trimmed since, are not read.
+    fn check_entry_ref(&self, seen: &journal::Seen<'_>) -> Result<Option<String>> {
+        let h = &seen.head;
+        let Some(r) = journal::EntryRef::decode(seen.body) else {
+            return Ok(Some("malformed entry reference".to_owned()));
+        };
+        let Some(ml) = self.mls.read().get(&h.ml).cloned() else {
+            return Ok(None);
+        };
+        // A ledger gone from the state (trimmed: its files may be gone too)
+        // skips the record; one whose files hold the entry already trusts it.
+        if ml
+            .ledgers
+            .read()
+            .get(&h.a)
+            .is_none_or(|l| h.b < l.file_entries)
+        {
+            return Ok(None);
+        }
+        let path = super::ledger_file::log_path(&ml.prefix, h.a);
+        let f = match self.io.fs.open(&path, OpenMode::READ) {
+            Ok(f) => f,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Ok(Some(format!("{} is missing", path.display())));
+            }
+            Err(e) => return Err(Error::io(format!("opening {}", path.display()), &e)),
+        };
+        let mut buf = vec![0u8; 8 + r.len as usize];
+        match f.read_exact_at(&mut buf, r.offset) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                return Ok(Some(format!(
+                    "{} ends before the entry's record",
+                    path.display()
+                )));
+            }
+            Err(e) => return Err(Error::io(format!("reading {}", path.display()), &e)),
+        }
+        let ok = journal::le_u32(&buf) == r.len
+            && journal::le_u32(&buf[4..]) == r.crc
+            && journal::body_crc(&buf[8..]) == r.crc;
+        Ok((!ok).then(|| {
+            format!(
+                "the record of entry {}:{} at {} in {} does not check out",
+                h.a,
+                h.b,
+                r.offset,
+                path.display()
+            )
+        }))
+    }
+
     /// Applies one journal record during recovery or a read-only scan.
     fn replay_record(&self, seen: &journal::Seen<'_>) -> Result<Vec<(Arc<MlState>, u64)>> {
         let h = &seen.head;
@@ -235,11 +291,24 @@ impl Store {
                 }
                 break;
             }
-            let scan =
-                journal::scan_segment(file.as_ref(), &path, base, end.max(base), limit, |seen| {
+            let scan = journal::scan_segment_checked(
+                file.as_ref(),
+                &path,
+                base,
+                end.max(base),
+                limit,
+                |seen| {
+                    // A reference is only as good as the ledger-file record
+                    // it points to (written in the same group).
+                    if seen.head.kind == Kind::EntryRef {
+                        if let Some(reason) = self.check_entry_ref(&seen)? {
+                            return Ok(Some(reason));
+                        }
+                    }
                     dropped.extend(self.replay_record(&seen)?);
-                    Ok(())
-                })?;
+                    Ok(None)
+                },
+            )?;
             end = scan.end;
             self.io.segments.write().insert(base, Arc::clone(&file));
             last = Some((base, Arc::clone(&file)));

@@ -183,7 +183,7 @@ pub(super) fn io_err(what: impl Into<String>, e: &io::Error) -> Error {
 /// Creates `dir` and any missing parents, syncing each parent after a
 /// child is created in it (so the new names survive a power cut).
 pub(super) fn create_dirs(fs: &dyn Fs, dir: &Path) -> Result<()> {
-    for d in super::flusher::make_dirs(fs, dir)? {
+    for d in super::fs::make_dirs(fs, dir)? {
         let parent = match d.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),
@@ -467,6 +467,7 @@ impl Store {
             segment_bytes: opts.journal_segment_bytes,
             preallocate_bytes: opts.preallocate_bytes,
             max_batch_bytes: opts.max_batch_bytes,
+            direct_min: opts.direct_entry_bytes,
         };
         let journal = Arc::new(Journal::new(
             Arc::clone(&io),

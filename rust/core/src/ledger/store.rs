@@ -19,7 +19,10 @@
 //! per-ledger files, trimming is a file removal, a sealed ledger is a
 //! self-contained unit (for tiered offload and for Spark partitions), and
 //! the second write is off the append path (page cache, synced once per
-//! checkpoint for all the ledgers it touched).
+//! checkpoint for all the ledgers it touched). Large entries (from
+//! `direct_entry_bytes`) skip the second write altogether: the journal
+//! writer puts their record straight into the ledger file and journals a
+//! reference, both synced in the same group.
 //!
 //! # Threads (fixed per data directory, whatever the number of ledgers)
 //!

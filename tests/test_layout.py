@@ -23,6 +23,10 @@ LAYERS = [
     {"coordinator.aio"},
     {"coordinator.coordinator"},
     {"coordinator"},
+    {"tiered.remote"},
+    {"tiered.metadata", "tiered.txn_index"},
+    {"tiered.offload", "tiered.reader"},
+    {"tiered"},
     {"workload", "demo", "cli", "testing"},
 ]
 

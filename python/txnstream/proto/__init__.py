@@ -36,6 +36,7 @@ from txnstream.proto.pulsar_api_pb2 import (
     MessageMetadata,
     SingleMessageMetadata,
 )
+from txnstream.proto.remote_log_pb2 import RemoteLogSegmentMetadata
 from txnstream.proto.tb_snapshot_pb2 import AbortTxnMetadata, TransactionBufferSnapshot
 from txnstream.proto.terminated_pb2 import TerminatedTxn, TerminatedTxnState
 from txnstream.proto.txn_log_pb2 import (
@@ -59,14 +60,17 @@ __all__ = [
     "COMMITTED",
     "COMMITTING",
     "OPEN",
+    "TXN_ABORT",
+    "TXN_COMMIT",
+    "TXN_COMMITTING",
     "AbortTxnMetadata",
     "AckType",
     "BatchDeletion",
     "BatchedPendingAckMetadataEntry",
     "BatchedTransactionMetadataEntry",
     "Catalog",
-    "CompressionType",
     "CompactedRecord",
+    "CompressionType",
     "Cumulative",
     "CursorState",
     "DeletedRange",
@@ -79,11 +83,9 @@ __all__ = [
     "PendingAckMetadata",
     "PendingAckMetadataEntry",
     "PendingAckOp",
+    "RemoteLogSegmentMetadata",
     "SingleMessageMetadata",
     "Subscription",
-    "TXN_ABORT",
-    "TXN_COMMIT",
-    "TXN_COMMITTING",
     "TerminatedTxn",
     "TerminatedTxnState",
     "TransactionBufferSnapshot",

@@ -274,3 +274,49 @@ def fold_txn_entries(
     deleted: Sequence[Sequence[int]],
     tc_id: int,
 ) -> dict[str, Any]: ...
+
+# Topic entries in Pulsar's message format (rust/py/src/message.rs).
+def encode_message(
+    payload: bytes,
+    producer_name: str,
+    sequence_id: int,
+    publish_time: int,
+    key: str | None = None,
+    properties: Sequence[tuple[str, str]] | None = None,
+    txn: tuple[int, int] | None = None,
+) -> bytes: ...
+def encode_batch_message(
+    messages: Sequence[tuple[bytes, str | None, Sequence[tuple[str, str]] | None, int]],
+    producer_name: str,
+    publish_time: int,
+    txn: tuple[int, int] | None = None,
+) -> bytes: ...
+def encode_marker(commit: bool, most_bits: int, least_bits: int, publish_time: int) -> bytes: ...
+def decode_topic_entry(entry: bytes) -> dict[str, Any]: ...
+
+_MessageRow = tuple[
+    int,
+    int,
+    int,
+    int,
+    bytes,
+    str | None,
+    dict[str, str] | None,
+    int,
+    str,
+    int,
+    tuple[int, int] | None,
+]
+
+def read_messages(
+    ml: ManagedLedger,
+    cursor: str | None = None,
+    after: Position | TxnPosition | None = None,
+    limit: Position | TxnPosition | None = None,
+    max_entries: int = 256,
+) -> tuple[Position | None, int, list[_MessageRow]]: ...
+def scan_topic(
+    ml: ManagedLedger,
+    after: Position | TxnPosition | None = None,
+    max_entries: int = 4096,
+) -> list[tuple[int, int, int | None, tuple[int, int] | None, str, list[int]]]: ...

@@ -26,6 +26,16 @@ from txnstream.proto.pending_ack_pb2 import (
     PendingAckMetadataEntry,
     PendingAckOp,
 )
+from txnstream.proto.pulsar_api_pb2 import (
+    TXN_ABORT,
+    TXN_COMMIT,
+    TXN_COMMITTING,
+    CompressionType,
+    KeyValue,
+    MarkerType,
+    MessageMetadata,
+    SingleMessageMetadata,
+)
 from txnstream.proto.tb_snapshot_pb2 import AbortTxnMetadata, TransactionBufferSnapshot
 from txnstream.proto.terminated_pb2 import TerminatedTxn, TerminatedTxnState
 from txnstream.proto.txn_log_pb2 import (
@@ -55,17 +65,25 @@ __all__ = [
     "BatchedPendingAckMetadataEntry",
     "BatchedTransactionMetadataEntry",
     "Catalog",
+    "CompressionType",
     "CompactedRecord",
     "Cumulative",
     "CursorState",
     "DeletedRange",
     "Individual",
+    "KeyValue",
     "LedgerInfo",
     "ManagedLedgerState",
+    "MarkerType",
+    "MessageMetadata",
     "PendingAckMetadata",
     "PendingAckMetadataEntry",
     "PendingAckOp",
+    "SingleMessageMetadata",
     "Subscription",
+    "TXN_ABORT",
+    "TXN_COMMIT",
+    "TXN_COMMITTING",
     "TerminatedTxn",
     "TerminatedTxnState",
     "TransactionBufferSnapshot",

@@ -5,6 +5,8 @@
 //! - [`columns`]: bulk columnar decode of transaction and pending-ack logs.
 //! - [`proto`]: prost types for every storage format.
 //! - [`ledger`]: durable managed ledgers with cursors and compacted topics.
+//! - [`message`]: topic entries in Pulsar's format (metadata, batches,
+//!   transaction markers).
 //! - [`writer`]: the PIP-160 `BufferedWriter` (batched log writes).
 //! - [`replay`]: live records of a mixed batched/unbatched log, columnar.
 //! - [`txnlog_record`], [`txnlog_fold`]: coordinator log records encoded from
@@ -16,6 +18,7 @@ pub mod error;
 pub mod fork;
 pub mod frame;
 pub mod ledger;
+pub mod message;
 pub mod position;
 pub mod proto;
 pub mod replay;

@@ -10,6 +10,7 @@ mod completion;
 mod errors;
 mod frame;
 mod ledger;
+mod message;
 mod position;
 mod replay;
 #[cfg(feature = "testing")]
@@ -47,6 +48,12 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(txnlog::encode_txn_update, m)?)?;
     m.add_function(wrap_pyfunction!(replay::fold_txn_log, m)?)?;
     m.add_function(wrap_pyfunction!(txnlog::fold_txn_entries, m)?)?;
+    m.add_function(wrap_pyfunction!(message::encode_message, m)?)?;
+    m.add_function(wrap_pyfunction!(message::encode_batch_message, m)?)?;
+    m.add_function(wrap_pyfunction!(message::encode_marker, m)?)?;
+    m.add_function(wrap_pyfunction!(message::decode_topic_entry, m)?)?;
+    m.add_function(wrap_pyfunction!(message::read_messages, m)?)?;
+    m.add_function(wrap_pyfunction!(message::scan_topic, m)?)?;
     #[cfg(feature = "testing")]
     testing::register(m)?;
     Ok(())

@@ -831,7 +831,10 @@ class TransactionCoordinator:
         return end_answer(txn_id, act, rec.status, rec.timed_out)
 
     def end_transactions(
-        self, items: Iterable[tuple[TxnID, TxnAction | str]]
+        self,
+        items: Iterable[tuple[TxnID, TxnAction | str]],
+        *,
+        traces: list[EndTrace | None] | None = None,
     ) -> list[TxnStatus | TransactionError]:
         """:meth:`end_transaction` for many transactions.
 
@@ -840,13 +843,16 @@ class TransactionCoordinator:
         transaction another thread is ending is waited for. Returns, per
         item, the final status or the refusal (``TransactionAlreadyAborted``,
         ``TransactionNotFound``...); bad arguments and log write failures raise.
+        ``traces`` (one per item, or None) count each end's durable waits.
         """
         table = self._table
         reqs = [(txn, table.seq_of(txn), TxnAction.parse(act)) for txn, act in items_arg(items)]
+        if traces is not None and len(traces) != len(reqs):
+            raise bad_argument("traces", len(traces), f"one trace (or None) per item ({len(reqs)})")
         with table.lock:
             table.enter()
         try:
-            got = self._driver.end_many(reqs)
+            got = self._driver.end_many(reqs, traces)
         finally:
             table.leave()
         out: list[TxnStatus | TransactionError] = []

@@ -402,7 +402,9 @@ class EndDriver:
                 raise _pending_error(table.tid(seq), outcome, "busy")
 
     def end_many(
-        self, reqs: list[tuple[TxnID, int, TxnAction]]
+        self,
+        reqs: list[tuple[TxnID, int, TxnAction]],
+        traces: list[EndTrace | None] | None = None,
     ) -> list[TxnStatus | TransactionError | None]:
         """Many clients' ends: per item the final status, a refusal, or None (not in memory).
 
@@ -435,12 +437,14 @@ class EndDriver:
                 else:
                     later.append(i)
         if claimed:
-            for (i, _), got in zip(claimed, self._drive_many(claimed, deadline), strict=True):
+            claimed_traces = None if traces is None else [traces[i] for i, _ in claimed]
+            driven = self._drive_many(claimed, deadline, claimed_traces)
+            for (i, _), got in zip(claimed, driven, strict=True):
                 results[i] = got
         for i in later:
             _, seq, act = reqs[i]
             try:
-                results[i] = self.end(seq, act)
+                results[i] = self.end(seq, act, trace=None if traces is None else traces[i])
             except TransactionError as exc:
                 results[i] = exc
         return results
@@ -679,12 +683,21 @@ class EndDriver:
         return table.release(meta)
 
     def _drive_many(
-        self, claimed: list[tuple[int, TxnMeta]], deadline: int
+        self,
+        claimed: list[tuple[int, TxnMeta]],
+        deadline: int,
+        traces: list[EndTrace | None] | None = None,
     ) -> list[TxnStatus | TransactionError | None]:
-        """Run steps 1-3 for many claimed (fresh) transactions, each step one batch."""
+        """Run steps 1-3 for many claimed (fresh) transactions, each step one batch.
+
+        With :attr:`completions` step 3 is handed off (the outcome is
+        returned once participants ended). ``traces`` (one per claimed
+        transaction, or None) count their durable waits.
+        """
         table, clock, writer = self._table, self._clock, self._writer
         metas = [m for _, m in claimed]
         results: list[TxnStatus | TransactionError | None] = [None] * len(metas)
+        handed: set[int] = set()
         try:
             now = clock.wall_ms()
             with table.lock:
@@ -713,20 +726,97 @@ class EndDriver:
                     m.decided_at = mono
                     m.last_modified = now
                     table.notify(m)
-            ready: list[int] = []
-            for i, m in enumerate(metas):
-                try:
-                    self._end_participants(m, table.tid(m.seq), deadline, background=False)
-                except TransactionError as exc:
-                    results[i] = exc
-                    continue
-                ready.append(i)
+            if traces is not None:
+                for t in traces:
+                    if t is not None:
+                        t.waited("decision")
+            ready = self._end_participants_many(metas, deadline, results, traces)
+            if self.completions is not None:
+                for i in ready:
+                    outcome = metas[i].status.outcome
+                    assert outcome is not None
+                    results[i] = outcome
+                    self.completions.submit(metas[i])
+                    handed.add(i)
+                return results
             for i, final in zip(ready, self._complete_many([metas[i] for i in ready]), strict=True):
                 results[i] = final
             return results
         finally:
-            for m in metas:
-                self._release(m)
+            for i, m in enumerate(metas):
+                if i not in handed:
+                    self._release(m)
+
+    def _end_participants_many(
+        self,
+        metas: list[TxnMeta],
+        deadline: int,
+        results: list[TxnStatus | TransactionError | None],
+        traces: list[EndTrace | None] | None,
+    ) -> list[int]:
+        """Step 2 for many decided transactions at once; the indexes that finished.
+
+        Every participant of every transaction is started first and their
+        futures awaited together (their writes share syncs); a transaction
+        with a failed participant falls back to :meth:`_end_participants`
+        (retries with backoff until the deadline; a refusal goes to
+        ``results``).
+        """
+        table, clock = self._table, self._clock
+        resolver = self.participants
+        failed: set[int] = set()
+        waiting: list[tuple[int, Future[None]]] = []
+        for i, m in enumerate(metas):
+            tid = table.tid(m.seq)
+            self._hook("ending_logged", tid)
+            commit = m.status is TxnStatus.COMMITTING
+            try:
+                for p in m.partition_list():
+                    fut = resolver.partition(p).end(tid, commit)
+                    if fut is not None:
+                        waiting.append((i, fut))
+                for t, sub in m.subscription_list():
+                    fut = resolver.subscription(t, sub).end(tid, commit)
+                    if fut is not None:
+                        waiting.append((i, fut))
+            except Exception:
+                failed.add(i)
+        if waiting:
+            all_done = threading.Event()
+            left = [len(waiting)]
+            lock = threading.Lock()
+
+            def one_done(_: Future[None]) -> None:
+                with lock:
+                    left[0] -= 1
+                    if left[0] == 0:
+                        all_done.set()
+
+            for _, fut in waiting:
+                fut.add_done_callback(one_done)
+            if traces is not None and not all_done.is_set():
+                for i in {i for i, _ in waiting}:
+                    trace = traces[i]
+                    if trace is not None:
+                        trace.waited("participants")
+            clock.wait(all_done, deadline - clock.monotonic_ms())
+            for i, fut in waiting:
+                if not fut.done() or fut.exception(timeout=0) is not None:
+                    failed.add(i)
+        ready: list[int] = []
+        for i, m in enumerate(metas):
+            tid = table.tid(m.seq)
+            if i in failed:
+                try:
+                    self._end_participants(m, tid, deadline, background=False)
+                except TransactionError as exc:
+                    results[i] = exc
+                    continue
+            else:
+                m.participants_done = True
+                self._hook("participants_done", tid)
+            ready.append(i)
+        return ready
 
     def _complete_many(self, metas: list[TxnMeta]) -> list[TxnStatus]:
         """Step 3 for many: store records one by one, the final records as one batch."""

@@ -610,8 +610,12 @@ class EndDriver:
         deadline: int,
         background: bool,
         trace: EndTrace | None = None,
+        attempts: int | None = None,
     ) -> None:
-        """Step 2: tell every participant the decided outcome."""
+        """Step 2: tell every participant the decided outcome.
+
+        ``attempts`` overrides the policy's limit (a background run makes one).
+        """
         commit = meta.status is TxnStatus.COMMITTING
         partitions = meta.partition_list()
         subscriptions = meta.subscription_list()
@@ -626,7 +630,7 @@ class EndDriver:
             clock=self._clock,
             deadline_ms=deadline,
             stop=self._stop,
-            attempts=1 if background else None,
+            attempts=1 if background else attempts,
             trace=trace,
         )
         meta.participants_done = True
@@ -764,23 +768,26 @@ class EndDriver:
         """
         table, clock = self._table, self._clock
         resolver = self.participants
-        failed: set[int] = set()
-        waiting: list[tuple[int, Future[None]]] = []
+        failed: dict[int, tuple[str, str]] = {}  # index -> (participant, error) of a failure
+        waiting: list[tuple[int, str, Future[None]]] = []
         for i, m in enumerate(metas):
             tid = table.tid(m.seq)
             self._hook("ending_logged", tid)
             commit = m.status is TxnStatus.COMMITTING
+            label = ""
             try:
                 for p in m.partition_list():
+                    label = f"partition {p}"
                     fut = resolver.partition(p).end(tid, commit)
                     if fut is not None:
-                        waiting.append((i, fut))
+                        waiting.append((i, label, fut))
                 for t, sub in m.subscription_list():
+                    label = f"subscription {t}/{sub}"
                     fut = resolver.subscription(t, sub).end(tid, commit)
                     if fut is not None:
-                        waiting.append((i, fut))
-            except Exception:
-                failed.add(i)
+                        waiting.append((i, label, fut))
+            except Exception as exc:
+                failed[i] = (label, repr(exc))
         if waiting:
             all_done = threading.Event()
             left = [len(waiting)]
@@ -792,23 +799,44 @@ class EndDriver:
                     if left[0] == 0:
                         all_done.set()
 
-            for _, fut in waiting:
+            for _, _, fut in waiting:
                 fut.add_done_callback(one_done)
             if traces is not None and not all_done.is_set():
-                for i in {i for i, _ in waiting}:
+                for i in {i for i, _, _ in waiting}:
                     trace = traces[i]
                     if trace is not None:
                         trace.waited("participants")
             clock.wait(all_done, deadline - clock.monotonic_ms())
-            for i, fut in waiting:
-                if not fut.done() or fut.exception(timeout=0) is not None:
-                    failed.add(i)
+            for i, label, fut in waiting:
+                if not fut.done():
+                    failed.setdefault(i, (label, repr(TimeoutError("no answer in time"))))
+                elif fut.exception(timeout=0) is not None:
+                    failed.setdefault(i, (label, repr(fut.exception(timeout=0))))
+        limit = self._config.retry.max_attempts
         ready: list[int] = []
         for i, m in enumerate(metas):
             tid = table.tid(m.seq)
             if i in failed:
+                # That was attempt 1; the retries follow the same policy.
                 try:
-                    self._end_participants(m, tid, deadline, background=False)
+                    if limit is not None and limit <= 1:
+                        outcome = m.status.outcome
+                        label, err = failed[i]
+                        raise ParticipantsFailed(
+                            f"ending transaction {tid} ({outcome.name if outcome else '?'}, "
+                            f"decided) failed on a participant after 1 attempt(s): {label}: "
+                            f"{err}; it is completed in the background",
+                            txn_id=tid,
+                            outcome=outcome,
+                            failures=[failed[i]],
+                        )
+                    self._end_participants(
+                        m,
+                        tid,
+                        deadline,
+                        background=False,
+                        attempts=None if limit is None else limit - 1,
+                    )
                 except TransactionError as exc:
                     results[i] = exc
                     continue

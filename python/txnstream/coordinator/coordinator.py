@@ -979,12 +979,31 @@ class TransactionCoordinator:
 
     def metrics(self) -> dict[str, Any]:
         """Scrape-time snapshot for :class:`txnstream.metrics.CoordinatorCollector`."""
+        now = self._clock.monotonic_ms()
         with self._table.lock:
             out, live, ending = self._counts()
             out["active"] = live
             out["open"] = live - ending
+            out["late"] = self._late_locked(now)
             out["end_latency_ms"] = self._counters.histogram()
         return out
+
+    def _late_locked(self, now: int) -> int:
+        # Under the lock: live transactions past their deadline.
+        return sum(1 for m in self._table.txns.values() if m.visible and m.deadline <= now)
+
+    def late_transactions(self) -> list[TransactionInfo]:
+        """Live transactions past their timeout: not aborted yet, or stuck ending (oldest first)."""
+        table = self._table
+        now = self._clock.monotonic_ms()
+        with table.lock:
+            late = [
+                m.info(table.tc_id, table.span_records(m))
+                for m in table.txns.values()
+                if m.visible and m.deadline <= now
+            ]
+        late.sort(key=lambda i: (i.start_time, i.txn_id))
+        return late
 
     # -------------------------------------------------------------- admin
 

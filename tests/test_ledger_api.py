@@ -279,3 +279,13 @@ def test_appends_take_any_buffer(tmp_path: Path) -> None:
             ml.append("text")  # type: ignore[arg-type]
         with pytest.raises(InvalidArgumentError, match="max_entries_per_ledger"):
             ManagedLedger.open(tmp_path, "big", max_entries_per_ledger=2**70)
+
+
+def test_names_of_the_managed_ledgers_of_a_directory(tmp_path: Path) -> None:
+    with ManagedLedger.open(tmp_path, "b/x") as a, ManagedLedger.open(tmp_path, "a"):
+        a.append(b"1")
+        # Read-only, while the writer has it open.
+        assert ManagedLedger.names(tmp_path) == ["a", "b/x"]
+    assert ManagedLedger.names(tmp_path) == ["a", "b/x"]
+    with pytest.raises(StorageError):
+        ManagedLedger.names(tmp_path / "missing")

@@ -27,12 +27,14 @@ pub mod catalog;
 pub mod compacted;
 pub mod cursor;
 pub mod fault;
+mod flusher;
 pub mod fs;
 mod group_commit;
 pub use group_commit::PositionCallback;
 pub mod journal;
 pub mod ledger_file;
 pub mod options;
+mod recovery;
 #[cfg(any(test, feature = "testing"))]
 pub mod simfs;
 mod state;
@@ -164,6 +166,19 @@ impl ManagedLedger {
             }),
             closing: Mutex::new(()),
         }))
+    }
+
+    /// Names of the managed ledgers in `data_dir` (read-only: works on a
+    /// live directory from another process, and on a closed one).
+    pub fn list(data_dir: &Path) -> Result<Vec<String>> {
+        let opts = LedgerOptions {
+            read_only: true,
+            ..LedgerOptions::default()
+        };
+        let store = Store::acquire(data_dir, &opts)?;
+        let r = store.refresh().map(|()| store.ml_names());
+        let _ = store.release();
+        r
     }
 
     /// Picks up what another process wrote since the last look (read-only

@@ -35,20 +35,21 @@ topics and logs, then the timer.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from prometheus_client.registry import REGISTRY, CollectorRegistry
 
 from txnstream._native import BufferedWriter, CompactedTopic, ManagedLedger
 from txnstream.broker.topic import Topic
 from txnstream.broker.topic_name import MAX_PARTITIONS, TopicName
-from txnstream.buffer import TransactionBuffer, TxnOutcomes
+from txnstream.buffer import TxnOutcomes
 from txnstream.config import BrokerConfig
 from txnstream.coordinator import (
     CoordinatorConfig,
@@ -57,6 +58,7 @@ from txnstream.coordinator import (
     TxnID,
 )
 from txnstream.coordinator.coordinator import directory_arg
+from txnstream.coordinator.ending import Participant
 from txnstream.errors import (
     AlreadyClosedError,
     CoordinatorNotFound,
@@ -71,7 +73,6 @@ from txnstream.metrics import (
     unregister_broker,
     unregister_writer,
 )
-from txnstream.pendingack import PendingAckStore
 from txnstream.timer import Clock, TimerHandle, TimerService, clock_arg
 
 if TYPE_CHECKING:
@@ -177,7 +178,10 @@ class Broker:
         started = time.monotonic()
         # The first ledger takes the directory's writer lock.
         self._registry_topic = CompactedTopic.open(
-            self.path, TOPICS_REGISTRY, **self._ledger_options
+            self.path,
+            TOPICS_REGISTRY,
+            max_entries_per_ledger=self.config.max_entries_per_ledger,
+            max_bytes_per_ledger=self.config.max_size_per_ledger_mb << 20,
         )
         cfg = self.config
         persist = cfg.extra.get("transactionMetaPersistCount", DEFAULT_PERSIST_COUNT)
@@ -224,7 +228,7 @@ class Broker:
     # ------------------------------------------------------------ clients
 
     def client(self, name: str | None = None) -> Client:
-        """A client of this broker; ``name`` (generated if None) enables idempotent end."""
+        """Return a client of this broker; ``name`` (generated if None) enables idempotent end."""
         from txnstream.client import Client
 
         self._check_open()
@@ -279,7 +283,9 @@ class Broker:
         )
         return self.create_topic(base, n, exist_ok=True)
 
-    def create_topic(self, name: str | TopicName, partitions: int = 0, *, exist_ok: bool = False) -> int:
+    def create_topic(
+        self, name: str | TopicName, partitions: int = 0, *, exist_ok: bool = False
+    ) -> int:
         """Create topic ``name`` with ``partitions`` partitions (0: not partitioned).
 
         Returns its partition count. An existing topic raises
@@ -296,7 +302,9 @@ class Broker:
             )
         if isinstance(partitions, bool) or not isinstance(partitions, int):
             raise InvalidArgumentError(
-                f"partitions must be an int, got {partitions!r}", argument="partitions", value=partitions
+                f"partitions must be an int, got {partitions!r}",
+                argument="partitions",
+                value=partitions,
             )
         if not 0 <= partitions <= MAX_PARTITIONS:
             raise InvalidArgumentError(
@@ -323,7 +331,7 @@ class Broker:
         return [(k, int(v)) for k, v in self._topics_registry.items()]
 
     def partition_names(self, name: str | TopicName) -> list[TopicName]:
-        """The partitions of ``name`` (itself when not partitioned)."""
+        """Return the partitions of ``name`` (itself when not partitioned)."""
         topic = name if isinstance(name, TopicName) else TopicName.parse(name)
         if topic.is_partition:
             return [topic]
@@ -331,7 +339,7 @@ class Broker:
         return [topic] if n == 0 else [topic.partition_name(i) for i in range(n)]
 
     def topic(self, name: str | TopicName) -> Topic:
-        """The open partition (or non-partitioned topic) ``name``, opened and recovered on first use."""
+        """Return partition (or unpartitioned topic) ``name``, opened and recovered on first use."""
         self._check_open()
         tn = name if isinstance(name, TopicName) else TopicName.parse(name)
         if not tn.is_partition and self.partitions(tn) > 0:
@@ -397,10 +405,15 @@ class Broker:
 
     def open_ledger(self, name: str) -> ManagedLedger:
         """Open (creating) managed ledger ``name`` in the data directory."""
-        return ManagedLedger.open(self.path, name, **self._ledger_options)
+        return ManagedLedger.open(
+            self.path,
+            name,
+            max_entries_per_ledger=self.config.max_entries_per_ledger,
+            max_bytes_per_ledger=self.config.max_size_per_ledger_mb << 20,
+        )
 
     def pending_ack_writer(self, ml: ManagedLedger, name: str) -> BufferedWriter:
-        """A BufferedWriter for pending-ack log ``ml`` (metrics prefix txnstream_txn_pending_ack_store)."""
+        """Return a BufferedWriter for pending-ack log ``ml`` (pending-ack store metrics)."""
         writer = BufferedWriter(ml, **self.config.pending_ack_batched_write.writer_kwargs())
         if self._registry is not None:
             label = name if self._label is None else f"{name}@{self._label}"
@@ -425,7 +438,9 @@ class Broker:
     def set_pending_ack_batch_enabled(self, enabled: bool) -> None:
         """Switch batched writes of every pending-ack log on or off (now and for new ones)."""
         if not isinstance(enabled, bool):
-            raise InvalidArgumentError(f"enabled must be a bool, got {enabled!r}", argument="enabled", value=enabled)
+            raise InvalidArgumentError(
+                f"enabled must be a bool, got {enabled!r}", argument="enabled", value=enabled
+            )
         self.config.set("transactionPendingAckBatchedWriteEnabled", enabled)
         for w in self.pending_ack_writers():
             w.set_batch_enabled(enabled)
@@ -450,15 +465,15 @@ class Broker:
 
     # ------------------------------------------------------------ ParticipantResolver
 
-    def partition(self, name: str) -> TransactionBuffer:
-        """The transaction buffer of partition ``name`` (for coordinators' ends)."""
+    def partition(self, name: str) -> Participant:
+        """Return the transaction buffer of partition ``name`` (for coordinators' ends)."""
         self._coordinators()
-        return self.topic(name).tb
+        return cast(Participant, self.topic(name).tb)
 
-    def subscription(self, topic: str, subscription: str) -> PendingAckStore:
-        """The pending-ack store of ``subscription`` on partition ``topic``."""
+    def subscription(self, topic: str, subscription: str) -> Participant:
+        """Return the pending-ack store of ``subscription`` on partition ``topic``."""
         self._coordinators()
-        return self.topic(topic).pending_ack(subscription)
+        return cast(Participant, self.topic(topic).pending_ack(subscription))
 
     # ------------------------------------------------------------ maintenance
 
@@ -466,16 +481,12 @@ class Broker:
         if self._closed:
             return
         due = self._clock.monotonic_ms() + self.config.pending_ack_trim_interval_ms
-        try:
+        with contextlib.suppress(RuntimeError):  # the timer is closed: closing
             self._maintenance_timer = self._scope.schedule(due, self._maintenance_due)
-        except RuntimeError:
-            pass  # the timer is closed: closing
 
     def _maintenance_due(self) -> None:
-        try:
+        with contextlib.suppress(RuntimeError):  # the pool is shut down: closing
             self._maintenance_pool.submit(self._maintain)
-        except RuntimeError:
-            pass
 
     def _maintain(self) -> None:
         try:
@@ -495,7 +506,7 @@ class Broker:
     # ------------------------------------------------------------ metrics
 
     def metrics(self) -> dict[str, Any]:
-        """Scrape-time snapshot: per loaded partition its lag and buffer, per subscription its acks."""
+        """Return a scrape-time snapshot: per partition lag and buffer, per subscription acks."""
         topics = []
         for t in self.loaded_topics():
             tb = t.tb
@@ -508,21 +519,23 @@ class Broker:
             topics.append((t.full, tb.lag(), ongoing, aborted, subs))
         waits = [0] * (len(COMMIT_WAIT_BOUNDS) + 1)
         latency = [0] * (len(COMMIT_LATENCY_BOUNDS_MS) + 1)
-        counts = {"commits": 0, "aborts": 0, "latency_sum_ms": 0.0}
+        counts: dict[str, float] = {"commits": 0, "aborts": 0, "latency_sum_ms": 0.0}
         for c in self.iter_clients():
-            st = c.commit_stats()
-            for i, n in enumerate(st["waits"]):
+            cs = c.commit_stats()
+            w: list[int] = cs["waits"]
+            lat: list[int] = cs["latency"]
+            for i, n in enumerate(w):
                 waits[i] += n
-            for i, n in enumerate(st["latency"]):
+            for i, n in enumerate(lat):
                 latency[i] += n
             for k in counts:
-                counts[k] += st[k]
+                counts[k] += cs[k]
         return {"topics": topics, "waits": waits, "latency": latency, **counts}
 
     # ------------------------------------------------------------ close
 
     def iter_clients(self) -> Iterator[Client]:
-        """The clients made by :meth:`client` (open or closed)."""
+        """Return the clients made by :meth:`client` (open or closed)."""
         with self._lock:
             return iter(list(self._clients))
 
@@ -551,16 +564,17 @@ class Broker:
             except Exception:
                 log.exception("closing coordinators")
         self.coordinators = None
-        while True:
+        # Topics being opened finish (they see the broker closed and close
+        # themselves); bounded by the end timeout.
+        deadline = time.monotonic() + self.config.end_timeout_ms / 1000.0
+        while time.monotonic() < deadline:
             with self._lock:
                 opening = list(self._opening.values())
             if not opening:
                 break
             for f in opening:
-                try:
-                    f.result(timeout=self.config.end_timeout_ms / 1000.0)
-                except Exception:
-                    pass
+                with contextlib.suppress(Exception):
+                    f.result(timeout=max(0.0, deadline - time.monotonic()))
         for t in self.loaded_topics():
             try:
                 t.close()

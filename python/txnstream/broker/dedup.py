@@ -98,7 +98,7 @@ class Deduplication:
         return p
 
     def last_sequence_id(self, producer: str) -> int:
-        """The highest sequence id ``producer`` sent here (-1: none)."""
+        """Return the highest sequence id ``producer`` sent here (-1: none)."""
         p = self._producers.get(producer)
         return -1 if p is None else p.last
 
@@ -174,7 +174,7 @@ class Deduplication:
             p.last = sequence_ids[-1]
 
     def failed(self, producer: str, sequence_ids: list[int]) -> None:
-        """A claimed send failed to be queued: its ids may be sent again."""
+        """Free the ids of a claimed send that failed to be queued (they may be sent again)."""
         p = self._producers.get(producer)
         if p is None:
             return
@@ -192,7 +192,7 @@ class Deduplication:
             self.placed(producer, sequence_ids, txn, None, entry, len(sequence_ids) > 1)
 
     def stats(self) -> dict[str, int]:
-        """Producers tracked and duplicates answered."""
+        """Return the producers tracked and the duplicates answered."""
         return {"producers": len(self._producers), "duplicates": self.duplicates}
 
 

@@ -46,7 +46,7 @@ from txnstream.errors import (
     PositionNotFoundError,
     TransactionConflictError,
 )
-from txnstream.pendingack import CursorAcks, PendingAckStore
+from txnstream.pendingack import PendingAckStore
 
 if TYPE_CHECKING:
     from txnstream.buffer import TransactionBuffer
@@ -77,7 +77,7 @@ READ_BATCH = 64
 
 
 def key_of(p: TxnPosition) -> Key:
-    """The dispatch key of a message: ``(ledger_id, entry_id, batch_index)``."""
+    """Return the dispatch key of a message: ``(ledger_id, entry_id, batch_index)``."""
     return (p.ledger_id, p.entry_id, p.batch_index)
 
 
@@ -110,6 +110,7 @@ class Subscription:
         self._unacked: dict[Key, int] = {}  # delivered, not acked -> consumer id
         self._redeliveries: dict[Key, int] = {}
         self._consumers: set[int] = set()
+        self._wakers: set[threading.Event] = set()
         self._closed = False
         self.delivered = 0
         self.auto_acked = 0
@@ -118,7 +119,7 @@ class Subscription:
     # ------------------------------------------------------------ consumers
 
     def attach(self, consumer: int, isolation: str) -> None:
-        """A consumer joins; with others attached, its isolation must be theirs."""
+        """Attach a consumer; with others attached, its isolation must be theirs."""
         with self.cond:
             self._check_open()
             if isolation != self.isolation and not self._consumers:
@@ -137,14 +138,14 @@ class Subscription:
             self._consumers.add(consumer)
 
     def detach(self, consumer: int) -> None:
-        """A consumer leaves: its unacknowledged messages are delivered again."""
+        """Detach a consumer: its unacknowledged messages are delivered again."""
         with self.cond:
             self._consumers.discard(consumer)
             self._redeliver_locked(k for k, c in self._unacked.items() if c == consumer)
             self.cond.notify_all()
 
     def consumers(self) -> int:
-        """Connected consumers."""
+        """Return how many consumers are connected."""
         with self.cond:
             return len(self._consumers)
 
@@ -153,6 +154,9 @@ class Subscription:
         with self.cond:
             self._closed = True
             self.cond.notify_all()
+            wakers = list(self._wakers)
+        for w in wakers:
+            w.set()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -163,7 +167,9 @@ class Subscription:
 
     # ------------------------------------------------------------ dispatch
 
-    def fetch(self, consumer: int, max_messages: int, deadline: float | None) -> list[tuple[Row, int]]:
+    def fetch(
+        self, consumer: int, max_messages: int, deadline: float | None
+    ) -> list[tuple[Row, int]]:
         """Up to ``max_messages`` messages with their redelivery counts.
 
         Waits until at least one is available or the monotonic ``deadline``
@@ -192,9 +198,22 @@ class Subscription:
                 self.cond.wait(wait)
 
     def wake(self) -> None:
-        """New data may be readable: wake waiting receivers."""
+        """Wake waiting receivers: new data may be readable."""
         with self.cond:
             self.cond.notify_all()
+            wakers = list(self._wakers)
+        for w in wakers:
+            w.set()
+
+    def add_waker(self, event: threading.Event) -> None:
+        """Also set ``event`` on every :meth:`wake` (a consumer reading several partitions)."""
+        with self.cond:
+            self._wakers.add(event)
+
+    def remove_waker(self, event: threading.Event) -> None:
+        """Stop setting ``event``."""
+        with self.cond:
+            self._wakers.discard(event)
 
     def _take(self, consumer: int, limit: int) -> list[tuple[Row, int]]:
         # Under the lock: redeliveries first, then new messages in log order.

@@ -1,4 +1,4 @@
-"""One topic partition (or non-partitioned topic): its ledger, transaction buffer, producers' state, subscriptions.
+"""One topic partition (or non-partitioned topic): ledger, transaction buffer, dedup, subscriptions.
 
 Publishing (:meth:`Topic.publish`) happens under the partition's publish
 lock (the transaction buffer's lock): deduplication claims the sequence
@@ -63,7 +63,7 @@ class TopicContext(Protocol):
         """Open (creating) managed ledger ``name`` of the broker's data directory."""
 
     def pending_ack_writer(self, ml: ManagedLedger, name: str) -> BufferedWriter:
-        """A BufferedWriter for a pending-ack log (exported under the pending-ack prefix)."""
+        """Return a BufferedWriter for a pending-ack log (exported under the pending-ack prefix)."""
 
     def release_writer(self, name: str, writer: BufferedWriter) -> None:
         """Stop exporting a pending-ack writer's metrics."""
@@ -105,7 +105,9 @@ class Topic:
         """Replay the ledger into the transaction buffer and deduplication; reconcile."""
         dedup = self.dedup
 
-        def on_entry(pos: Position, producer: str, seqs: list[int], txn: tuple[int, int] | None) -> None:
+        def on_entry(
+            pos: Position, producer: str, seqs: list[int], txn: tuple[int, int] | None
+        ) -> None:
             dedup.replayed(producer, seqs, txn, pos)
 
         self.recovery = self.tb.recover(on_entry if self._dedup_on else None)
@@ -159,16 +161,14 @@ class Topic:
                     tb.ongoing.pop(txn, None)  # nothing was queued
                 raise
             if self._dedup_on:
-                self.dedup.placed(
-                    producer, sequence_ids, key, assigned or durable, batched=batched
-                )
+                self.dedup.placed(producer, sequence_ids, key, assigned or durable, batched=batched)
         if first and assigned is not None and txn is not None:
             assigned.add_done_callback(functools.partial(tb.assigned, txn))
         durable.add_done_callback(tb.durable_cb)
         return Publish(assigned, durable, None)
 
     def last_sequence_id(self, producer: str) -> int:
-        """The highest sequence id ``producer`` sent to this partition (-1: none)."""
+        """Return the highest sequence id ``producer`` sent to this partition (-1: none)."""
         with self.lock:
             return self.dedup.last_sequence_id(producer)
 
@@ -182,7 +182,7 @@ class Topic:
     def subscription(
         self, name: str, isolation: str = READ_COMMITTED, initial_position: str = EARLIEST
     ) -> Subscription:
-        """The subscription ``name`` (opened, recovered and reconciled on first use)."""
+        """Return the subscription ``name`` (opened, recovered and reconciled on first use)."""
         if isolation not in ISOLATIONS:
             raise InvalidArgumentError(
                 f"isolation must be one of {ISOLATIONS}, got {isolation!r}",
@@ -247,7 +247,7 @@ class Topic:
             return dict(self._subs)
 
     def pending_ack(self, name: str) -> PendingAckStore:
-        """The pending-ack store of subscription ``name`` (the coordinator's participant)."""
+        """Return the pending-ack store of subscription ``name`` (the coordinator's participant)."""
         return self.subscription(name).pending
 
     # ------------------------------------------------------------ maintenance
@@ -261,12 +261,17 @@ class Topic:
                     n += sub.pending.trim()
                 except Exception:
                     if not self._closed:
-                        log.warning("%s/%s: trimming the pending-ack log", self.full, sub.name, exc_info=True)
+                        log.warning(
+                            "%s/%s: trimming the pending-ack log",
+                            self.full,
+                            sub.name,
+                            exc_info=True,
+                        )
         self.tb.forget_trimmed()
         return n
 
     def stats(self) -> dict[str, object]:
-        """The transaction buffer, deduplication and subscriptions (admin)."""
+        """Return the transaction buffer, deduplication and subscriptions (admin)."""
         with self.lock:
             dedup = self.dedup.stats()
         return {

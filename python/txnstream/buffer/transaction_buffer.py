@@ -74,11 +74,11 @@ class TxnOutcomes(Protocol):
         """Every transaction of coordinator ``tc_id`` with ``least_bits <=`` it has ended."""
 
     def participant_outcome(self, txn_id: TxnID) -> bool | None:
-        """True: commit it, False: abort it, None: it is still open (see the coordinator)."""
+        """Return True to commit it, False to abort it, None while it is open."""
 
 
 def after(pos: Position) -> Position:
-    """The exclusive bound that admits ``pos`` and everything before it."""
+    """Return the exclusive bound that admits ``pos`` and everything before it."""
     return Position(pos.ledger_id, pos.entry_id + 1)
 
 
@@ -157,11 +157,7 @@ class TransactionBuffer:
             return None
         if limit.entry_id > 0:
             return Position(limit.ledger_id, limit.entry_id - 1)
-        before = [
-            (lid, n)
-            for lid, n, _ in self._ml.ledgers()
-            if lid < limit.ledger_id and n > 0
-        ]
+        before = [(lid, n) for lid, n, _ in self._ml.ledgers() if lid < limit.ledger_id and n > 0]
         return Position(before[-1][0], before[-1][1] - 1) if before else None
 
     def lag(self) -> int:
@@ -172,16 +168,14 @@ class TransactionBuffer:
             return 0
         total = 0
         for lid, n, _ in self._ml.ledgers():
-            if limit is None:
-                total += n
-            elif lid > limit.ledger_id:
+            if limit is None or lid > limit.ledger_id:
                 total += n
             elif lid == limit.ledger_id:
                 total += max(0, n - limit.entry_id)
         return total
 
     def is_aborted(self, txn: TxnKey) -> bool:
-        """True if transaction ``(most, least)`` aborted here."""
+        """Return True if transaction ``(most, least)`` aborted here."""
         return txn in self.aborted
 
     # ------------------------------------------------------------ appends
@@ -225,7 +219,7 @@ class TransactionBuffer:
         self._on_change()
 
     def durable(self, pos: Position) -> None:
-        """An entry at ``pos`` is durable: everything before it is too."""
+        """Record that the entry at ``pos`` is durable (everything before it is too)."""
         with self.lock:
             last = self._last_durable
             if last is not None and pos <= last:

@@ -140,7 +140,7 @@ class Message:
         self.topic = topic
 
     def data(self) -> bytes:
-        """The payload (pulsar-client's name)."""
+        """Return the payload (pulsar-client's name)."""
         return self.value
 
     def __repr__(self) -> str:

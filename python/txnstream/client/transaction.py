@@ -182,7 +182,7 @@ class Transaction:
                     txn_id=self.txn_id,
                     status=TxnStatus.ABORTED if commit else TxnStatus.COMMITTED,
                 )
-            self._state = want if state == OPEN or state == want else state
+            self._state = want if state in (OPEN, want) else state
             return True
 
     def commit(self) -> None:

@@ -24,7 +24,7 @@ class CursorAcks:
         self.cursor = cursor
 
     def is_acked(self, pos: TxnPosition) -> bool:
-        """True if the message at ``pos`` (its batch index) is already acknowledged."""
+        """Return True if the message at ``pos`` (its batch index) is already acknowledged."""
         entry = pos.position
         if self.cursor.is_deleted(entry):
             return True
@@ -34,11 +34,11 @@ class CursorAcks:
         return False
 
     def acked_set(self, entry: Position) -> AckSet | None:
-        """The cursor's ack set of a partially acknowledged batched entry."""
+        """Return the cursor's ack set of a partially acknowledged batched entry."""
         return self.cursor.batch_ack_set(entry)
 
     def at_or_below_mark_delete(self, entry: Position) -> bool:
-        """True if every entry up to ``entry`` is already deleted."""
+        """Return True if every entry up to ``entry`` is already deleted."""
         md = self.cursor.mark_delete_position
         return md is not None and entry <= md
 
@@ -65,7 +65,7 @@ class CursorAcks:
         )
 
     def previous(self, entry: Position) -> Position | None:
-        """The entry just before ``entry`` that still exists (None: none)."""
+        """Return the entry just before ``entry`` that still exists (None: none)."""
         first = self.ml.first_position
         if first is None or entry <= first:
             return None

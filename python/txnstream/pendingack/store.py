@@ -1,4 +1,4 @@
-"""The pending-ack store of one subscription (SPEC §4.7; Pulsar's PendingAckHandleImpl + MLPendingAckStore).
+"""The pending-ack store of one subscription (SPEC §4.7; Pulsar's PendingAckHandleImpl).
 
 A transactional ack does not touch the subscription's cursor: it puts the
 message in PENDING_ACK, held by that transaction, and logs an ACK record
@@ -106,7 +106,7 @@ def _conflict(txn: TxnID, pos: TxnPosition, why: str) -> TransactionConflictErro
 
 
 def encode_ack(txn: TxnID, cumulative: bool, positions: Sequence[TxnPosition]) -> bytes:
-    """An ACK ``PendingAckMetadataEntry`` (ack sets: bit 1 = still present)."""
+    """Return an ACK ``PendingAckMetadataEntry`` (ack sets: bit 1 = still present)."""
     e = PendingAckMetadataEntry(
         pending_ack_op=ACK,
         ack_type=Cumulative if cumulative else Individual,
@@ -125,7 +125,7 @@ def encode_ack(txn: TxnID, cumulative: bool, positions: Sequence[TxnPosition]) -
 
 
 def encode_end(txn: TxnID, commit: bool) -> bytes:
-    """A COMMIT or ABORT ``PendingAckMetadataEntry``."""
+    """Return a COMMIT or ABORT ``PendingAckMetadataEntry``."""
     return PendingAckMetadataEntry(
         pending_ack_op=COMMIT if commit else ABORT,
         txnid_least_bits=txn.least_bits,
@@ -176,7 +176,7 @@ class PendingAckStore:
     # ------------------------------------------------------------ queries
 
     def is_held(self, pos: Position, batch_index: int = 0) -> bool:
-        """True if the message is held by a transaction (not to be dispatched)."""
+        """Return True if the message is held by a transaction (not to be dispatched)."""
         h = self._held.get(pos)
         if h is None:
             cum = self._cumulative
@@ -186,7 +186,7 @@ class PendingAckStore:
         return any(not s.get(batch_index) for s in h.values())
 
     def holder(self, pos: TxnPosition) -> TxnID | None:
-        """The transaction holding the message at ``pos``, if any."""
+        """Return the transaction holding the message at ``pos``, if any."""
         h = self._held.get(pos.position)
         if isinstance(h, TxnID):
             return h
@@ -213,9 +213,7 @@ class PendingAckStore:
                 f"transaction {txn} has ended on subscription {self.subscription}",
                 txn_id=txn,
             )
-        if txn not in self._txns and txn.least_bits <= self._outcomes.low_water_mark(
-            txn.most_bits
-        ):
+        if txn not in self._txns and txn.least_bits <= self._outcomes.low_water_mark(txn.most_bits):
             raise InvalidTxnStatusError(
                 f"transaction {txn} has ended (at or below its coordinator's low water mark)",
                 txn_id=txn,
@@ -427,7 +425,7 @@ class PendingAckStore:
         return len(todo)
 
     def pending_trim(self) -> int:
-        """Records waiting for :meth:`trim`."""
+        """Return how many records wait for :meth:`trim`."""
         with self._lock:
             return len(self._trim_after_flush) + len(self._trim_now)
 
@@ -481,7 +479,7 @@ class PendingAckStore:
         with self._lock:
             for txn, acks in found.items():
                 self._txns[txn] = acks
-                for entry, (size, acked) in acks.individual.items():
+                for entry, (_size, acked) in acks.individual.items():
                     if acked is None:
                         self._held[entry] = txn
                     else:

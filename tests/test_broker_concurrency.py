@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import threading
 import time
@@ -84,10 +85,8 @@ def test_threads_random_commit_abort_timeout_invariants(tmp_path: Path) -> None:
                         with lock:
                             errors.append(exc)
                         return
-                    try:
+                    with contextlib.suppress(TxnStreamError):
                         txn.abort()
-                    except TxnStreamError:
-                        pass
                     with lock:
                         aborted_outputs.extend(sent)
                 consumer.redeliver_unacknowledged()

@@ -553,3 +553,36 @@ def test_prometheus_metrics_of_broker(tmp_path: Path) -> None:
         assert "txnstream_txn_pending_ack_store_bufferedwriter_batch_records" in text
         c.close()
     assert os.path.isdir(tmp_path)
+
+
+def test_admin_api_on_a_live_broker(broker: Broker) -> None:
+    admin = broker.admin
+    assert admin is broker.admin
+    assert admin.create_topic("pt", 2) == 2
+    client = broker.client()
+    c = client.subscribe("pt", "s")
+    p = client.producer("pt")
+    txn = client.transaction(timeout_ms=600_000)
+    p.send(b"x", key="a", txn=txn)
+    c.receive_many(10, 0)
+    assert ("persistent://public/default/pt", 2) in admin.topics()
+    stats = admin.topic_stats("pt")
+    assert [s["topic"] for s in stats] == [
+        "persistent://public/default/pt-partition-0",
+        "persistent://public/default/pt-partition-1",
+    ]
+    assert sum(admin.read_committed_lag("pt").values()) == 1
+    assert admin.get_transaction(txn.txn_id).status == ts.TxnStatus.OPEN
+    assert admin.get_transaction((txn.txn_id.most_bits, txn.txn_id.least_bits)).txn_id == txn.txn_id
+    assert admin.get_transaction(str(txn.txn_id)).txn_id == txn.txn_id
+    assert admin.coordinator_stats()[0]["open"] == 1
+    assert admin.force_abort(txn.txn_id) == ts.TxnStatus.ABORTED
+    assert sum(admin.read_committed_lag("pt").values()) == 0
+    with pytest.raises(ts.TransactionAlreadyAborted):
+        txn.commit()
+    admin.set_pending_ack_batch_enabled(True)
+    admin.set_transaction_log_batch_enabled(True)
+    assert all(s["batch_enabled"] for s in admin.pending_ack_batch_stats().values())
+    with client.transaction() as t2:
+        p.send(b"y", txn=t2)
+    admin.set_transaction_log_batch_enabled(False)

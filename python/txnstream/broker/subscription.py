@@ -44,7 +44,6 @@ from txnstream.errors import (
     AlreadyClosedError,
     InvalidArgumentError,
     PositionNotFoundError,
-    TransactionConflictError,
 )
 from txnstream.pendingack import PendingAckStore
 
@@ -223,7 +222,7 @@ class Subscription:
         while self._nacked and self._nacked[0][0] <= now:
             heapq.heappush(self._redeliver, heapq.heappop(self._nacked)[1])
         pending = self.pending
-        holds = bool(pending._held) or pending._cumulative is not None
+        holds = pending.holds_any()
         while self._redeliver and len(out) < limit:
             key = heapq.heappop(self._redeliver)
             if key in unacked:
@@ -348,16 +347,7 @@ class Subscription:
     def ack(self, positions: list[TxnPosition]) -> None:
         """Acknowledge messages outside any transaction (individually)."""
         with self.cond:
-            for p in positions:
-                holder = self.pending.holder(p)
-                if holder is not None:
-                    raise TransactionConflictError(
-                        f"message ({p.ledger_id}:{p.entry_id}:{p.batch_index}) of "
-                        f"{self.partition} is held by transaction {holder}; it cannot be "
-                        "acknowledged outside it",
-                        txn_id=holder,
-                    )
-            self.acks.individual(positions)
+            self.pending.ack_outside(positions)
             for p in positions:
                 key = key_of(p)
                 self._unacked.pop(key, None)
@@ -366,19 +356,7 @@ class Subscription:
     def ack_cumulative(self, position: TxnPosition) -> None:
         """Acknowledge every message up to ``position`` outside any transaction."""
         with self.cond:
-            entry = position.position
-            cum = self.pending._cumulative
-            if cum is not None and cum[1].position <= entry:
-                raise TransactionConflictError(
-                    f"transaction {cum[0]} holds a cumulative ack on {self.partition}",
-                    txn_id=cum[0],
-                )
-            for held in list(self.pending._held):
-                if held <= entry:
-                    raise TransactionConflictError(
-                        f"a transaction holds a message at or below {entry!r} on {self.partition}",
-                    )
-            self.acks.cumulative(position)
+            self.pending.ack_cumulative_outside(position)
             self._forget_through(position)
 
     def _forget_through(self, position: TxnPosition) -> None:

@@ -177,27 +177,68 @@ class PendingAckStore:
 
     def is_held(self, pos: Position, batch_index: int = 0) -> bool:
         """Return True if the message is held by a transaction (not to be dispatched)."""
-        h = self._held.get(pos)
-        if h is None:
-            cum = self._cumulative
-            return cum is not None and pos <= cum[1].position
-        if isinstance(h, TxnID):
-            return True
-        return any(not s.get(batch_index) for s in h.values())
+        with self._lock:
+            return self._holder_locked(pos, batch_index) is not None
 
     def holder(self, pos: TxnPosition) -> TxnID | None:
         """Return the transaction holding the message at ``pos``, if any."""
-        h = self._held.get(pos.position)
+        with self._lock:
+            return self._holder_locked(pos.position, pos.batch_index)
+
+    def _holder_locked(self, entry: Position, batch_index: int) -> TxnID | None:
+        h = self._held.get(entry)
         if isinstance(h, TxnID):
             return h
         if h is not None:
             for t, s in h.items():
-                if not s.get(pos.batch_index):
+                if not s.get(batch_index):
                     return t
         cum = self._cumulative
-        if cum is not None and pos.position <= cum[1].position:
+        if cum is not None and entry <= cum[1].position:
             return cum[0]
         return None
+
+    def ack_outside(self, positions: Sequence[TxnPosition]) -> None:
+        """Acknowledge messages outside any transaction, unless a transaction holds one.
+
+        The check and the cursor update happen under the store's lock, so a
+        transaction cannot take one of them in between.
+        """
+        with self._lock:
+            for p in positions:
+                holder = self._holder_locked(p.position, p.batch_index)
+                if holder is not None:
+                    raise TransactionConflictError(
+                        f"message ({p.ledger_id}:{p.entry_id}:{p.batch_index}) of "
+                        f"{self.partition} is held by transaction {holder}; it cannot be "
+                        "acknowledged outside it",
+                        txn_id=holder,
+                    )
+            self.acks.individual(positions)
+
+    def ack_cumulative_outside(self, position: TxnPosition) -> None:
+        """Acknowledge up to ``position`` outside any transaction, unless one holds any of it."""
+        entry = position.position
+        with self._lock:
+            cum = self._cumulative
+            if cum is not None and cum[1].position <= entry:
+                raise TransactionConflictError(
+                    f"transaction {cum[0]} holds a cumulative ack on {self.partition}",
+                    txn_id=cum[0],
+                )
+            for held, h in self._held.items():
+                if held <= entry:
+                    holder = h if isinstance(h, TxnID) else next(iter(h))
+                    raise TransactionConflictError(
+                        f"transaction {holder} holds a message at or below {entry!r} on "
+                        f"{self.partition}",
+                        txn_id=holder,
+                    )
+            self.acks.cumulative(position)
+
+    def holds_any(self) -> bool:
+        """Return True if any transaction holds a message here (a cheap check before dispatch)."""
+        return bool(self._held) or self._cumulative is not None
 
     def transactions(self) -> list[TxnID]:
         """Transactions holding acks here."""

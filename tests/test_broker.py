@@ -586,3 +586,32 @@ def test_admin_api_on_a_live_broker(broker: Broker) -> None:
     with client.transaction() as t2:
         p.send(b"y", txn=t2)
     admin.set_transaction_log_batch_enabled(False)
+
+
+def test_reconciliation_aborts_a_transaction_its_coordinator_never_logged(tmp_path: Path) -> None:
+    # A message whose transaction's NEW record never became durable (a crash
+    # between the two): the coordinator does not know the id, so the
+    # partition aborts it at open instead of staying pinned (pulsar#19200).
+    from txnstream._native import encode_message
+    from txnstream.coordinator import TxnID
+
+    with Broker.open(tmp_path, registry=None) as b:
+        client = b.client()
+        client.producer("t").send(b"plain-before")
+        ghost = TxnID(0, 3)
+        topic = b.topic("t")
+        entry = encode_message(b"ghost", "p", 0, 1, None, None, (0, 3))
+        pub = topic.publish("p", [0], entry, ghost)
+        assert pub.durable is not None
+        pub.durable.result(DEADLINE_S)
+        client.producer("t").send(b"plain-after")
+        assert values(drain(client.subscribe("t", "rc"))) == [b"plain-before"]
+    with Broker.open(tmp_path, registry=None) as b:
+        topic = b.topic("t")
+        assert topic.recovery["ongoing"] == 1 and topic.recovery["reconciled"] == 1
+        client = b.client()
+        rc = client.subscribe("t", "rc")
+        assert values(drain(rc)) == [b"plain-before", b"plain-after"]  # before: never acked
+        ru = client.subscribe("t", "ru", isolation=READ_UNCOMMITTED)
+        assert values(drain(ru)) == [b"plain-before", b"ghost", b"plain-after"]
+        assert topic.tb.is_aborted((0, 3))

@@ -65,7 +65,7 @@ def main() -> None:
     consumer.ack(msg, txn=txn)
     print(json.dumps({"victim": [txn.txn_id.most_bits, txn.txn_id.least_bits]}), flush=True)
     if step == "before_commit":
-        assert txn._settled.wait(10), "the victim's writes did not become durable"
+        assert txn.wait_durable(10_000), "the victim's writes did not become durable"
         die()
     txn.commit()
     if step == "after_commit":

@@ -101,6 +101,7 @@ BAD_CALLS: list[tuple[str, BadCall]] = [
     ("ack junk", lambda c: c.subscribe("t", "s").ack("m1")),  # type: ignore[arg-type]
     ("transaction timeout", lambda c: c.transaction(timeout_ms="1s")),  # type: ignore[arg-type]
     ("transaction timeout negative", lambda c: c.transaction(timeout_ms=-5)),
+    ("wait_durable timeout", lambda c: c.transaction().wait_durable(-1)),
     ("create_topic partitions", lambda c: c.broker.admin.create_topic("pt", -1)),
     ("force_abort junk", lambda c: c.broker.admin.force_abort("nope")),
     ("older_than", lambda c: c.broker.admin.transactions_older_than(-1)),

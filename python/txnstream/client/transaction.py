@@ -51,6 +51,7 @@ from typing import TYPE_CHECKING, Any, Final
 from txnstream.coordinator import TransactionCoordinator, TxnAction, TxnID, TxnStatus
 from txnstream.coordinator.ending import EndTrace
 from txnstream.errors import (
+    InvalidArgumentError,
     InvalidTxnStatusError,
     TransactionAlreadyAborted,
     TransactionAlreadyCommitted,
@@ -134,6 +135,25 @@ class Transaction:
                 return False
             self._waiters.append(callback)
             return True
+
+    def wait_durable(self, timeout_ms: int | None = None) -> bool:
+        """Wait until every write of the transaction so far is durable (or failed).
+
+        Not needed before :meth:`commit` (which does it); useful to know
+        that the transaction's messages and acks would survive a crash
+        before deciding. Returns False if ``timeout_ms`` passed first
+        (None: the client's end timeout).
+        """
+        if timeout_ms is not None and (
+            isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 0
+        ):
+            raise InvalidArgumentError(
+                f"timeout_ms must be a non-negative int or None, got {timeout_ms!r}",
+                argument="timeout_ms",
+                value=timeout_ms,
+            )
+        limit = self.client.end_timeout_ms if timeout_ms is None else timeout_ms
+        return self._settled.wait(limit / 1000.0)
 
     def check_usable(self) -> None:
         """Raise unless the transaction is open (a send or ack may join it)."""

@@ -618,3 +618,30 @@ def test_reconciliation_aborts_a_transaction_its_coordinator_never_logged(tmp_pa
         ru = client.subscribe("t", "ru", isolation=READ_UNCOMMITTED)
         assert values(drain(ru)) == [b"plain-before", b"ghost", b"plain-after"]
         assert topic.tb.is_aborted((0, 3))
+
+
+def test_threads_and_descriptors_do_not_grow_with_topics(tmp_path: Path) -> None:
+    def tasks() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    with Broker.open(tmp_path, registry=None) as b:
+        client = b.client()
+        client.producer("warm").send(b"x")
+        client.subscribe("warm", "s").receive(1000)
+        before_tasks, before_fds = tasks(), fds()
+        counts = []
+        for i in range(300):
+            client.producer(f"t{i}").send(b"x")
+            client.subscribe(f"t{i}", "s")
+            if i in (149, 299):
+                counts.append((tasks(), fds()))
+        assert len(b.loaded_topics()) == 301
+        # No thread per topic, subscription or pending-ack writer.
+        assert counts[-1][0] - before_tasks <= 4
+        # Descriptors: the storage's file cache (max_open_files, default 128)
+        # fills up and then stays full; the second 150 topics add none.
+        assert counts[-1][1] - before_fds <= 128 + 8
+        assert counts[1][1] - counts[0][1] <= 8

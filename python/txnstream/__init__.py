@@ -50,6 +50,8 @@ if TYPE_CHECKING:
         TxnPosition,
     )
     from txnstream.ackset import AckSet
+    from txnstream.broker import Broker
+    from txnstream.client import Client, Message, MessageId
     from txnstream.config import BrokerConfig
     from txnstream.coordinator import TransactionCoordinator, TxnAction, TxnID, TxnStatus
 
@@ -63,6 +65,10 @@ _LAZY = {
     "TxnPosition": "txnstream._native",
     "AckSet": "txnstream.ackset",
     "BrokerConfig": "txnstream.config",
+    "Broker": "txnstream.broker",
+    "Client": "txnstream.client",
+    "Message": "txnstream.client",
+    "MessageId": "txnstream.client",
     "TransactionCoordinator": "txnstream.coordinator",
     "TxnAction": "txnstream.coordinator",
     "TxnID": "txnstream.coordinator",
@@ -87,8 +93,10 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "AckSet",
+    "Broker",
     "BrokerConfig",
     "BufferedWriter",
+    "Client",
     "CompactedTopic",
     "ConfigError",
     "CoordinatorNotFound",
@@ -100,6 +108,8 @@ __all__ = [
     "InvalidTxnStatusError",
     "LedgerClosedError",
     "ManagedLedger",
+    "Message",
+    "MessageId",
     "ParticipantsFailed",
     "Position",
     "PositionNotFoundError",

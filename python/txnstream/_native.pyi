@@ -317,7 +317,7 @@ def read_messages(
     after: Position | TxnPosition | None = None,
     limit: Position | TxnPosition | None = None,
     max_entries: int = 256,
-) -> tuple[Position | None, int, list[_MessageRow]]: ...
+) -> tuple[Position | None, int, list[_MessageRow], list[Position]]: ...
 def scan_topic(
     ml: ManagedLedger,
     after: Position | TxnPosition | None = None,

@@ -14,7 +14,14 @@ TOML may also group a section's settings in a table named after the
 attribute (``[transaction_log_batched_write]`` with ``enabled``,
 ``max_records``, ``max_size``, ``max_delay_ms``). Keys txnstream does not
 know are kept in :attr:`BrokerConfig.extra` (a real ``broker.conf`` holds
-hundreds), so later components can read their own.
+hundreds), so later components can read their own (the coordinator reads
+PIP-255's ``transactionMetaPersist*`` keys from there).
+
+The embedded broker's own settings (:data:`BROKER_SETTINGS`) take Pulsar's
+key where Pulsar has one (``managedLedgerMaxEntriesPerLedger``,
+``brokerDeduplicationEnabled``, ``allowAutoTopicCreation``, ...) and a
+key in the same style where it has none (``transactionCoordinatorCount``);
+the attribute name is accepted too (``coordinators = 2`` in TOML).
 
 Validation follows PIP-160: with batched writes enabled, ``max_records``
 below 10, ``max_size`` below 128 KiB or ``max_delay`` below 1 ms are rejected
@@ -34,6 +41,7 @@ from typing import Any, Final
 from txnstream.errors import ConfigError
 
 __all__ = [
+    "BROKER_SETTINGS",
     "MIN_BROKER_MAX_DELAY_MS",
     "MIN_BROKER_MAX_RECORDS",
     "MIN_BROKER_MAX_SIZE",
@@ -124,6 +132,32 @@ _COERCE: Final = {
 }
 
 
+def _as_partition_type(key: str, value: object) -> str:
+    if isinstance(value, str) and value.strip() in ("non-partitioned", "partitioned"):
+        return value.strip()
+    raise _error(key, value, "expected non-partitioned or partitioned")
+
+
+#: The broker's own settings: key -> (attribute, coerce, minimum, maximum).
+#: Bounds apply to ints; durations carry their unit in the key.
+BROKER_SETTINGS: Final[dict[str, tuple[str, Any, int | None, int | None]]] = {
+    "transactionCoordinatorCount": ("coordinators", _as_int, 1, 1024),
+    "transactionTimeoutMs": ("transaction_timeout_ms", _as_int, 1, 1 << 40),
+    "transactionMaxTimeoutMs": ("max_transaction_timeout_ms", _as_int, 1, 1 << 40),
+    "transactionEndTimeoutMs": ("end_timeout_ms", _as_int, 1, 1 << 40),
+    "transactionPendingAckTrimIntervalMs": ("pending_ack_trim_interval_ms", _as_int, 1, 1 << 31),
+    "brokerDeduplicationEnabled": ("deduplication_enabled", _as_bool, None, None),
+    "brokerDeduplicationWindowSize": ("deduplication_window", _as_int, 1, 1 << 24),
+    "brokerDeduplicationMaxNumberOfProducers": ("deduplication_max_producers", _as_int, 1, 1 << 24),
+    "managedLedgerMaxEntriesPerLedger": ("max_entries_per_ledger", _as_int, 1, 1 << 40),
+    "managedLedgerMaxSizePerLedgerMbytes": ("max_size_per_ledger_mb", _as_int, 1, 1 << 20),
+    "allowAutoTopicCreation": ("allow_auto_topic_creation", _as_bool, None, None),
+    "allowAutoTopicCreationType": ("auto_topic_creation_type", _as_partition_type, None, None),
+    "defaultNumPartitions": ("default_num_partitions", _as_int, 1, 10_000),
+}
+_SETTING_KEY: Final = {attr: key for key, (attr, _, _, _) in BROKER_SETTINGS.items()}
+
+
 @dataclass(frozen=True)
 class BatchedWriteConfig:
     """Batched writes (PIP-160) of one kind of log: the thresholds of its BufferedWriter.
@@ -199,6 +233,31 @@ class BrokerConfig:
     transaction_log_batched_write: BatchedWriteConfig = field(default_factory=BatchedWriteConfig)
     pending_ack_batched_write: BatchedWriteConfig = field(default_factory=BatchedWriteConfig)
     extra: dict[str, Any] = field(default_factory=dict)
+    #: Transaction coordinators (ids 0..n-1), each with its own log.
+    coordinators: int = 1
+    #: Timeout of a transaction started without one.
+    transaction_timeout_ms: int = 60_000
+    #: Longest timeout a transaction may ask for.
+    max_transaction_timeout_ms: int = 3 * 3_600_000
+    #: How long a commit/abort waits for participants before answering
+    #: ``TransactionEndPending`` (the end goes on in the background).
+    end_timeout_ms: int = 30_000
+    #: How often ended transactions' records are deleted from pending-ack logs.
+    pending_ack_trim_interval_ms: int = 200
+    #: A retried send (same producer and sequence id) returns the original id.
+    deduplication_enabled: bool = True
+    #: Recent sequence ids remembered per producer and partition.
+    deduplication_window: int = 1024
+    #: Producers remembered per partition (least recently used ones go).
+    deduplication_max_producers: int = 10_000
+    #: Ledger rollover of topic partitions and logs.
+    max_entries_per_ledger: int = 50_000
+    max_size_per_ledger_mb: int = 2048
+    #: Topics are created on first use (else ``admin.create_topic`` first).
+    allow_auto_topic_creation: bool = True
+    #: ``non-partitioned`` or ``partitioned`` (with ``default_num_partitions``).
+    auto_topic_creation_type: str = "non-partitioned"
+    default_num_partitions: int = 1
 
     def __post_init__(self) -> None:
         """Validate every section under its Pulsar key names."""
@@ -208,6 +267,19 @@ class BrokerConfig:
         """Raise :class:`ConfigError` for the first invalid setting."""
         for section, prefix in _SECTIONS.items():
             getattr(self, section).validate(prefix)
+        for key, (attr, coerce, lo, hi) in BROKER_SETTINGS.items():
+            value = getattr(self, attr)
+            checked = coerce(key, value)
+            if isinstance(value, str) != isinstance(checked, str) or checked != value:
+                raise _error(key, value, f"expected a {type(checked).__name__}")
+            if lo is not None and hi is not None and not lo <= checked <= hi:
+                raise _error(key, value, f"must be in {lo}..{hi}")
+        if self.transaction_timeout_ms > self.max_transaction_timeout_ms:
+            raise _error(
+                "transactionTimeoutMs",
+                self.transaction_timeout_ms,
+                f"exceeds transactionMaxTimeoutMs={self.max_transaction_timeout_ms}",
+            )
 
     # -- loading ---------------------------------------------------------
 
@@ -220,8 +292,16 @@ class BrokerConfig:
         """
         values: dict[str, dict[str, Any]] = {s: {} for s in _SECTIONS}
         extra: dict[str, Any] = {}
+        flat: dict[str, Any] = {}
         for key, value in settings.items():
-            if key in _SECTIONS and isinstance(value, Mapping):
+            if key in _SETTING_KEY:  # the attribute name of a broker setting
+                key = _SETTING_KEY[key]
+            if key in BROKER_SETTINGS:
+                if isinstance(value, str) and value.strip() == "":
+                    continue
+                attr, coerce, _, _ = BROKER_SETTINGS[key]
+                flat[attr] = coerce(key, value)
+            elif key in _SECTIONS and isinstance(value, Mapping):
                 prefix = _SECTIONS[key]
                 for name, v in value.items():
                     if name not in _COERCE:
@@ -239,6 +319,7 @@ class BrokerConfig:
             transaction_log_batched_write=sections["transaction_log_batched_write"],
             pending_ack_batched_write=sections["pending_ack_batched_write"],
             extra=extra,
+            **flat,
         )
 
     @classmethod
@@ -277,8 +358,17 @@ class BrokerConfig:
             cfg = getattr(self, section)
             for suffix, name in _SUFFIXES.items():
                 out[prefix + suffix] = getattr(cfg, name)
+        for key, (attr, _, _, _) in BROKER_SETTINGS.items():
+            out[key] = getattr(self, attr)
         out.update(self.extra)
         return out
+
+    def setting(self, key: str) -> Any:
+        """Return a broker setting by its key (``transactionCoordinatorCount``) or attribute."""
+        attr = BROKER_SETTINGS[key][0] if key in BROKER_SETTINGS else key
+        if attr not in _SETTING_KEY:
+            raise _error(key, "", f"unknown broker setting; use one of {sorted(BROKER_SETTINGS)}")
+        return getattr(self, attr)
 
     def set(self, key: str, value: Any) -> None:
         """Change one Pulsar-named setting at runtime, validating first (all or nothing)."""

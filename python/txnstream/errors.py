@@ -14,9 +14,14 @@ from typing import Any
 class TxnStreamError(Exception):
     """Root of every txnstream error; details are exposed as attributes.
 
-    ``retriable``: the same call may succeed if made again (nothing changed,
-    or the outcome is decided and being completed). ``abortable``: the
-    transaction cannot go on; abort it and start over.
+    Errors follow Kafka's split, told by two class attributes:
+
+    - ``retriable``: the same call may succeed if made again (nothing
+      changed, or the outcome is decided and being completed);
+    - ``abortable``: the transaction cannot go on; abort it and start over
+      with a new one;
+    - neither: the call was wrong (bad input) or the client/broker is
+      closed or broken (fatal for that object).
     """
 
     retriable = False
@@ -114,13 +119,33 @@ class TransactionError(TxnStreamError):
 class TransactionNotFound(TransactionError):  # noqa: N818 - Pulsar's name
     """The transaction is unknown to the coordinator and its terminated store."""
 
+    abortable = True
+
 
 class TransactionConflictError(TransactionError):
-    """A transactional ack conflicts with another ack; state is unchanged."""
+    """A transactional ack conflicts with another ack; state is unchanged.
+
+    Abortable: the transaction cannot take this message; abort it (its other
+    acks are released and redelivered) and start over.
+    """
+
+    abortable = True
 
 
 class InvalidTxnStatusError(TransactionError):
     """The requested transition is not allowed from the current status."""
+
+    abortable = True
+
+
+class TransactionWriteFailed(TransactionError):  # noqa: N818 - reads as a state
+    """A write of the transaction (a message, an ack or a log record) failed.
+
+    The transaction can no longer commit; ``cause`` is the storage error.
+    Abort it and start over.
+    """
+
+    abortable = True
 
 
 class TransactionTimedOut(TransactionError):  # noqa: N818 - Pulsar's name
@@ -165,13 +190,35 @@ class CoordinatorNotFound(TxnStreamError):  # noqa: N818 - Pulsar's name
     """No transaction coordinator with that id is served here."""
 
 
+class AlreadyClosedError(TxnStreamError):
+    """The broker, client, producer or consumer was closed (Pulsar's AlreadyClosedException).
+
+    Fatal for that object: ``what`` names it. Make a new one (reopen the broker).
+    """
+
+
+class InvalidTopicNameError(InvalidArgumentError):
+    """A topic or subscription name is malformed; ``value`` is the name given."""
+
+
+class DuplicateSequenceError(TxnStreamError):
+    """A send repeats a sequence id persisted before, older than the deduplication window.
+
+    The message is not written again (it was persisted); only its id is no
+    longer remembered. ``producer_name`` and ``sequence_id`` name it.
+    """
+
+
 __all__ = [
+    "AlreadyClosedError",
     "ConfigError",
     "CoordinatorNotFound",
     "CorruptEntryError",
     "CorruptIndexError",
     "CorruptLedgerError",
+    "DuplicateSequenceError",
     "InvalidArgumentError",
+    "InvalidTopicNameError",
     "InvalidTxnStatusError",
     "LedgerClosedError",
     "ParticipantsFailed",
@@ -185,6 +232,7 @@ __all__ = [
     "TransactionError",
     "TransactionNotFound",
     "TransactionTimedOut",
+    "TransactionWriteFailed",
     "TxnStreamError",
     "WriterClosedError",
 ]

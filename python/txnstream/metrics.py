@@ -30,6 +30,26 @@ counters live in the coordinator and are read at scrape time by
     txnstream_txn_tc_append_log_errors     counter failed transaction-log writes
     txnstream_txn_tc_end_latency_seconds   histogram from the end decision (ending
                                            UPDATE) to the final record
+    txnstream_txn_tc_late_count            gauge   live transactions past their timeout
+                                           (not yet aborted, or stuck ending)
+
+A broker (:class:`BrokerCollector`, label ``broker``; topics and
+subscriptions as labels) adds, for every partition loaded in the process::
+
+    txnstream_topic_read_committed_lag                 gauge   entries from max_read_position
+                                                               to the end of the partition
+    txnstream_txn_buffer_ongoing_count                 gauge   ongoing transactions
+    txnstream_txn_buffer_aborted_count                 gauge   aborted transactions remembered
+    txnstream_txn_pending_ack_store_transactions_count gauge   transactions holding acks
+    txnstream_txn_pending_ack_store_held_entries       gauge   entries held by them
+    txnstream_subscription_backlog                     gauge   entries after the mark-delete
+
+and for its clients' commits::
+
+    txnstream_client_commits / _aborts                 counter transactions ended by clients
+    txnstream_client_commit_durable_waits              histogram sequential durable waits per
+                                                               commit {0,1,2,3,4}
+    txnstream_client_commit_latency_seconds            histogram time in commit()
 """
 
 from __future__ import annotations
@@ -49,9 +69,12 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector, CollectorRegistry
 
 __all__ = [
+    "COMMIT_LATENCY_BOUNDS_MS",
+    "COMMIT_WAIT_BOUNDS",
     "END_LATENCY_BOUNDS_MS",
     "PENDING_ACK_PREFIX",
     "TC_PREFIX",
+    "BrokerCollector",
     "BufferedWriterCollector",
     "CoordinatorCollector",
     "CoordinatorSource",
@@ -61,8 +84,10 @@ __all__ = [
     "check_writer_label",
     "collector_for",
     "coordinator_collector",
+    "register_broker",
     "register_coordinator",
     "register_writer",
+    "unregister_broker",
     "unregister_coordinator",
     "unregister_writer",
 ]
@@ -285,6 +310,7 @@ END_LATENCY_BOUNDS_MS: Final = (5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 
 _TC_GAUGES: Final = (
     ("active_count", "active", "Live transactions (open or ending)."),
     ("open_count", "open", "Transactions in status OPEN."),
+    ("late_count", "late", "Live transactions past their timeout (not aborted yet, or stuck)."),
 )
 _TC_COUNTERS: Final = (
     ("created", "created", "Transactions started."),
@@ -407,3 +433,140 @@ def unregister_coordinator(
 ) -> None:
     """Stop exporting coordinator ``name`` (with ``coordinator``: only if it is that one)."""
     coordinator_collector(registry).remove(name, coordinator)
+
+
+#: Upper bounds of the commit durable-wait histogram.
+COMMIT_WAIT_BOUNDS: Final = (0, 1, 2, 3, 4)
+#: Upper bounds (ms) of the client commit-latency histogram.
+COMMIT_LATENCY_BOUNDS_MS: Final = (0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000, 10000)
+
+
+class BrokerSource(Protocol):
+    """A broker's scrape-time snapshot (``Broker.metrics``)."""
+
+    def metrics(self) -> Mapping[str, Any]:
+        """Return per-partition gauges and client commit histograms."""
+        ...
+
+
+class BrokerCollector(Collector):
+    """Collects the metrics of every registered broker (label ``broker``)."""
+
+    def __init__(self) -> None:
+        """Create an empty collector."""
+        self._sources = BufferedWriterCollector("txnstream", "broker")
+
+    def add(self, name: str, source: BrokerSource) -> None:
+        """Export ``source`` under label value ``name``; a live one there raises."""
+        self._sources.add(name, source, exclusive=True)  # type: ignore[arg-type]
+
+    def remove(self, name: str, source: BrokerSource | None = None) -> None:
+        """Stop exporting ``name`` (with ``source``: only if it is that one)."""
+        self._sources.remove(name, source)  # type: ignore[arg-type]
+
+    def _families(self) -> list[Any]:
+        t, s = ["broker", "topic"], ["broker", "topic", "subscription"]
+        return [
+            GaugeMetricFamily(
+                "txnstream_topic_read_committed_lag",
+                "Entries from max_read_position to the end of the partition.",
+                labels=t,
+            ),
+            GaugeMetricFamily(
+                "txnstream_txn_buffer_ongoing_count", "Ongoing transactions.", labels=t
+            ),
+            GaugeMetricFamily(
+                "txnstream_txn_buffer_aborted_count", "Aborted transactions remembered.", labels=t
+            ),
+            GaugeMetricFamily(
+                "txnstream_txn_pending_ack_store_transactions_count",
+                "Transactions holding acks on the subscription.",
+                labels=s,
+            ),
+            GaugeMetricFamily(
+                "txnstream_txn_pending_ack_store_held_entries",
+                "Entries held by open transactions' acks.",
+                labels=s,
+            ),
+            GaugeMetricFamily(
+                "txnstream_subscription_backlog", "Entries after the mark-delete.", labels=s
+            ),
+            CounterMetricFamily(
+                "txnstream_client_commits", "Transactions committed by clients.", labels=["broker"]
+            ),
+            CounterMetricFamily(
+                "txnstream_client_aborts", "Transactions aborted by clients.", labels=["broker"]
+            ),
+            HistogramMetricFamily(
+                "txnstream_client_commit_durable_waits",
+                "Sequential durable waits per commit.",
+                labels=["broker"],
+            ),
+            HistogramMetricFamily(
+                "txnstream_client_commit_latency_seconds",
+                "Time spent in commit().",
+                labels=["broker"],
+            ),
+        ]
+
+    def describe(self) -> Iterable[Metric]:
+        """Return the metric families (without samples)."""
+        return self._families()
+
+    def collect(self) -> Iterator[Metric]:
+        """Read one snapshot per broker and yield every family."""
+        fams = self._families()
+        lag, ongoing, aborted, txns, held, backlog, commits, aborts, waits, latency = fams
+        for name, source in self._sources._live():
+            snap = source.metrics()  # type: ignore[attr-defined]
+            for topic, t_lag, t_ongoing, t_aborted, subs in snap["topics"]:
+                lag.add_metric([name, topic], float(t_lag))
+                ongoing.add_metric([name, topic], float(t_ongoing))
+                aborted.add_metric([name, topic], float(t_aborted))
+                for sub, n_txns, n_held, n_backlog in subs:
+                    txns.add_metric([name, topic, sub], float(n_txns))
+                    held.add_metric([name, topic, sub], float(n_held))
+                    backlog.add_metric([name, topic, sub], float(n_backlog))
+            commits.add_metric([name], float(snap["commits"]))
+            aborts.add_metric([name], float(snap["aborts"]))
+            waits.add_metric(
+                [name],
+                _buckets({"bounds": COMMIT_WAIT_BOUNDS, "counts": snap["waits"]}),
+                float(sum(i * n for i, n in enumerate(snap["waits"]))),
+            )
+            latency.add_metric(
+                [name],
+                _buckets(
+                    {
+                        "bounds": [b / 1000.0 for b in COMMIT_LATENCY_BOUNDS_MS],
+                        "counts": snap["latency"],
+                    }
+                ),
+                float(snap["latency_sum_ms"]) / 1000.0,
+            )
+        yield from fams
+
+
+_broker_collectors: dict[int, BrokerCollector] = {}
+
+
+def register_broker(broker: BrokerSource, name: str, registry: CollectorRegistry = REGISTRY) -> str:
+    """Export a broker's metrics under label ``broker=name``; returns ``name``."""
+    with _collectors_lock:
+        collector = _broker_collectors.get(id(registry))
+        if collector is None:
+            collector = BrokerCollector()
+            registry.register(collector)
+            _broker_collectors[id(registry)] = collector
+    collector.add(name, broker)
+    return name
+
+
+def unregister_broker(
+    name: str, broker: BrokerSource | None = None, registry: CollectorRegistry = REGISTRY
+) -> None:
+    """Stop exporting broker ``name`` (with ``broker``: only if it is that one)."""
+    with _collectors_lock:
+        collector = _broker_collectors.get(id(registry))
+    if collector is not None:
+        collector.remove(name, broker)

@@ -116,7 +116,10 @@ class CoordinatorConfig:
     subclass ``ParticipantsFailed``) naming the decided outcome, and the
     end completes in the background. ``end_workers`` threads run
     background ends (timeouts, recovery resumes, retries with ``retry``'s
-    backoff).
+    backoff). ``complete_in_background`` (the broker's choice; off for a
+    bare coordinator) lets a client's end return once every participant
+    ended -- the outcome durable and visible -- and writes the terminated
+    store record and the final COMMITTED/ABORTED record off its path.
     """
 
     default_timeout_ms: int = 60_000
@@ -129,6 +132,7 @@ class CoordinatorConfig:
     end_workers: int = 4
     end_timeout_ms: int = 30_000
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    complete_in_background: bool = False
 
     def __post_init__(self) -> None:
         for key, limit in _INT_LIMITS.items():
@@ -139,6 +143,12 @@ class CoordinatorConfig:
                     key=key,
                     value=str(value),
                 )
+        if not isinstance(self.complete_in_background, bool):
+            raise ConfigError(
+                f"complete_in_background must be a bool, got {self.complete_in_background!r}",
+                key="complete_in_background",
+                value=str(self.complete_in_background),
+            )
         if not isinstance(self.retry, RetryPolicy):
             raise ConfigError(
                 f"retry must be a RetryPolicy, got {self.retry!r}",

@@ -20,17 +20,19 @@ module, :mod:`.aio` (asyncio front end).
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from prometheus_client.registry import REGISTRY, CollectorRegistry
 
 from txnstream._native import (
+    TxnPosition,
     encode_txn_add_partitions,
     encode_txn_add_subscriptions,
     encode_txn_new,
@@ -38,10 +40,13 @@ from txnstream._native import (
 from txnstream.coordinator.config import CoordinatorConfig
 from txnstream.coordinator.ending import (
     BackgroundEnds,
+    Completions,
     EndDriver,
+    EndTrace,
     NullParticipants,
     ParticipantResolver,
     end_answer,
+    write_failed,
 )
 from txnstream.coordinator.metadata import (
     TransactionInfo,
@@ -217,6 +222,8 @@ class TransactionCoordinator:
         self._background = BackgroundEnds(
             table, self._driver, self._scope, self._executor, cfg.retry
         )
+        if cfg.complete_in_background:
+            self._driver.completions = Completions(table, self._driver, self._executor)
         self._maintenance = StoreMaintenance(
             self.store, self._scope, cfg.expire_check_interval_ms, name=f"txnstream-tc{tc_id}-maint"
         )
@@ -388,6 +395,118 @@ class TransactionCoordinator:
             table.leave()
             raise
         return TxnID._trusted(table.tc_id, seq)
+
+    def begin(
+        self, timeout_ms: int | None = None, client_name: str | None = None
+    ) -> tuple[TxnID, Future[TxnPosition]]:
+        """Start a transaction without waiting: its id now, its NEW record's durability later.
+
+        For the broker's client (SPEC §4.5 commit path): the transaction is
+        OPEN and its timeout armed at once; the returned future completes once
+        the NEW record is durable. Its end waits for that record before the
+        decision; if the record failed, the transaction can only abort
+        (:class:`~txnstream.errors.TransactionWriteFailed`). Failing to queue
+        the record at all raises, and then no transaction exists.
+        """
+        timeout = self._timeout(timeout_ms)
+        client = client_arg(client_name)
+        table, clock = self._table, self._clock
+        now, mono = clock.wall_ms(), clock.monotonic_ms()
+        with table.lock:
+            table.enter()
+            try:
+                seq = table.issue(1)
+            except BaseException:
+                table.leave_locked()
+                raise
+            meta = table.txns[seq] = TxnMeta(seq, timeout, now, mono + timeout, client)
+            meta.adds = 1
+        try:
+            fut = self._log.write(encode_txn_new(table.tc_id, seq, now, timeout, client))
+        except BaseException:
+            with table.lock:
+                table.txns.pop(seq, None)  # nothing was queued and nobody has the id
+                table.leave_locked()
+            raise
+        with table.lock:
+            self._counters.counts["created"] += 1
+            if not table.closed:
+                self._background.arm(meta)
+        fut.add_done_callback(functools.partial(self._deferred_done, meta))
+        table.leave()
+        return TxnID._trusted(table.tc_id, seq), fut
+
+    def add_partition_nowait(self, txn_id: TxnID, partition: str) -> Future[TxnPosition] | None:
+        """Add one produced partition without waiting for its ADD record.
+
+        Returns None when the transaction already has it, else the record's
+        durability future. The name is taken at once (so an end reaches the
+        partition whatever happens to the record); the end waits for the
+        record before deciding, and a failed record lets the transaction
+        only abort. Refusals (not OPEN, unknown, timed out) raise at once.
+        """
+        seq = self._table.seq_of(txn_id)
+        return self._add_nowait(txn_id, seq, partition_names([partition]), _PARTITIONS)
+
+    def add_subscription_nowait(
+        self, txn_id: TxnID, topic: str, subscription: str
+    ) -> Future[TxnPosition] | None:
+        """:meth:`add_partition_nowait` for one acked ``(topic, subscription)``."""
+        seq = self._table.seq_of(txn_id)
+        pairs = subscription_pairs([(topic, subscription)])
+        return self._add_nowait(txn_id, seq, pairs, _SUBSCRIPTIONS)
+
+    def _add_nowait(
+        self, txn_id: TxnID, seq: int, values: list[Any], kind: _AddKind
+    ) -> Future[TxnPosition] | None:
+        table = self._table
+        now = self._clock.wall_ms()
+        with table.lock:
+            table.enter()
+            try:
+                meta = self._addable(txn_id, seq, kind.want)
+                if meta.failed is not None:
+                    raise write_failed(txn_id, meta.failed)
+                new = kind.new(meta, values)
+                if not new:
+                    table.leave_locked()
+                    return None
+                kind.apply(meta, new)
+                meta.adds += 1
+            except BaseException:
+                table.leave_locked()
+                raise
+        try:
+            fut = self._log.write(kind.encode(table.tc_id, seq, now, new))
+        except BaseException as exc:
+            with table.lock:
+                meta.adds -= 1
+                if meta.failed is None:
+                    meta.failed = exc
+                table.notify(meta)
+                table.leave_locked()
+            raise
+        with table.lock:
+            meta.last_modified = now
+        fut.add_done_callback(functools.partial(self._deferred_done, meta))
+        table.leave()
+        return fut
+
+    def _deferred_done(self, meta: TxnMeta, fut: Future[TxnPosition]) -> None:
+        # A no-wait record finished: keep its position (deleted with the
+        # transaction's others), or remember that it failed.
+        exc = fut.exception()
+        table = self._table
+        with table.lock:
+            meta.adds -= 1
+            if exc is None:
+                meta.positions.append(fut.result())
+            else:
+                self._counters.counts["append_errors"] += 1
+                if meta.failed is None:
+                    meta.failed = exc
+            if meta.done is not None:
+                table.notify(meta)
 
     def new_transactions(
         self, count: int, timeout_ms: int | None = None, client_name: str | None = None
@@ -634,7 +753,9 @@ class TransactionCoordinator:
 
     # ------------------------------------------------------------- ending
 
-    def end_transaction(self, txn_id: TxnID, action: TxnAction | str) -> TxnStatus:
+    def end_transaction(
+        self, txn_id: TxnID, action: TxnAction | str, *, trace: EndTrace | None = None
+    ) -> TxnStatus:
         """Commit or abort; return the final status once the outcome is durable.
 
         ``action`` is a :class:`TxnAction` or ``"commit"``/``"abort"``.
@@ -648,10 +769,15 @@ class TransactionCoordinator:
         :class:`ParticipantsFailed` naming the decided ``outcome``; the end is
         completed in the background. If the decision cannot be logged, the
         log's error is raised and the transaction stays OPEN.
+
+        With ``config.complete_in_background`` the call returns once every
+        participant ended (the outcome is durable and visible); the final
+        record and cleanup follow on a background thread. ``trace``, if
+        given, counts the sequential durable waits this call made.
         """
         act = TxnAction.parse(action)
         seq = self._table.seq_of(txn_id)
-        return self._end(txn_id, seq, act, force=False)
+        return self._end(txn_id, seq, act, force=False, trace=trace)
 
     def commit(self, txn_id: TxnID) -> TxnStatus:
         """Shorthand for ``end_transaction(txn_id, TxnAction.COMMIT)``."""
@@ -676,12 +802,20 @@ class TransactionCoordinator:
         seq = self._table.seq_of(txn_id)
         return self._end(txn_id, seq, TxnAction.ABORT, force=True)
 
-    def _end(self, txn_id: TxnID, seq: int, act: TxnAction, *, force: bool) -> TxnStatus:
+    def _end(
+        self,
+        txn_id: TxnID,
+        seq: int,
+        act: TxnAction,
+        *,
+        force: bool,
+        trace: EndTrace | None = None,
+    ) -> TxnStatus:
         table = self._table
         with table.lock:
             table.enter()
         try:
-            status = self._driver.end(seq, act, force=force)
+            status = self._driver.end(seq, act, force=force, trace=trace)
         finally:
             table.leave()
         if status is not None:
@@ -697,7 +831,10 @@ class TransactionCoordinator:
         return end_answer(txn_id, act, rec.status, rec.timed_out)
 
     def end_transactions(
-        self, items: Iterable[tuple[TxnID, TxnAction | str]]
+        self,
+        items: Iterable[tuple[TxnID, TxnAction | str]],
+        *,
+        traces: list[EndTrace | None] | None = None,
     ) -> list[TxnStatus | TransactionError]:
         """:meth:`end_transaction` for many transactions.
 
@@ -706,13 +843,16 @@ class TransactionCoordinator:
         transaction another thread is ending is waited for. Returns, per
         item, the final status or the refusal (``TransactionAlreadyAborted``,
         ``TransactionNotFound``...); bad arguments and log write failures raise.
+        ``traces`` (one per item, or None) count each end's durable waits.
         """
         table = self._table
         reqs = [(txn, table.seq_of(txn), TxnAction.parse(act)) for txn, act in items_arg(items)]
+        if traces is not None and len(traces) != len(reqs):
+            raise bad_argument("traces", len(traces), f"one trace (or None) per item ({len(reqs)})")
         with table.lock:
             table.enter()
         try:
-            got = self._driver.end_many(reqs)
+            got = self._driver.end_many(reqs, traces)
         finally:
             table.leave()
         out: list[TxnStatus | TransactionError] = []
@@ -755,6 +895,30 @@ class TransactionCoordinator:
             partitions=(),
             subscriptions=(),
         )
+
+    def participant_outcome(self, txn_id: TxnID) -> bool | None:
+        """How a participant holding ``txn_id``'s data must end it (recovery reconciliation).
+
+        True: commit (the commit is decided, or the store remembers it
+        committed); False: abort (decided or remembered aborted, or unknown
+        -- an id nobody will end); None: leave it, the transaction is still
+        open (or its decision in flight) and its end will reach the
+        participant. A transaction leaves memory only after every
+        participant it named ended it, so "unknown" never hides a commit a
+        participant still needs.
+        """
+        seq = self._table.seq_of(txn_id)
+        with self._table.lock:
+            meta = self._table.txns.get(seq)
+            if meta is not None:
+                decision = meta.decision
+                if decision is None:
+                    return None
+                return decision is TxnStatus.COMMITTING
+        rec = self.store.lookup(txn_id)
+        if rec is not None:
+            return rec.status is TxnStatus.COMMITTED
+        return False
 
     def list_transactions(self, status: TxnStatus | int | None = None) -> list[TransactionInfo]:
         """Snapshots of every live transaction (optionally only those in ``status``), by id."""
@@ -815,12 +979,31 @@ class TransactionCoordinator:
 
     def metrics(self) -> dict[str, Any]:
         """Scrape-time snapshot for :class:`txnstream.metrics.CoordinatorCollector`."""
+        now = self._clock.monotonic_ms()
         with self._table.lock:
             out, live, ending = self._counts()
             out["active"] = live
             out["open"] = live - ending
+            out["late"] = self._late_locked(now)
             out["end_latency_ms"] = self._counters.histogram()
         return out
+
+    def _late_locked(self, now: int) -> int:
+        # Under the lock: live transactions past their deadline.
+        return sum(1 for m in self._table.txns.values() if m.visible and m.deadline <= now)
+
+    def late_transactions(self) -> list[TransactionInfo]:
+        """Live transactions past their timeout: not aborted yet, or stuck ending (oldest first)."""
+        table = self._table
+        now = self._clock.monotonic_ms()
+        with table.lock:
+            late = [
+                m.info(table.tc_id, table.span_records(m))
+                for m in table.txns.values()
+                if m.visible and m.deadline <= now
+            ]
+        late.sort(key=lambda i: (i.start_time, i.txn_id))
+        return late
 
     # -------------------------------------------------------------- admin
 
@@ -1038,6 +1221,21 @@ class TransactionCoordinators:
     def get_transaction(self, txn_id: TxnID) -> TransactionInfo:
         """Route to the owner's ``get_transaction``."""
         return self.of(txn_id).get_transaction(txn_id)
+
+    def participant_outcome(self, txn_id: TxnID) -> bool | None:
+        """Route to the owner's ``participant_outcome``."""
+        return self.of(txn_id).participant_outcome(txn_id)
+
+    def coordinators(self) -> list[TransactionCoordinator]:
+        """Return the coordinators, by id."""
+        return [self._by_id[i] for i in self._ids]
+
+    def next_coordinator(self) -> TransactionCoordinator:
+        """Return the coordinator for a new transaction (round robin)."""
+        with self._lock:
+            tc_id = self._ids[self._next % len(self._ids)]
+            self._next += 1
+        return self._by_id[tc_id]
 
     def low_water_marks(self) -> dict[int, int]:
         """Return the LWM of every coordinator."""

@@ -39,9 +39,13 @@ A crash anywhere is repaired by recovery: decision not durable -> still OPEN
 (participants and the store are idempotent); after the final record -> its
 leftover records are purged.
 
-Issue-10 note: the caller waits for steps 1-2 only in spirit already (step 3
-failing does not fail it); moving step 3 off the caller's path entirely is a
-matter of running :meth:`EndDriver._complete` in the background.
+With ``config.complete_in_background`` (the broker turns it on) a client's
+end returns once step 2 is done -- the outcome is durable and visible -- and
+step 3 runs off its path on :class:`Completions`, which completes the
+transactions queued meanwhile together (one store write, one log write).
+An :class:`EndTrace` passed by the caller counts the sequential durable
+waits its end made (the decision, participants still writing, records of
+the transaction still in flight).
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ from txnstream.errors import (
     TransactionAlreadyCommitted,
     TransactionEndPending,
     TransactionError,
+    TransactionWriteFailed,
 )
 from txnstream.timer import Clock, TimerHandle, TimerScope
 
@@ -83,6 +88,35 @@ StepHook = Callable[[str, TxnID], None]
 
 #: Shortest delay before a background end that failed runs again.
 RETRY_MIN_MS = 20
+
+
+class EndTrace:
+    """Counts the sequential durable waits of one end (SPEC §4.5 commit path).
+
+    A *wait* is a phase in which the caller blocked on a durable write that
+    was not done yet: the ending UPDATE (always), records of the transaction
+    still in flight, participants' markers and pending-ack records.
+    """
+
+    __slots__ = ("phases", "waits")
+
+    def __init__(self) -> None:
+        self.waits = 0
+        self.phases: list[str] = []
+
+    def waited(self, phase: str) -> None:
+        """Count one sequential wait in ``phase``."""
+        self.waits += 1
+        self.phases.append(phase)
+
+
+def write_failed(txn_id: TxnID, cause: BaseException) -> TransactionWriteFailed:
+    """Return the refusal for a transaction one of whose no-wait records failed."""
+    return TransactionWriteFailed(
+        f"transaction {txn_id} cannot commit: a write of it failed ({cause!r}); abort it",
+        txn_id=txn_id,
+        cause=cause,
+    )
 
 
 # ------------------------------------------------------------------ participants
@@ -148,6 +182,7 @@ def end_participants(
     deadline_ms: int,
     stop: threading.Event,
     attempts: int | None = None,
+    trace: EndTrace | None = None,
 ) -> int:
     """End ``txn_id`` on every participant, retrying failed ones with backoff.
 
@@ -170,7 +205,7 @@ def end_participants(
     retries = 0
     while pending:
         attempt += 1
-        failed, errors = _attempt(txn_id, commit, pending, clock, deadline_ms)
+        failed, errors = _attempt(txn_id, commit, pending, clock, deadline_ms, trace)
         if not failed:
             break
         retries += len(failed)
@@ -197,6 +232,7 @@ def _attempt(
     pending: list[tuple[str, Callable[[], Participant]]],
     clock: Clock,
     deadline_ms: int,
+    trace: EndTrace | None = None,
 ) -> tuple[list[tuple[str, Callable[[], Participant]]], list[tuple[str, str]]]:
     # One attempt on every pending participant: the failed ones and why.
     failed: list[tuple[str, Callable[[], Participant]]] = []
@@ -224,6 +260,8 @@ def _attempt(
 
         for _, _, fut in waiting:
             fut.add_done_callback(one_done)
+        if trace is not None and not all_done.is_set():
+            trace.waited("participants")
         clock.wait(all_done, deadline_ms - clock.monotonic_ms())
         for label, get, fut in waiting:
             err = fut.exception(timeout=0) if fut.done() else TimeoutError("no answer in time")
@@ -294,6 +332,8 @@ class EndDriver:
         self.participants: ParticipantResolver = NullParticipants()
         self.step_hook: StepHook | None = None
         self.background: BackgroundEnds | None = None
+        #: Set when step 3 of a client's end runs off its path.
+        self.completions: Completions | None = None
         self._table = table
         self._writer = writer
         self._store = store
@@ -304,7 +344,14 @@ class EndDriver:
 
     # -- client requests
 
-    def end(self, seq: int, act: TxnAction, *, force: bool = False) -> TxnStatus | None:
+    def end(
+        self,
+        seq: int,
+        act: TxnAction,
+        *,
+        force: bool = False,
+        trace: EndTrace | None = None,
+    ) -> TxnStatus | None:
         """End ``seq`` for a client: the final status, or None if it is not in memory.
 
         ``force`` (admin ``force_abort``): a decided end is finished instead
@@ -343,7 +390,9 @@ class EndDriver:
                 else:
                     self._take_over(meta)
             if wait is None:
-                return self._drive(meta, deadline, background=False)
+                return self._drive(meta, deadline, background=False, trace=trace)
+            if trace is not None:
+                trace.waited("another end")
             waited = meta
             remaining = deadline - clock.monotonic_ms()
             if (remaining <= 0 or not clock.wait(wait, remaining)) and (
@@ -353,7 +402,9 @@ class EndDriver:
                 raise _pending_error(table.tid(seq), outcome, "busy")
 
     def end_many(
-        self, reqs: list[tuple[TxnID, int, TxnAction]]
+        self,
+        reqs: list[tuple[TxnID, int, TxnAction]],
+        traces: list[EndTrace | None] | None = None,
     ) -> list[TxnStatus | TransactionError | None]:
         """Many clients' ends: per item the final status, a refusal, or None (not in memory).
 
@@ -373,7 +424,12 @@ class EndDriver:
                 meta = table.txns.get(seq)
                 if meta is None or not meta.visible:
                     continue  # None: answered from the store by the caller
-                fresh = meta.decision is None and not meta.deciding and not meta.adds
+                fresh = (
+                    meta.decision is None
+                    and not meta.deciding
+                    and not meta.adds
+                    and not (meta.failed is not None and act is TxnAction.COMMIT)
+                )
                 if fresh and seq not in seen:
                     self._claim(meta, act.ending_status, timed_out=False)
                     claimed.append((i, meta))
@@ -381,12 +437,14 @@ class EndDriver:
                 else:
                     later.append(i)
         if claimed:
-            for (i, _), got in zip(claimed, self._drive_many(claimed, deadline), strict=True):
+            claimed_traces = None if traces is None else [traces[i] for i, _ in claimed]
+            driven = self._drive_many(claimed, deadline, claimed_traces)
+            for (i, _), got in zip(claimed, driven, strict=True):
                 results[i] = got
         for i in later:
             _, seq, act = reqs[i]
             try:
-                results[i] = self.end(seq, act)
+                results[i] = self.end(seq, act, trace=None if traces is None else traces[i])
             except TransactionError as exc:
                 results[i] = exc
         return results
@@ -444,30 +502,60 @@ class EndDriver:
         if meta.timer is not None and self.background is not None:
             self.background.cancel(meta)
 
-    def _drive(self, meta: TxnMeta, deadline: int, *, background: bool) -> TxnStatus:
+    def _drive(
+        self,
+        meta: TxnMeta,
+        deadline: int,
+        *,
+        background: bool,
+        trace: EndTrace | None = None,
+    ) -> TxnStatus:
         """Run the remaining steps for ``meta`` (claimed by this thread).
 
         Only the driver changes ``pending``, ``participants_done`` and (once
-        decided) the names, so it reads them without the lock.
+        decided) the names, so it reads them without the lock. A client's
+        step 3 is handed to :attr:`completions` when set (the driver role
+        goes with it).
         """
         tid = self._table.tid(meta.seq)
+        handed_off = False
         try:
             if meta.pending is not None:
-                self._decide(meta, tid, deadline)
+                self._decide(meta, tid, deadline, trace)
             if not meta.participants_done:
-                self._end_participants(meta, tid, deadline, background)
+                self._end_participants(meta, tid, deadline, background, trace)
+            if self.completions is not None and not background:
+                outcome = meta.status.outcome
+                assert outcome is not None
+                self.completions.submit(meta)
+                handed_off = True
+                return outcome
             return self._complete(meta, tid)
         finally:
-            if meta.driver:  # not released by a successful _finish
+            if meta.driver and not handed_off:  # not released by a successful _finish
                 self._release(meta)
 
-    def _decide(self, meta: TxnMeta, tid: TxnID, deadline: int) -> None:
-        """Step 1: log the pending ending UPDATE (after any ADD in flight)."""
+    def _decide(
+        self, meta: TxnMeta, tid: TxnID, deadline: int, trace: EndTrace | None = None
+    ) -> None:
+        """Step 1: log the pending ending UPDATE (after any NEW/ADD in flight).
+
+        A commit of a transaction whose no-wait record failed is refused
+        (:class:`TransactionWriteFailed`; it stays OPEN and may abort).
+        """
         table, clock = self._table, self._clock
         if meta.adds:  # no ADD can start once the decision is pending: only wait if needed
+            if trace is not None:
+                trace.waited("records in flight")
             self._await_adds(meta, tid, deadline)
         target = meta.pending
         assert target is not None
+        if meta.failed is not None and target is TxnStatus.COMMITTING and not meta.in_doubt:
+            with table.lock:
+                self._revert(meta)
+            raise write_failed(tid, meta.failed)
+        if trace is not None:
+            trace.waited("decision")
         now = clock.wall_ms()
         record = encode_txn_update(
             table.tc_id, meta.seq, now, 0, int(target), meta.pending_timed_out
@@ -515,8 +603,19 @@ class EndDriver:
             self.background.rearm_after_failure(meta)
         self._table.notify(meta)
 
-    def _end_participants(self, meta: TxnMeta, tid: TxnID, deadline: int, background: bool) -> None:
-        """Step 2: tell every participant the decided outcome."""
+    def _end_participants(
+        self,
+        meta: TxnMeta,
+        tid: TxnID,
+        deadline: int,
+        background: bool,
+        trace: EndTrace | None = None,
+        attempts: int | None = None,
+    ) -> None:
+        """Step 2: tell every participant the decided outcome.
+
+        ``attempts`` overrides the policy's limit (a background run makes one).
+        """
         commit = meta.status is TxnStatus.COMMITTING
         partitions = meta.partition_list()
         subscriptions = meta.subscription_list()
@@ -531,7 +630,8 @@ class EndDriver:
             clock=self._clock,
             deadline_ms=deadline,
             stop=self._stop,
-            attempts=1 if background else None,
+            attempts=1 if background else attempts,
+            trace=trace,
         )
         meta.participants_done = True
         self._hook("participants_done", tid)
@@ -587,12 +687,21 @@ class EndDriver:
         return table.release(meta)
 
     def _drive_many(
-        self, claimed: list[tuple[int, TxnMeta]], deadline: int
+        self,
+        claimed: list[tuple[int, TxnMeta]],
+        deadline: int,
+        traces: list[EndTrace | None] | None = None,
     ) -> list[TxnStatus | TransactionError | None]:
-        """Run steps 1-3 for many claimed (fresh) transactions, each step one batch."""
+        """Run steps 1-3 for many claimed (fresh) transactions, each step one batch.
+
+        With :attr:`completions` step 3 is handed off (the outcome is
+        returned once participants ended). ``traces`` (one per claimed
+        transaction, or None) count their durable waits.
+        """
         table, clock, writer = self._table, self._clock, self._writer
         metas = [m for _, m in claimed]
         results: list[TxnStatus | TransactionError | None] = [None] * len(metas)
+        handed: set[int] = set()
         try:
             now = clock.wall_ms()
             with table.lock:
@@ -621,20 +730,121 @@ class EndDriver:
                     m.decided_at = mono
                     m.last_modified = now
                     table.notify(m)
-            ready: list[int] = []
-            for i, m in enumerate(metas):
-                try:
-                    self._end_participants(m, table.tid(m.seq), deadline, background=False)
-                except TransactionError as exc:
-                    results[i] = exc
-                    continue
-                ready.append(i)
+            if traces is not None:
+                for t in traces:
+                    if t is not None:
+                        t.waited("decision")
+            ready = self._end_participants_many(metas, deadline, results, traces)
+            if self.completions is not None:
+                for i in ready:
+                    outcome = metas[i].status.outcome
+                    assert outcome is not None
+                    results[i] = outcome
+                    self.completions.submit(metas[i])
+                    handed.add(i)
+                return results
             for i, final in zip(ready, self._complete_many([metas[i] for i in ready]), strict=True):
                 results[i] = final
             return results
         finally:
-            for m in metas:
-                self._release(m)
+            for i, m in enumerate(metas):
+                if i not in handed:
+                    self._release(m)
+
+    def _end_participants_many(
+        self,
+        metas: list[TxnMeta],
+        deadline: int,
+        results: list[TxnStatus | TransactionError | None],
+        traces: list[EndTrace | None] | None,
+    ) -> list[int]:
+        """Step 2 for many decided transactions at once; the indexes that finished.
+
+        Every participant of every transaction is started first and their
+        futures awaited together (their writes share syncs); a transaction
+        with a failed participant falls back to :meth:`_end_participants`
+        (retries with backoff until the deadline; a refusal goes to
+        ``results``).
+        """
+        table, clock = self._table, self._clock
+        resolver = self.participants
+        failed: dict[int, tuple[str, str]] = {}  # index -> (participant, error) of a failure
+        waiting: list[tuple[int, str, Future[None]]] = []
+        for i, m in enumerate(metas):
+            tid = table.tid(m.seq)
+            self._hook("ending_logged", tid)
+            commit = m.status is TxnStatus.COMMITTING
+            label = ""
+            try:
+                for p in m.partition_list():
+                    label = f"partition {p}"
+                    fut = resolver.partition(p).end(tid, commit)
+                    if fut is not None:
+                        waiting.append((i, label, fut))
+                for t, sub in m.subscription_list():
+                    label = f"subscription {t}/{sub}"
+                    fut = resolver.subscription(t, sub).end(tid, commit)
+                    if fut is not None:
+                        waiting.append((i, label, fut))
+            except Exception as exc:
+                failed[i] = (label, repr(exc))
+        if waiting:
+            all_done = threading.Event()
+            left = [len(waiting)]
+            lock = threading.Lock()
+
+            def one_done(_: Future[None]) -> None:
+                with lock:
+                    left[0] -= 1
+                    if left[0] == 0:
+                        all_done.set()
+
+            for _, _, fut in waiting:
+                fut.add_done_callback(one_done)
+            if traces is not None and not all_done.is_set():
+                for i in {i for i, _, _ in waiting}:
+                    trace = traces[i]
+                    if trace is not None:
+                        trace.waited("participants")
+            clock.wait(all_done, deadline - clock.monotonic_ms())
+            for i, label, fut in waiting:
+                if not fut.done():
+                    failed.setdefault(i, (label, repr(TimeoutError("no answer in time"))))
+                elif fut.exception(timeout=0) is not None:
+                    failed.setdefault(i, (label, repr(fut.exception(timeout=0))))
+        limit = self._config.retry.max_attempts
+        ready: list[int] = []
+        for i, m in enumerate(metas):
+            tid = table.tid(m.seq)
+            if i in failed:
+                # That was attempt 1; the retries follow the same policy.
+                try:
+                    if limit is not None and limit <= 1:
+                        outcome = m.status.outcome
+                        label, err = failed[i]
+                        raise ParticipantsFailed(
+                            f"ending transaction {tid} ({outcome.name if outcome else '?'}, "
+                            f"decided) failed on a participant after 1 attempt(s): {label}: "
+                            f"{err}; it is completed in the background",
+                            txn_id=tid,
+                            outcome=outcome,
+                            failures=[failed[i]],
+                        )
+                    self._end_participants(
+                        m,
+                        tid,
+                        deadline,
+                        background=False,
+                        attempts=None if limit is None else limit - 1,
+                    )
+                except TransactionError as exc:
+                    results[i] = exc
+                    continue
+            else:
+                m.participants_done = True
+                self._hook("participants_done", tid)
+            ready.append(i)
+        return ready
 
     def _complete_many(self, metas: list[TxnMeta]) -> list[TxnStatus]:
         """Step 3 for many: store records one by one, the final records as one batch."""
@@ -647,10 +857,14 @@ class EndDriver:
             assert outcome is not None
             finals.append(outcome)
         try:
-            for m, final in zip(metas, finals, strict=True):
-                tid = table.tid(m.seq)
-                self._store.record(tid, m.client_name, final, timed_out=m.timed_out)
-                self._hook("terminated_stored", tid)
+            self._store.record_many(
+                [
+                    (table.tid(m.seq), m.client_name, final, m.timed_out)
+                    for m, final in zip(metas, finals, strict=True)
+                ]
+            )
+            for m in metas:
+                self._hook("terminated_stored", table.tid(m.seq))
             now = self._clock.wall_ms()
             finals_logged = [
                 encode_txn_update(table.tc_id, m.seq, now, int(m.status), int(f), m.timed_out)
@@ -693,6 +907,74 @@ class EndDriver:
     def _hook(self, step: str, tid: TxnID) -> None:
         if self.step_hook is not None:
             self.step_hook(step, tid)
+
+
+# ------------------------------------------------------------------- completions
+
+
+class Completions:
+    """Step 3 of clients' ends, off their path, many transactions per batch.
+
+    :meth:`submit` queues a transaction whose participants all ended (its
+    outcome is durable and visible; the caller already has it) and keeps it
+    counted as a call in flight, so ``close()`` drains it. One run at a time
+    on the coordinator's end pool takes everything queued and completes it
+    together (:meth:`EndDriver._complete_many`: one store write, one log
+    write); a failure there leaves the transactions decided and live, and
+    they are retried in the background like any stalled end.
+    """
+
+    def __init__(
+        self, table: TransactionTable, driver: EndDriver, executor: ThreadPoolExecutor
+    ) -> None:
+        self._table = table
+        self._driver = driver
+        self._executor = executor
+        self._lock = threading.Lock()
+        self._queue: list[TxnMeta] = []
+        self._running = False
+
+    def submit(self, meta: TxnMeta) -> None:
+        """Queue ``meta`` (its driver role comes along) for completion."""
+        with self._table.lock:
+            self._table.hold()
+        with self._lock:
+            self._queue.append(meta)
+            if self._running:
+                return
+            self._running = True
+        try:
+            self._executor.submit(self._drain)
+        except RuntimeError:  # the pool is shut down: closing; recovery finishes them
+            self._give_up()
+
+    def _give_up(self) -> None:
+        with self._lock:
+            metas, self._queue = self._queue, []
+            self._running = False
+        for m in metas:
+            self._driver._release(m)
+            self._table.leave()
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                metas, self._queue = self._queue, []
+                if not metas:
+                    self._running = False
+                    return
+            try:
+                self._driver._complete_many(metas)
+            except Exception:
+                if not self._table.closed:
+                    log.exception(
+                        "completing %d ends failed; retried in the background", len(metas)
+                    )
+            finally:
+                for m in metas:
+                    if m.driver:
+                        self._driver._release(m)
+                    self._table.leave()
 
 
 # ------------------------------------------------------------------- background
@@ -832,11 +1114,14 @@ __all__ = [
     "RETRY_MIN_MS",
     "STEPS",
     "BackgroundEnds",
+    "Completions",
     "EndDriver",
+    "EndTrace",
     "NullParticipants",
     "Participant",
     "ParticipantResolver",
     "StepHook",
     "end_answer",
     "end_participants",
+    "write_failed",
 ]

@@ -17,7 +17,12 @@ once its record is durable; a write that definitely failed clears
 interrupt while it was in flight) leaves the change *in doubt*: it may be
 durable, so it is treated as decided and written again before anything
 builds on it. Likewise a transaction's partitions and subscriptions change
-only after their ADD record is durable.
+only after their ADD record is durable -- except for the no-wait calls the
+broker's client uses (``begin``, ``add_*_nowait``): there the names are
+taken at once (ending a participant that holds nothing of the transaction
+is a no-op, missing one is not) and the records' durability is awaited
+before the commit decision (``adds``); a failed one (``failed``) lets the
+transaction only abort.
 
 States of a live transaction, as ``(status, pending)``:
 
@@ -303,6 +308,7 @@ class TxnMeta:
         "decided_at",
         "done",
         "driver",
+        "failed",
         "in_doubt",
         "last_modified",
         "participants_done",
@@ -353,8 +359,12 @@ class TxnMeta:
         self.positions: list[TxnPosition] = []
         #: Index of its slice of the recovered position table; -1: none.
         self.span = -1
-        #: ADD records in flight (an end waits for them before deciding).
+        #: NEW/ADD records in flight (an end waits for them before deciding).
         self.adds = 0
+        #: A record written without waiting (``begin``, ``add_*_nowait``)
+        #: failed: the transaction may lack a participant in the log, so it
+        #: can only abort.
+        self.failed: BaseException | None = None
         #: Some thread drives the end; waiters block on ``done``.
         self.driver = False
         self.done: threading.Event | None = None

@@ -701,6 +701,14 @@ class TransactionTable:
             )
         self._active += 1
 
+    def hold(self) -> None:
+        """Under the lock: count work in flight that ``close`` must drain, even once closed.
+
+        For work a call started and hands over (a client's end completed in
+        the background); finish it with :meth:`leave`.
+        """
+        self._active += 1
+
     def leave(self) -> None:
         """Count a call from :meth:`enter` as finished (takes the lock)."""
         with self.lock:

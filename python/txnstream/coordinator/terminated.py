@@ -205,27 +205,48 @@ class TerminatedTxnStore:
         """
         if not self.enabled or not client_name:
             return False
-        final = _final(status)
-        with self._lock:
-            entries = self._clients.get(client_name)
-            if entries is None:
-                entries = self._clients[client_name] = {}
-            row = entries.get(txn_id)
-            if row is None:
-                row = (final, self._clock.wall_ms() if end_time is None else end_time, timed_out)
-                entries[txn_id] = row
-                self._index[txn_id] = client_name
-            writes: list[tuple[str, bytes | None]] = [
-                (txn_key(txn_id), _encode(client_name, txn_id, *row))
-            ]
-            while len(entries) > self.persist_count:
-                oldest = next(iter(entries))
-                del entries[oldest]
-                del self._index[oldest]
-                writes.append((txn_key(oldest), None))
-        self._write(writes)
-        self._forget_if_gone([txn_id])
+        self.record_many([(txn_id, client_name, status, timed_out)], end_time=end_time)
         return True
+
+    def record_many(
+        self,
+        items: Sequence[tuple[TxnID, str | None, TxnStatus, bool]],
+        *,
+        end_time: int | None = None,
+    ) -> int:
+        """:meth:`record` for many ``(txn_id, client_name, status, timed_out)`` at once.
+
+        One durable write for all of them (plus their tombstones); items
+        without a client name are skipped. Returns how many were recorded.
+        """
+        if not self.enabled:
+            return 0
+        writes: list[tuple[str, bytes | None]] = []
+        recorded: list[TxnID] = []
+        with self._lock:
+            now = self._clock.wall_ms() if end_time is None else end_time
+            for txn_id, client_name, status, timed_out in items:
+                if not client_name:
+                    continue
+                final = _final(status)
+                entries = self._clients.get(client_name)
+                if entries is None:
+                    entries = self._clients[client_name] = {}
+                row = entries.get(txn_id)
+                if row is None:
+                    row = (final, now, timed_out)
+                    entries[txn_id] = row
+                    self._index[txn_id] = client_name
+                writes.append((txn_key(txn_id), _encode(client_name, txn_id, *row)))
+                recorded.append(txn_id)
+                while len(entries) > self.persist_count:
+                    oldest = next(iter(entries))
+                    del entries[oldest]
+                    del self._index[oldest]
+                    writes.append((txn_key(oldest), None))
+        self._write(writes)
+        self._forget_if_gone(recorded)
+        return len(recorded)
 
     def _write(self, writes: list[tuple[str, bytes | None]]) -> None:
         if self._persistence is None or not writes:

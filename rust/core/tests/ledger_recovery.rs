@@ -480,3 +480,28 @@ fn large_entries_written_directly_recover_and_damage_is_reported() {
     ml.close().unwrap();
     check(&live);
 }
+
+#[test]
+fn ledger_opened_after_recovery_wrote_its_file_is_not_missing() {
+    // After a crash, the first open of the directory replays the journal;
+    // the write-behind then writes the files of ledgers nobody opened yet.
+    // Opening one of them later must find that file, not call it missing
+    // because the directory listing predates it.
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    let dst = tmp.path().join("dst");
+    let a = ManagedLedger::open(&src, "a", opts()).unwrap();
+    let b = ManagedLedger::open(&src, "b", opts()).unwrap();
+    a.append(b"first").unwrap();
+    let pos: Vec<Position> = (0..3u8).map(|i| b.append(&[i; 16]).unwrap()).collect();
+    crash_image(&src, &dst, "b");
+    a.close().unwrap();
+    b.close().unwrap();
+    let a = ManagedLedger::open(&dst, "a", opts()).unwrap();
+    a.checkpoint().unwrap();
+    assert!(log_path(&dst, "b", pos[0].ledger_id).is_file());
+    let b = ManagedLedger::open(&dst, "b", opts()).unwrap();
+    assert_eq!(b.read(pos[2]).unwrap(), vec![2u8; 16]);
+    b.close().unwrap();
+    a.close().unwrap();
+}

@@ -166,6 +166,10 @@ fn read_entries(ml: &ManagedLedger, positions: &[Position]) -> Result<Vec<(Posit
     ml.read_range(first, last)
 }
 
+/// What a bulk read found: the last position looked at, how many entries,
+/// the message entries, and the positions of markers (for the cursor).
+type Run = (Option<Position>, usize, Vec<ReadEntry>, Vec<Position>);
+
 /// What a bulk read found in one entry.
 struct ReadEntry {
     pos: Position,
@@ -182,17 +186,19 @@ fn read_run(
     after: Option<Position>,
     limit: Option<Position>,
     max: usize,
-) -> Result<(Option<Position>, usize, Vec<ReadEntry>)> {
+) -> Result<Run> {
     let positions = positions_after(ml, after, limit, max);
     let last = positions.last().copied();
     let scanned = positions.len();
     let mut out = Vec::with_capacity(positions.len());
+    let mut markers = Vec::new();
     for (pos, data) in read_entries(ml, &positions)? {
         if cursor.is_some_and(|c| c.is_deleted(pos)) {
             continue;
         }
         let decoded = message::decode(&data).map_err(|e| e.at(pos))?;
         if decoded.marker().is_some() {
+            markers.push(pos);
             continue;
         }
         let acks = cursor.and_then(|c| c.batch_ack_set(pos));
@@ -203,12 +209,13 @@ fn read_run(
             acks,
         });
     }
-    Ok((last.or(after), scanned, out))
+    Ok((last.or(after), scanned, out, markers))
 }
 
 /// Read up to ``max_entries`` entries after ``after`` (None: from the
 /// start) and below ``limit`` (exclusive; None: to the end), decode them in
-/// Rust with the GIL released, and return ``(last, scanned, messages)``.
+/// Rust with the GIL released, and return ``(last, scanned, messages,
+/// markers)``.
 ///
 /// ``last`` is the last position looked at (markers and deleted entries
 /// included; ``after`` when nothing was), ``scanned`` how many entries were
@@ -217,8 +224,10 @@ fn read_run(
 /// are left out. Each message is a tuple ``(ledger_id, entry_id,
 /// batch_index, batch_size, payload, key, properties, publish_time,
 /// producer_name, sequence_id, txn)`` with ``properties`` a dict or None and
-/// ``txn`` a ``(most_bits, least_bits)`` tuple or None. A damaged entry
-/// raises ``CorruptEntryError`` naming its position.
+/// ``txn`` a ``(most_bits, least_bits)`` tuple or None; ``markers`` lists
+/// the positions of the markers seen (not deleted by the cursor), so a
+/// subscription can acknowledge them. A damaged entry raises
+/// ``CorruptEntryError`` naming its position.
 #[pyfunction]
 #[pyo3(signature = (ml, cursor = None, after = None, limit = None, max_entries = 256))]
 pub fn read_messages<'py>(
@@ -238,7 +247,7 @@ pub fn read_messages<'py>(
     let inner = &ml.get().inner;
     let after = opt_pos(after, "after")?;
     let limit = opt_pos(limit, "limit")?;
-    let (last, scanned, entries) = py.detach(|| -> Result<_> {
+    let (last, scanned, entries, markers) = py.detach(|| -> Result<Run> {
         let cur = cursor.map(|c| inner.open_cursor(c)).transpose()?;
         read_run(inner, cur.as_ref(), after, limit, max_entries as usize)
     })?;
@@ -284,12 +293,17 @@ pub fn read_messages<'py>(
         }
     }
     let last = last.map(PyPosition);
+    let markers = markers
+        .into_iter()
+        .map(|p| Py::new(py, PyPosition(p)))
+        .collect::<PyResult<Vec<_>>>()?;
     Ok(PyTuple::new(
         py,
         [
             last.into_bound_py_any(py)?,
             scanned.into_bound_py_any(py)?,
             msgs.into_any(),
+            PyList::new(py, markers)?.into_any(),
         ],
     )?)
 }

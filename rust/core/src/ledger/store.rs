@@ -677,6 +677,13 @@ impl Store {
                     } else {
                         ledger_file::log_path(&ml.prefix, id)
                     };
+                    // The listing was taken when the store opened; since
+                    // then the write-behind may have written this ledger's
+                    // file from the journal (recovery of a ledger that is
+                    // opened only later). Missing means missing now.
+                    if fs.exists(&p) {
+                        continue;
+                    }
                     return Err(ledger_file::corrupt(
                         &p,
                         id,

@@ -1,0 +1,603 @@
+"""The embedded broker: one data directory, its coordinators, topics, subscriptions and their logs.
+
+``Broker.open(path)`` is the engine a client talks to (SPEC §4.5, §4.9). It
+owns the wiring -- which managed ledgers exist, one timer service, the
+threads -- and hands components what they need; components never open
+ledgers of their own.
+
+- **The data directory** holds every log behind one journal (the storage
+  layer): topic partitions under their full names, pending-ack logs
+  (``<partition>-<subscription>__transaction_pending_ack``), coordinator
+  logs (``__transaction_log_<tc_id>``), the terminated-transaction stores,
+  and ``__txnstream_topics`` (a compacted topic: partitions per topic). The
+  first ledger the broker opens takes the directory's writer lock; another
+  process opening it for writing gets a ``StorageError``.
+- **Coordinators** ``0..n-1`` share the broker's timer service. They run
+  with idempotent end on (PIP-255, ``transactionMetaPersistCount`` default
+  1000 per client name) and complete ends off the client's path.
+- **Topics open lazily**: a partition is opened, replayed and reconciled on
+  first use (a send, a subscribe, or a coordinator ending a transaction on
+  it). A broker with 10,000 topics opens only the ones in use; storage
+  threads and descriptors do not grow with them either.
+- **Recovery reconciliation.** Coordinators recover first; a partition or
+  subscription opened later asks them about every transaction it still
+  holds: committed -> commit marker / acks applied; aborted, or unknown ->
+  abort; open -> stays until its own end (timeout). Coordinators resuming
+  decided ends open the partitions they name, so those are reconciled at
+  open; any other partition is reconciled before it serves anything.
+- **Maintenance**: every ``pending_ack_trim_interval_ms`` the broker
+  deletes ended transactions' pending-ack records (after flushing the
+  cursors holding their acks).
+
+``close()`` stops clients, then coordinators (ends in flight finish), then
+topics and logs, then the timer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, cast
+
+from prometheus_client.registry import REGISTRY, CollectorRegistry
+
+from txnstream._native import BufferedWriter, CompactedTopic, ManagedLedger
+from txnstream.broker.topic import Topic
+from txnstream.broker.topic_name import MAX_PARTITIONS, TopicName
+from txnstream.buffer import TxnOutcomes
+from txnstream.config import BrokerConfig
+from txnstream.coordinator import (
+    CoordinatorConfig,
+    TransactionCoordinator,
+    TransactionCoordinators,
+    TxnID,
+)
+from txnstream.coordinator.coordinator import directory_arg
+from txnstream.coordinator.ending import Participant
+from txnstream.errors import (
+    AlreadyClosedError,
+    CoordinatorNotFound,
+    InvalidArgumentError,
+    InvalidTopicNameError,
+)
+from txnstream.metrics import (
+    COMMIT_LATENCY_BOUNDS_MS,
+    COMMIT_WAIT_BOUNDS,
+    register_broker,
+    register_writer,
+    unregister_broker,
+    unregister_writer,
+)
+from txnstream.timer import Clock, TimerHandle, TimerService, clock_arg
+
+if TYPE_CHECKING:
+    from txnstream.admin import Admin
+    from txnstream.client import Client
+
+log = logging.getLogger(__name__)
+
+#: Compacted topic of topic metadata: base topic name -> partitions (0: not partitioned).
+TOPICS_REGISTRY = "__txnstream_topics"
+#: Idempotent end is on through the broker: ends remembered per client name.
+DEFAULT_PERSIST_COUNT = 1000
+
+
+class Broker:
+    """The embedded engine on one data directory. Build with :meth:`open`."""
+
+    def __init__(
+        self,
+        path: str,
+        config: BrokerConfig,
+        *,
+        clock: Clock,
+        registry: CollectorRegistry | None,
+        metrics_label: str | None,
+    ) -> None:
+        self.path = path
+        self.config = config
+        self._clock = clock
+        self._registry = registry
+        self._label = metrics_label
+        self._lock = threading.Lock()
+        self._closed = False
+        self._ready = threading.Event()
+        self._topics: dict[str, Topic] = {}
+        self._opening: dict[str, Future[Topic]] = {}
+        self._clients: list[Client] = []
+        self._writers: dict[str, BufferedWriter] = {}
+        self._maintenance_timer: TimerHandle | None = None
+        self._maintenance_pool = ThreadPoolExecutor(1, thread_name_prefix="txnstream-broker-maint")
+        self._admin: Admin | None = None
+        self._registry_topic: CompactedTopic | None = None
+        self.timers = TimerService(clock, name="txnstream-broker-timer")
+        self._scope = self.timers.scope()
+        self.coordinators: TransactionCoordinators | None = None
+        self._ledger_options = {
+            "max_entries_per_ledger": config.max_entries_per_ledger,
+            "max_bytes_per_ledger": config.max_size_per_ledger_mb << 20,
+        }
+        self.recovery: dict[str, Any] = {}
+
+    @classmethod
+    def open(
+        cls,
+        path: str | os.PathLike[str],
+        config: BrokerConfig | None = None,
+        *,
+        clock: Clock | None = None,
+        registry: CollectorRegistry | None = REGISTRY,
+        metrics_label: str | None = None,
+    ) -> Broker:
+        """Open (creating, recovering) the broker on data directory ``path``.
+
+        ``config`` is a :class:`~txnstream.config.BrokerConfig` (defaults
+        if None; ``BrokerConfig.load("broker.conf" or "*.toml")`` reads
+        Pulsar-named settings). Metrics are exported to ``registry`` (None:
+        not exported); ``metrics_label`` tells two brokers of one process
+        apart in it. Every argument is checked before anything is created.
+        """
+        directory = directory_arg(path)
+        if config is None:
+            config = BrokerConfig()
+        elif not isinstance(config, BrokerConfig):
+            raise InvalidArgumentError(
+                f"config must be a BrokerConfig or None, got {config!r}",
+                argument="config",
+                value=config,
+            )
+        config.validate()
+        clk = clock_arg(clock)
+        if registry is not None and not isinstance(registry, CollectorRegistry):
+            raise InvalidArgumentError(
+                f"registry must be a prometheus CollectorRegistry or None, got {registry!r}",
+                argument="registry",
+                value=registry,
+            )
+        if metrics_label is not None and (not isinstance(metrics_label, str) or not metrics_label):
+            raise InvalidArgumentError(
+                f"metrics_label must be a non-empty str or None, got {metrics_label!r}",
+                argument="metrics_label",
+                value=metrics_label,
+            )
+        os.makedirs(directory, exist_ok=True)
+        broker = cls(directory, config, clock=clk, registry=registry, metrics_label=metrics_label)
+        try:
+            broker._start()
+        except BaseException:
+            broker._shutdown()
+            raise
+        return broker
+
+    def _start(self) -> None:
+        started = time.monotonic()
+        # The first ledger takes the directory's writer lock.
+        self._registry_topic = CompactedTopic.open(
+            self.path,
+            TOPICS_REGISTRY,
+            max_entries_per_ledger=self.config.max_entries_per_ledger,
+            max_bytes_per_ledger=self.config.max_size_per_ledger_mb << 20,
+        )
+        cfg = self.config
+        persist = cfg.extra.get("transactionMetaPersistCount", DEFAULT_PERSIST_COUNT)
+        tc_config = CoordinatorConfig.from_broker_config(
+            cfg,
+            default_timeout_ms=cfg.transaction_timeout_ms,
+            max_timeout_ms=cfg.max_transaction_timeout_ms,
+            end_timeout_ms=cfg.end_timeout_ms,
+            complete_in_background=True,
+        )
+        if "transactionMetaPersistCount" not in cfg.extra:
+            tc_config = tc_config.replace(transaction_meta_persist_count=persist)
+        opened: list[TransactionCoordinator] = []
+        try:
+            for tc_id in range(cfg.coordinators):
+                label = None if self._label is None else f"{self._label}/{tc_id}"
+                opened.append(
+                    TransactionCoordinator.open(
+                        self.path,
+                        tc_id,
+                        config=tc_config,
+                        participants=self,
+                        clock=self._clock,
+                        timers=self.timers,
+                        log_options=dict(self._ledger_options),
+                        registry=self._registry,
+                        metrics_label=label,
+                    )
+                )
+        except BaseException:
+            for tc in opened:
+                tc.close()
+            raise
+        self.coordinators = TransactionCoordinators(opened)
+        self._ready.set()
+        if self._registry is not None:
+            register_broker(self, self._label or "broker", self._registry)
+        self._schedule_maintenance()
+        self.recovery = {
+            "coordinators": [tc.recovery for tc in opened],
+            "seconds": time.monotonic() - started,
+        }
+
+    # ------------------------------------------------------------ clients
+
+    def client(self, name: str | None = None) -> Client:
+        """Return a client of this broker; ``name`` (generated if None) enables idempotent end."""
+        from txnstream.client import Client
+
+        self._check_open()
+        c = Client(self, name)
+        with self._lock:
+            self._clients.append(c)
+        return c
+
+    @property
+    def admin(self) -> Admin:
+        """The admin API of this live broker (:class:`txnstream.admin.Admin`)."""
+        from txnstream.admin import Admin
+
+        with self._lock:
+            if self._admin is None:
+                self._admin = Admin(self)
+            return self._admin
+
+    # ------------------------------------------------------------ topics
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AlreadyClosedError(f"the broker on {self.path} is closed", what="broker")
+
+    @property
+    def _topics_registry(self) -> CompactedTopic:
+        reg = self._registry_topic
+        if reg is None:
+            raise AlreadyClosedError(f"the broker on {self.path} is closed", what="broker")
+        return reg
+
+    def partitions(self, name: str | TopicName, *, create: bool = True) -> int:
+        """Partitions of topic ``name`` (0: not partitioned), creating it if allowed."""
+        topic = name if isinstance(name, TopicName) else TopicName.parse(name)
+        base = topic.base
+        if topic.is_partition:
+            return 0
+        value = self._topics_registry.get(base.full)
+        if value is not None:
+            return int(value)
+        if not create or not self.config.allow_auto_topic_creation:
+            raise InvalidTopicNameError(
+                f"topic {base.full} does not exist (allowAutoTopicCreation=false: create it "
+                "with broker.admin.create_topic first)",
+                argument="topic",
+                value=str(name),
+            )
+        n = (
+            self.config.default_num_partitions
+            if self.config.auto_topic_creation_type == "partitioned"
+            else 0
+        )
+        return self.create_topic(base, n, exist_ok=True)
+
+    def create_topic(
+        self, name: str | TopicName, partitions: int = 0, *, exist_ok: bool = False
+    ) -> int:
+        """Create topic ``name`` with ``partitions`` partitions (0: not partitioned).
+
+        Returns its partition count. An existing topic raises
+        :class:`InvalidTopicNameError` unless ``exist_ok`` (then its count
+        is returned, whatever ``partitions`` says).
+        """
+        self._check_open()
+        topic = name if isinstance(name, TopicName) else TopicName.parse(name)
+        if topic.is_partition:
+            raise InvalidTopicNameError(
+                f"{topic.full} names a partition; create the topic {topic.base.full}",
+                argument="topic",
+                value=str(name),
+            )
+        if isinstance(partitions, bool) or not isinstance(partitions, int):
+            raise InvalidArgumentError(
+                f"partitions must be an int, got {partitions!r}",
+                argument="partitions",
+                value=partitions,
+            )
+        if not 0 <= partitions <= MAX_PARTITIONS:
+            raise InvalidArgumentError(
+                f"partitions must be in 0..{MAX_PARTITIONS}, got {partitions}",
+                argument="partitions",
+                value=partitions,
+            )
+        reg = self._topics_registry
+        with self._lock:
+            existing = reg.get(topic.full)
+            if existing is not None:
+                if exist_ok:
+                    return int(existing)
+                raise InvalidTopicNameError(
+                    f"topic {topic.full} already exists with {int(existing)} partition(s)",
+                    argument="topic",
+                    value=str(name),
+                )
+            reg.put(topic.full, str(partitions).encode())
+        return partitions
+
+    def topic_names(self) -> list[tuple[str, int]]:
+        """Every topic created in this data directory with its partition count."""
+        return [(k, int(v)) for k, v in self._topics_registry.items()]
+
+    def partition_names(self, name: str | TopicName) -> list[TopicName]:
+        """Return the partitions of ``name`` (itself when not partitioned)."""
+        topic = name if isinstance(name, TopicName) else TopicName.parse(name)
+        if topic.is_partition:
+            return [topic]
+        n = self.partitions(topic)
+        return [topic] if n == 0 else [topic.partition_name(i) for i in range(n)]
+
+    def topic(self, name: str | TopicName) -> Topic:
+        """Return partition (or unpartitioned topic) ``name``, opened and recovered on first use."""
+        self._check_open()
+        tn = name if isinstance(name, TopicName) else TopicName.parse(name)
+        if not tn.is_partition and self.partitions(tn) > 0:
+            raise InvalidTopicNameError(
+                f"topic {tn.full} is partitioned; name one of its partitions "
+                f"({tn.partition_name(0).full}, ...)",
+                argument="topic",
+                value=str(name),
+            )
+        full = tn.full
+        with self._lock:
+            t = self._topics.get(full)
+            if t is not None:
+                return t
+            opening = self._opening.get(full)
+            owner = opening is None
+            if opening is None:
+                opening = self._opening[full] = Future()
+        if not owner:
+            return opening.result(timeout=self.config.end_timeout_ms / 1000.0)
+        try:
+            t = self._open_topic(tn)
+        except BaseException as exc:
+            with self._lock:
+                del self._opening[full]
+            opening.set_exception(exc)
+            raise
+        with self._lock:
+            self._topics[full] = t
+            del self._opening[full]
+            closed = self._closed
+        opening.set_result(t)
+        if closed:
+            t.close()
+            self._check_open()
+        return t
+
+    def _open_topic(self, tn: TopicName) -> Topic:
+        ml = self.open_ledger(tn.full)
+        try:
+            t = Topic(tn, ml, self)
+            t.recover()
+        except BaseException:
+            ml.close()
+            raise
+        return t
+
+    def loaded_topics(self) -> list[Topic]:
+        """Partitions open in this process."""
+        with self._lock:
+            return list(self._topics.values())
+
+    # ------------------------------------------------------------ TopicContext
+
+    @property
+    def outcomes(self) -> TxnOutcomes:
+        """The coordinators, as participants see them."""
+        return self
+
+    def wall_ms(self) -> int:
+        """Wall-clock milliseconds of the broker's clock."""
+        return self._clock.wall_ms()
+
+    def open_ledger(self, name: str) -> ManagedLedger:
+        """Open (creating) managed ledger ``name`` in the data directory."""
+        return ManagedLedger.open(
+            self.path,
+            name,
+            max_entries_per_ledger=self.config.max_entries_per_ledger,
+            max_bytes_per_ledger=self.config.max_size_per_ledger_mb << 20,
+        )
+
+    def pending_ack_writer(self, ml: ManagedLedger, name: str) -> BufferedWriter:
+        """Return a BufferedWriter for pending-ack log ``ml`` (pending-ack store metrics)."""
+        writer = BufferedWriter(ml, **self.config.pending_ack_batched_write.writer_kwargs())
+        if self._registry is not None:
+            label = name if self._label is None else f"{name}@{self._label}"
+            register_writer(writer, "pending_ack", name=label, registry=self._registry)
+        with self._lock:
+            self._writers[name] = writer
+        return writer
+
+    def release_writer(self, name: str, writer: BufferedWriter) -> None:
+        """Stop exporting a pending-ack writer."""
+        with self._lock:
+            self._writers.pop(name, None)
+        if self._registry is not None:
+            label = name if self._label is None else f"{name}@{self._label}"
+            unregister_writer(label, "pending_ack", self._registry, writer)
+
+    def pending_ack_writers(self) -> list[BufferedWriter]:
+        """Every open pending-ack log writer."""
+        with self._lock:
+            return list(self._writers.values())
+
+    def set_pending_ack_batch_enabled(self, enabled: bool) -> None:
+        """Switch batched writes of every pending-ack log on or off (now and for new ones)."""
+        if not isinstance(enabled, bool):
+            raise InvalidArgumentError(
+                f"enabled must be a bool, got {enabled!r}", argument="enabled", value=enabled
+            )
+        self.config.set("transactionPendingAckBatchedWriteEnabled", enabled)
+        for w in self.pending_ack_writers():
+            w.set_batch_enabled(enabled)
+
+    # ------------------------------------------------------------ TxnOutcomes
+
+    def _coordinators(self) -> TransactionCoordinators:
+        if not self._ready.wait(self.config.end_timeout_ms / 1000.0):
+            raise CoordinatorNotFound("the broker's coordinators are still opening")
+        tcs = self.coordinators
+        if tcs is None:
+            raise AlreadyClosedError(f"the broker on {self.path} is closed", what="broker")
+        return tcs
+
+    def low_water_mark(self, tc_id: int) -> int:
+        """Coordinator ``tc_id``'s low water mark."""
+        return self._coordinators().get(tc_id).low_water_mark()
+
+    def participant_outcome(self, txn_id: TxnID) -> bool | None:
+        """How a participant must end ``txn_id`` (see the coordinator)."""
+        return self._coordinators().participant_outcome(txn_id)
+
+    # ------------------------------------------------------------ ParticipantResolver
+
+    def partition(self, name: str) -> Participant:
+        """Return the transaction buffer of partition ``name`` (for coordinators' ends)."""
+        self._coordinators()
+        return cast(Participant, self.topic(name).tb)
+
+    def subscription(self, topic: str, subscription: str) -> Participant:
+        """Return the pending-ack store of ``subscription`` on partition ``topic``."""
+        self._coordinators()
+        return cast(Participant, self.topic(topic).pending_ack(subscription))
+
+    # ------------------------------------------------------------ maintenance
+
+    def _schedule_maintenance(self) -> None:
+        if self._closed:
+            return
+        due = self._clock.monotonic_ms() + self.config.pending_ack_trim_interval_ms
+        with contextlib.suppress(RuntimeError):  # the timer is closed: closing
+            self._maintenance_timer = self._scope.schedule(due, self._maintenance_due)
+
+    def _maintenance_due(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the pool is shut down: closing
+            self._maintenance_pool.submit(self._maintain)
+
+    def _maintain(self) -> None:
+        try:
+            for t in self.loaded_topics():
+                t.trim()
+        except Exception:
+            if not self._closed:
+                log.exception("broker maintenance")
+        finally:
+            self._schedule_maintenance()
+
+    def maintain_now(self) -> None:
+        """Run maintenance (pending-ack trimming) now, in this thread."""
+        for t in self.loaded_topics():
+            t.trim()
+
+    # ------------------------------------------------------------ metrics
+
+    def metrics(self) -> dict[str, Any]:
+        """Return a scrape-time snapshot: per partition lag and buffer, per subscription acks."""
+        topics = []
+        for t in self.loaded_topics():
+            tb = t.tb
+            with tb.lock:
+                ongoing, aborted = len(tb.ongoing), len(tb.aborted)
+            subs = []
+            for name, sub in t.subscriptions().items():
+                st = sub.pending.stats()
+                subs.append((name, st["transactions"], st["held_entries"], sub.backlog()))
+            topics.append((t.full, tb.lag(), ongoing, aborted, subs))
+        waits = [0] * (len(COMMIT_WAIT_BOUNDS) + 1)
+        latency = [0] * (len(COMMIT_LATENCY_BOUNDS_MS) + 1)
+        counts: dict[str, float] = {"commits": 0, "aborts": 0, "latency_sum_ms": 0.0}
+        for c in self.iter_clients():
+            cs = c.commit_stats()
+            w: list[int] = cs["waits"]
+            lat: list[int] = cs["latency"]
+            for i, n in enumerate(w):
+                waits[i] += n
+            for i, n in enumerate(lat):
+                latency[i] += n
+            for k in counts:
+                counts[k] += cs[k]
+        return {"topics": topics, "waits": waits, "latency": latency, **counts}
+
+    # ------------------------------------------------------------ close
+
+    def iter_clients(self) -> Iterator[Client]:
+        """Return the clients made by :meth:`client` (open or closed)."""
+        with self._lock:
+            return iter(list(self._clients))
+
+    def close(self) -> None:
+        """Close clients, coordinators (ends in flight finish), topics and logs, then timers."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._shutdown()
+
+    def _shutdown(self) -> None:
+        self._closed = True
+        for c in list(self._clients):
+            try:
+                c.close()
+            except Exception:
+                log.exception("closing a client")
+        if self._maintenance_timer is not None:
+            self._scope.cancel(self._maintenance_timer)
+        self._scope.close()
+        self._maintenance_pool.shutdown(wait=True, cancel_futures=True)
+        if self.coordinators is not None:
+            try:
+                self.coordinators.close()
+            except Exception:
+                log.exception("closing coordinators")
+        self.coordinators = None
+        # Topics being opened finish (they see the broker closed and close
+        # themselves); bounded by the end timeout.
+        deadline = time.monotonic() + self.config.end_timeout_ms / 1000.0
+        while time.monotonic() < deadline:
+            with self._lock:
+                opening = list(self._opening.values())
+            if not opening:
+                break
+            for f in opening:
+                with contextlib.suppress(Exception):
+                    f.result(timeout=max(0.0, deadline - time.monotonic()))
+        for t in self.loaded_topics():
+            try:
+                t.close()
+            except Exception:
+                log.exception("closing topic %s", t.full)
+        with self._lock:
+            self._topics.clear()
+        if self._registry is not None:
+            unregister_broker(self._label or "broker", self, self._registry)
+        if self._registry_topic is not None:
+            self._registry_topic.close()
+            self._registry_topic = None
+        self.timers.close()
+
+    def __enter__(self) -> Broker:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"{len(self._topics)} topics loaded"
+        return f"Broker({self.path!r}, {state})"
+
+
+__all__ = ["DEFAULT_PERSIST_COUNT", "TOPICS_REGISTRY", "Broker"]

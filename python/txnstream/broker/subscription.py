@@ -1,0 +1,441 @@
+"""A subscription of one topic partition: its cursor, pending acks and dispatch.
+
+One durable cursor per subscription (SPEC §4.5); every consumer of the
+subscription takes messages from it (shared: whoever asks first gets the
+next ones). The subscription reads entries in bulk (``read_messages``:
+Rust, GIL released) up to the partition's read limit -- for READ_COMMITTED
+the transaction buffer's ``max_read_position``, for READ_UNCOMMITTED every
+durable entry -- and dispatches them in log order. It never dispatches:
+
+- markers (they are acknowledged on the cursor at once, so the mark-delete
+  position can pass them);
+- under READ_COMMITTED, messages of aborted transactions (acknowledged the
+  same way);
+- messages a transaction holds (pending ack), or delivered and not yet
+  acknowledged (they come again only through redelivery).
+
+Delivered, unacknowledged messages are tracked per consumer. They are
+delivered again (``redelivery_count`` + 1) after ``redeliver_unacknowledged``,
+when their consumer closes, after a negative ack's delay, and when a
+transaction that acknowledged them aborts. Waiting receivers sleep on
+:attr:`cond`; the partition wakes them when its read limits move.
+"""
+
+from __future__ import annotations
+
+import heapq
+import threading
+import time
+from collections import deque
+from collections.abc import Iterable
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Final
+
+from txnstream._native import (
+    Cursor,
+    ManagedLedger,
+    Position,
+    TxnPosition,
+    decode_topic_entry,
+    read_messages,
+)
+from txnstream.coordinator import TxnID
+from txnstream.errors import (
+    AlreadyClosedError,
+    InvalidArgumentError,
+    PositionNotFoundError,
+)
+from txnstream.pendingack import PendingAckStore
+
+if TYPE_CHECKING:
+    from txnstream.buffer import TransactionBuffer
+
+READ_COMMITTED: Final = "read_committed"
+READ_UNCOMMITTED: Final = "read_uncommitted"
+ISOLATIONS: Final = (READ_COMMITTED, READ_UNCOMMITTED)
+
+#: A message as read: ``(ledger_id, entry_id, batch_index, batch_size,
+#: payload, key, properties, publish_time, producer_name, sequence_id, txn)``.
+Row = tuple[
+    int,
+    int,
+    int,
+    int,
+    bytes,
+    "str | None",
+    "dict[str, str] | None",
+    int,
+    str,
+    int,
+    "tuple[int, int] | None",
+]
+Key = tuple[int, int, int]
+
+#: Entries read per bulk read.
+READ_BATCH = 64
+
+
+def key_of(p: TxnPosition) -> Key:
+    """Return the dispatch key of a message: ``(ledger_id, entry_id, batch_index)``."""
+    return (p.ledger_id, p.entry_id, p.batch_index)
+
+
+class Subscription:
+    """Dispatch state of one subscription on one partition; thread-safe (:attr:`cond`)."""
+
+    def __init__(
+        self,
+        partition: str,
+        name: str,
+        ml: ManagedLedger,
+        cursor: Cursor,
+        buffer: TransactionBuffer,
+        pending: PendingAckStore,
+        isolation: str,
+    ) -> None:
+        self.partition = partition
+        self.name = name
+        self.isolation = isolation
+        self.ml = ml
+        self.cursor = cursor
+        self.acks = pending.acks
+        self.pending = pending
+        self.tb = buffer
+        self.cond = threading.Condition()
+        self._read_after: Position | None = cursor.mark_delete_position
+        self._buffer: deque[Row] = deque()
+        self._redeliver: list[Key] = []  # heap
+        self._nacked: list[tuple[float, Key]] = []  # heap of (due monotonic s, key)
+        self._unacked: dict[Key, int] = {}  # delivered, not acked -> consumer id
+        self._redeliveries: dict[Key, int] = {}
+        self._consumers: set[int] = set()
+        self._wakers: set[threading.Event] = set()
+        self._closed = False
+        self.delivered = 0
+        self.auto_acked = 0
+        pending.on_end = self._txn_ended
+
+    # ------------------------------------------------------------ consumers
+
+    def attach(self, consumer: int, isolation: str) -> None:
+        """Attach a consumer; with others attached, its isolation must be theirs."""
+        with self.cond:
+            self._check_open()
+            if isolation != self.isolation and not self._consumers:
+                # Nobody reads yet: take the new isolation, and read again from
+                # the mark-delete position what was buffered under the old one.
+                self.isolation = isolation
+                self._buffer.clear()
+                self._read_after = self.cursor.mark_delete_position
+            if isolation != self.isolation:
+                raise InvalidArgumentError(
+                    f"subscription {self.name!r} on {self.partition} reads {self.isolation}; "
+                    f"a consumer cannot join it with isolation={isolation!r}",
+                    argument="isolation",
+                    value=isolation,
+                )
+            self._consumers.add(consumer)
+
+    def detach(self, consumer: int) -> None:
+        """Detach a consumer: its unacknowledged messages are delivered again."""
+        with self.cond:
+            self._consumers.discard(consumer)
+            self._redeliver_locked(k for k, c in self._unacked.items() if c == consumer)
+            self.cond.notify_all()
+
+    def consumers(self) -> int:
+        """Return how many consumers are connected."""
+        with self.cond:
+            return len(self._consumers)
+
+    def close(self) -> None:
+        """Refuse further calls and wake every waiting receiver."""
+        with self.cond:
+            self._closed = True
+            self.cond.notify_all()
+            wakers = list(self._wakers)
+        for w in wakers:
+            w.set()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AlreadyClosedError(
+                f"subscription {self.name!r} on {self.partition} is closed (broker closing)",
+                what="subscription",
+            )
+
+    # ------------------------------------------------------------ dispatch
+
+    def fetch(
+        self, consumer: int, max_messages: int, deadline: float | None
+    ) -> list[tuple[Row, int]]:
+        """Up to ``max_messages`` messages with their redelivery counts.
+
+        Waits until at least one is available or the monotonic ``deadline``
+        (seconds; None: no limit) passes; then returns what there is
+        (possibly nothing). Raises :class:`AlreadyClosedError` once closed.
+        """
+        with self.cond:
+            while True:
+                self._check_open()
+                if consumer not in self._consumers:
+                    raise AlreadyClosedError("the consumer is closed", what="consumer")
+                out = self._take(consumer, max_messages)
+                if out:
+                    return out
+                if self._fill():
+                    continue
+                now = time.monotonic()
+                wait = None if deadline is None else deadline - now
+                if self._nacked:
+                    due = self._nacked[0][0] - now
+                    wait = due if wait is None else min(wait, due)
+                if wait is not None and wait <= 0:
+                    if deadline is not None and now >= deadline:
+                        return []
+                    continue
+                self.cond.wait(wait)
+
+    def wake(self) -> None:
+        """Wake waiting receivers: new data may be readable."""
+        with self.cond:
+            self.cond.notify_all()
+            wakers = list(self._wakers)
+        for w in wakers:
+            w.set()
+
+    def add_waker(self, event: threading.Event) -> None:
+        """Also set ``event`` on every :meth:`wake` (a consumer reading several partitions)."""
+        with self.cond:
+            self._wakers.add(event)
+
+    def remove_waker(self, event: threading.Event) -> None:
+        """Stop setting ``event``."""
+        with self.cond:
+            self._wakers.discard(event)
+
+    def _take(self, consumer: int, limit: int) -> list[tuple[Row, int]]:
+        # Under the lock: redeliveries first, then new messages in log order.
+        out: list[tuple[Row, int]] = []
+        unacked = self._unacked
+        now = time.monotonic()
+        while self._nacked and self._nacked[0][0] <= now:
+            heapq.heappush(self._redeliver, heapq.heappop(self._nacked)[1])
+        pending = self.pending
+        holds = pending.holds_any()
+        while self._redeliver and len(out) < limit:
+            key = heapq.heappop(self._redeliver)
+            if key in unacked:
+                continue
+            row = self._load(key)
+            if row is None or (holds and pending.is_held(Position(key[0], key[1]), key[2])):
+                continue
+            unacked[key] = consumer
+            out.append((row, self._redeliveries.get(key, 0)))
+        buf = self._buffer
+        while buf and len(out) < limit:
+            row = buf.popleft()
+            key = (row[0], row[1], row[2])
+            if key in unacked or (holds and pending.is_held(Position(row[0], row[1]), row[2])):
+                continue
+            unacked[key] = consumer
+            out.append((row, self._redeliveries.get(key, 0)))
+        self.delivered += len(out)
+        return out
+
+    def _fill(self) -> bool:
+        # Under the lock: read the next entries up to the read limit; True if any.
+        tb = self.tb
+        limit = tb.read_limit if self.isolation == READ_COMMITTED else tb.uncommitted_limit
+        after = self._read_after
+        if limit is None or (
+            after is not None and limit <= Position(after.ledger_id, after.entry_id + 1)
+        ):
+            return False
+        last, scanned, rows, markers = read_messages(
+            self.ml, self.cursor.name, self._read_after, limit, READ_BATCH
+        )
+        if not scanned:
+            return False
+        self._read_after = last
+        done: list[Position] = list(markers)
+        if self.isolation == READ_COMMITTED and tb.aborted:
+            aborted = tb.aborted
+            kept = []
+            gone: dict[tuple[int, int], None] = {}
+            for row in rows:
+                txn = row[10]
+                if txn is not None and txn in aborted:
+                    gone[(row[0], row[1])] = None
+                else:
+                    kept.append(row)
+            rows = kept
+            done.extend(Position(lid, eid) for lid, eid in gone)
+        if done:
+            self.auto_acked += len(done)
+            self.cursor.delete(done)
+        self._buffer.extend(rows)
+        return True
+
+    def _load(self, key: Key) -> Row | None:
+        # A message to deliver again: read its entry (None if it is gone or acked).
+        pos = TxnPosition(key[0], key[1])
+        try:
+            if self.cursor.is_deleted(pos.position):
+                return None
+            d: dict[str, Any] = decode_topic_entry(self.ml.read(pos.position))
+        except PositionNotFoundError:
+            return None
+        msgs = d["messages"]
+        if key[2] >= len(msgs):
+            return None
+        size = d["batch_size"]
+        if size > 1:
+            present = self.cursor.batch_ack_set(pos.position)
+            if present is not None and not present.get(key[2]):
+                return None
+        m = msgs[key[2]]
+        props = dict(m["properties"]) or None
+        return (
+            key[0],
+            key[1],
+            key[2],
+            size,
+            m["payload"],
+            m["key"],
+            props,
+            d["publish_time"],
+            d["producer_name"],
+            m["sequence_id"],
+            d["txn"],
+        )
+
+    def _redeliver_locked(self, keys: Iterable[Key]) -> None:
+        # Under the lock: deliver these again (counting a redelivery each).
+        for key in list(keys):
+            self._unacked.pop(key, None)
+            self._redeliveries[key] = self._redeliveries.get(key, 0) + 1
+            heapq.heappush(self._redeliver, key)
+
+    def redeliver_unacknowledged(self, consumer: int) -> int:
+        """Deliver ``consumer``'s unacknowledged messages again; return how many."""
+        with self.cond:
+            pending = self.pending
+            keys = [
+                k
+                for k, c in self._unacked.items()
+                if c == consumer and not pending.is_held(Position(k[0], k[1]), k[2])
+            ]
+            self._redeliver_locked(keys)
+            self.cond.notify_all()
+            return len(keys)
+
+    def negative_ack(self, consumer: int, positions: list[TxnPosition], delay_ms: int) -> None:
+        """Deliver these again after ``delay_ms``."""
+        due = time.monotonic() + delay_ms / 1000.0
+        with self.cond:
+            for p in positions:
+                key = key_of(p)
+                if self._unacked.pop(key, None) is None:
+                    continue
+                self._redeliveries[key] = self._redeliveries.get(key, 0) + 1
+                heapq.heappush(self._nacked, (due, key))
+            self.cond.notify_all()
+
+    # ------------------------------------------------------------ acks
+
+    def ack(self, positions: list[TxnPosition]) -> None:
+        """Acknowledge messages outside any transaction (individually)."""
+        with self.cond:
+            self.pending.ack_outside(positions)
+            for p in positions:
+                key = key_of(p)
+                self._unacked.pop(key, None)
+                self._redeliveries.pop(key, None)
+
+    def ack_cumulative(self, position: TxnPosition) -> None:
+        """Acknowledge every message up to ``position`` outside any transaction."""
+        with self.cond:
+            self.pending.ack_cumulative_outside(position)
+            self._forget_through(position)
+
+    def _forget_through(self, position: TxnPosition) -> None:
+        # Under the lock: acknowledged up to ``position``.
+        bound = (position.ledger_id, position.entry_id, position.batch_index)
+        for key in [k for k in self._unacked if k <= bound]:
+            del self._unacked[key]
+            self._redeliveries.pop(key, None)
+
+    def ack_in_transaction(
+        self, txn: TxnID, positions: list[TxnPosition], cumulative: bool
+    ) -> Future[TxnPosition]:
+        """Acknowledge in ``txn`` (pending until it ends); the ACK record's future."""
+        with self.cond:
+            self._check_open()
+        return self.pending.ack(txn, positions, cumulative)
+
+    def _txn_ended(
+        self,
+        txn: TxnID,
+        committed: bool,
+        messages: list[TxnPosition],
+        cumulative: TxnPosition | None,
+    ) -> None:
+        # The pending-ack store applied (commit) or released (abort) txn's acks.
+        with self.cond:
+            if committed:
+                for p in messages:
+                    key = key_of(p)
+                    self._unacked.pop(key, None)
+                    self._redeliveries.pop(key, None)
+                if cumulative is not None:
+                    self._forget_through(cumulative)
+            else:
+                self._redeliver_locked(key_of(p) for p in messages)
+                if cumulative is not None:
+                    bound = key_of(cumulative)
+                    self._redeliver_locked([k for k in self._unacked if k <= bound])
+                    # Messages it held without them being delivered: read again.
+                    self._read_after = self.cursor.mark_delete_position
+                    self._buffer.clear()
+            self.cond.notify_all()
+
+    # ------------------------------------------------------------ stats
+
+    def backlog(self) -> int:
+        """Entries after the mark-delete position (acknowledged ones beyond it included)."""
+        md = self.cursor.mark_delete_position
+        total = 0
+        for lid, n, _ in self.ml.ledgers():
+            if md is None or lid > md.ledger_id:
+                total += n
+            elif lid == md.ledger_id:
+                total += max(0, n - md.entry_id - 1)
+        return total
+
+    def stats(self) -> dict[str, object]:
+        """Dispatch counters (admin)."""
+        with self.cond:
+            return {
+                "isolation": self.isolation,
+                "consumers": len(self._consumers),
+                "unacked": len(self._unacked),
+                "redeliver_queued": len(self._redeliver) + len(self._nacked),
+                "buffered": len(self._buffer),
+                "delivered": self.delivered,
+                "auto_acked": self.auto_acked,
+                "mark_delete_position": self.cursor.mark_delete_position,
+                "backlog": self.backlog(),
+                "pending_ack": self.pending.stats(),
+            }
+
+
+__all__ = [
+    "ISOLATIONS",
+    "READ_COMMITTED",
+    "READ_UNCOMMITTED",
+    "Key",
+    "Row",
+    "Subscription",
+    "key_of",
+]

@@ -1,0 +1,309 @@
+"""One topic partition (or non-partitioned topic): ledger, transaction buffer, dedup, subscriptions.
+
+Publishing (:meth:`Topic.publish`) happens under the partition's publish
+lock (the transaction buffer's lock): deduplication claims the sequence
+ids, the transaction buffer registers a transaction's first message, and
+the entry is queued on the ledger -- so registration order is journal
+order, and a claimed sequence id is placed before anyone else looks. The
+lock is held only while queueing (no I/O wait): concurrent sends share
+group commits.
+
+- A send outside a transaction returns a future that completes once the
+  entry is durable (the read limits move then).
+- A transactional send returns two futures: ``assigned`` (the message id,
+  as soon as the journal writer placed it; the entry is neither durable nor
+  readable yet) and ``durable`` (which the transaction waits for before its
+  commit decision).
+
+Opening a partition recovers it: the ledger is replayed into the
+transaction buffer and the deduplication state, then transactions left by
+an earlier run are reconciled with their coordinators. A subscription is
+opened on first use, with its pending-ack log recovered and reconciled the
+same way.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Protocol
+
+from txnstream._native import BufferedWriter, ManagedLedger, Position
+from txnstream.broker.dedup import ABORTED, ENDED, OPEN, Deduplication, Sent
+from txnstream.broker.subscription import ISOLATIONS, READ_COMMITTED, Subscription
+from txnstream.broker.topic_name import TopicName
+from txnstream.buffer import TransactionBuffer, TxnOutcomes
+from txnstream.config import BrokerConfig
+from txnstream.coordinator import TxnID
+from txnstream.errors import AlreadyClosedError, InvalidArgumentError
+from txnstream.pendingack import CursorAcks, PendingAckStore
+
+log = logging.getLogger(__name__)
+
+EARLIEST = "earliest"
+LATEST = "latest"
+
+
+class TopicContext(Protocol):
+    """What a partition needs from its broker (the broker owns ledgers and writers)."""
+
+    config: BrokerConfig
+
+    @property
+    def outcomes(self) -> TxnOutcomes:
+        """Low water marks and outcomes of transactions (the coordinators)."""
+
+    def wall_ms(self) -> int:
+        """Wall-clock milliseconds (publish times, marker times)."""
+
+    def open_ledger(self, name: str) -> ManagedLedger:
+        """Open (creating) managed ledger ``name`` of the broker's data directory."""
+
+    def pending_ack_writer(self, ml: ManagedLedger, name: str) -> BufferedWriter:
+        """Return a BufferedWriter for a pending-ack log (exported under the pending-ack prefix)."""
+
+    def release_writer(self, name: str, writer: BufferedWriter) -> None:
+        """Stop exporting a pending-ack writer's metrics."""
+
+
+@dataclass(frozen=True, slots=True)
+class Publish:
+    """What :meth:`Topic.publish` did: queued an entry, or found a duplicate."""
+
+    assigned: Future[Position] | None
+    durable: Future[Position] | None
+    duplicate: Sent | None
+
+
+class Topic:
+    """One partition of the broker: thread-safe."""
+
+    def __init__(self, name: TopicName, ml: ManagedLedger, ctx: TopicContext) -> None:
+        self.name = name
+        self.full = name.full
+        self.ml = ml
+        self._ctx = ctx
+        cfg = ctx.config
+        self.tb = TransactionBuffer(
+            self.full, ml, ctx.outcomes, on_change=self._changed, wall_ms=ctx.wall_ms
+        )
+        self.lock = self.tb.lock
+        self.dedup = Deduplication(cfg.deduplication_window, cfg.deduplication_max_producers)
+        self._dedup_on = cfg.deduplication_enabled
+        self._subs: dict[str, Subscription] = {}
+        self._sub_opening: dict[str, Future[Subscription]] = {}
+        self._subs_lock = threading.Lock()
+        self._closed = False
+        self.recovery: dict[str, int] = {}
+
+    # ------------------------------------------------------------ recovery
+
+    def recover(self) -> None:
+        """Replay the ledger into the transaction buffer and deduplication; reconcile."""
+        dedup = self.dedup
+
+        def on_entry(
+            pos: Position, producer: str, seqs: list[int], txn: tuple[int, int] | None
+        ) -> None:
+            dedup.replayed(producer, seqs, txn, pos)
+
+        self.recovery = self.tb.recover(on_entry if self._dedup_on else None)
+        self.recovery["reconciled"] = len(self.tb.reconcile())
+
+    # ------------------------------------------------------------ publishing
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise AlreadyClosedError(f"topic {self.full} is closed (broker closing)", what="topic")
+
+    def _txn_state(self, txn: tuple[int, int]) -> str:
+        # Under the lock: what the transaction buffer knows of a transaction.
+        if txn in self.tb.aborted:
+            return ABORTED
+        if TxnID(*txn) in self.tb.ongoing:
+            return OPEN
+        return ENDED
+
+    def publish(
+        self,
+        producer: str,
+        sequence_ids: list[int],
+        entry: bytes,
+        txn: TxnID | None,
+        *,
+        batched: bool = False,
+    ) -> Publish:
+        """Queue one entry (one message, or a batch) of ``producer``; see the module docs."""
+        tb = self.tb
+        key = None if txn is None else (txn.most_bits, txn.least_bits)
+        first = False
+        with tb.lock:
+            self._check_open()
+            if self._dedup_on:
+                dup = self.dedup.claim(producer, sequence_ids, key, self._txn_state)
+                if dup is not None:
+                    return Publish(None, None, dup)
+            try:
+                if txn is not None:
+                    tb.check_append(txn)
+                    first = tb.register(txn)
+                    assigned, durable = self.ml.append_positioned(entry)
+                else:
+                    assigned = None
+                    durable = self.ml.append_async(entry)
+            except BaseException:
+                if self._dedup_on:
+                    self.dedup.failed(producer, sequence_ids)
+                if first and txn is not None:
+                    tb.ongoing.pop(txn, None)  # nothing was queued
+                raise
+            if self._dedup_on:
+                self.dedup.placed(producer, sequence_ids, key, assigned or durable, batched=batched)
+        if first and assigned is not None and txn is not None:
+            assigned.add_done_callback(functools.partial(tb.assigned, txn))
+        durable.add_done_callback(tb.durable_cb)
+        return Publish(assigned, durable, None)
+
+    def last_sequence_id(self, producer: str) -> int:
+        """Return the highest sequence id ``producer`` sent to this partition (-1: none)."""
+        with self.lock:
+            return self.dedup.last_sequence_id(producer)
+
+    def _changed(self) -> None:
+        # The read limits may have moved: wake waiting receivers.
+        for sub in list(self._subs.values()):
+            sub.wake()
+
+    # ------------------------------------------------------------ subscriptions
+
+    def subscription(
+        self, name: str, isolation: str = READ_COMMITTED, initial_position: str = EARLIEST
+    ) -> Subscription:
+        """Return the subscription ``name`` (opened, recovered and reconciled on first use)."""
+        if isolation not in ISOLATIONS:
+            raise InvalidArgumentError(
+                f"isolation must be one of {ISOLATIONS}, got {isolation!r}",
+                argument="isolation",
+                value=isolation,
+            )
+        with self._subs_lock:
+            self._check_open()
+            sub = self._subs.get(name)
+            if sub is not None:
+                return sub
+            opening = self._sub_opening.get(name)
+            owner = opening is None
+            if opening is None:
+                opening = self._sub_opening[name] = Future()
+        if not owner:
+            return opening.result(timeout=self._ctx.config.end_timeout_ms / 1000.0)
+        try:
+            sub = self._open_subscription(name, isolation, initial_position)
+        except BaseException as exc:
+            with self._subs_lock:
+                del self._sub_opening[name]
+            opening.set_exception(exc)
+            raise
+        with self._subs_lock:
+            self._subs[name] = sub
+            del self._sub_opening[name]
+        opening.set_result(sub)
+        return sub
+
+    def _open_subscription(self, name: str, isolation: str, initial_position: str) -> Subscription:
+        new = name not in self.ml.cursor_names()
+        cursor = self.ml.open_cursor(name)
+        if new and initial_position == LATEST:
+            last = self.ml.last_position
+            if last is not None:
+                cursor.mark_delete(last)
+                cursor.flush()
+        log_name = self.name.pending_ack_ledger(name)
+        log_ml = self._ctx.open_ledger(log_name)
+        try:
+            writer = self._ctx.pending_ack_writer(log_ml, log_name)
+            store = PendingAckStore(
+                self.full,
+                name,
+                CursorAcks(self.ml, cursor),
+                log_ml,
+                writer,
+                self._ctx.outcomes,
+            )
+            sub = Subscription(self.full, name, self.ml, cursor, self.tb, store, isolation)
+            store.recover()
+            store.reconcile()
+        except BaseException:
+            log_ml.close()
+            raise
+        return sub
+
+    def subscriptions(self) -> dict[str, Subscription]:
+        """Open subscriptions by name."""
+        with self._subs_lock:
+            return dict(self._subs)
+
+    def pending_ack(self, name: str) -> PendingAckStore:
+        """Return the pending-ack store of subscription ``name`` (the coordinator's participant)."""
+        return self.subscription(name).pending
+
+    # ------------------------------------------------------------ maintenance
+
+    def trim(self) -> int:
+        """Delete ended transactions' pending-ack records; forget trimmed aborts."""
+        n = 0
+        for sub in list(self._subs.values()):
+            if sub.pending.pending_trim():
+                try:
+                    n += sub.pending.trim()
+                except Exception:
+                    if not self._closed:
+                        log.warning(
+                            "%s/%s: trimming the pending-ack log",
+                            self.full,
+                            sub.name,
+                            exc_info=True,
+                        )
+        self.tb.forget_trimmed()
+        return n
+
+    def stats(self) -> dict[str, object]:
+        """Return the transaction buffer, deduplication and subscriptions (admin)."""
+        with self.lock:
+            dedup = self.dedup.stats()
+        return {
+            "topic": self.full,
+            "entries": self.ml.entry_count(),
+            "last_position": self.ml.last_position,
+            "transaction_buffer": self.tb.stats(),
+            "deduplication": dedup,
+            "subscriptions": {n: s.stats() for n, s in self.subscriptions().items()},
+            "recovery": dict(self.recovery),
+        }
+
+    def close(self) -> None:
+        """Close subscriptions (waiting receivers wake), pending-ack logs, then the ledger."""
+        with self._subs_lock:
+            self._closed = True
+            subs = list(self._subs.values())
+        with self.lock:
+            pass  # publishes queued before this point are on the ledger's queue
+        for sub in subs:
+            sub.close()
+            try:
+                sub.pending.trim()
+            except Exception:
+                log.debug("%s/%s: final trim failed", self.full, sub.name, exc_info=True)
+            try:
+                sub.pending.close()
+                self._ctx.release_writer(sub.pending.log_ml.name, sub.pending.writer)
+                sub.pending.log_ml.close()
+            except Exception:
+                log.exception("closing the pending-ack log of %s/%s", self.full, sub.name)
+        self.ml.close()
+
+
+__all__ = ["EARLIEST", "LATEST", "Publish", "Topic", "TopicContext"]

@@ -1,0 +1,394 @@
+"""The transaction buffer of one topic partition (SPEC §1, §4.5; Pulsar's TopicTransactionBuffer).
+
+Transactional messages go into the partition's own managed ledger, tagged
+with their TxnID (the *marker approach*); ending a transaction appends a
+COMMIT or ABORT marker (Pulsar ``MarkerType`` 21/22). The buffer keeps, in
+memory:
+
+- ``ongoing``: TxnID -> position of its FIRST message here, in the order
+  their first messages were appended (so the first one is the oldest);
+  ``None`` while that message's position is not assigned yet;
+- ``aborted``: ``(most, least)`` -> position of its ABORT marker;
+- ``max_read_position``: READ_COMMITTED readers read only entries before
+  the first message of the oldest ongoing transaction, or everything
+  durable when none is ongoing. Internally this is :attr:`read_limit`, an
+  *exclusive* bound (``Position``), which needs no "position just before"
+  arithmetic across ledgers.
+
+**Ordering.** A transaction's first message is registered and submitted to
+the ledger under :attr:`lock`, so registration order is journal order. Until
+its position is assigned, the read limit stays at the end of what was
+durable when it was registered (a safe lower bound: its position is after
+every entry durable then). Non-transactional entries raise the limit only
+when no transaction is ongoing before them (:meth:`durable`).
+
+**Late work.** An append of a transaction with ``least_bits <= LWM`` of its
+coordinator, or of one already ended here, is refused
+(:class:`~txnstream.errors.InvalidTxnStatusError`): it could only become a
+leftover that pins the partition. Ended transactions above the LWM are
+remembered until the LWM passes them.
+
+**Recovery.** :meth:`recover` replays the partition's ledger (issue 11 adds
+snapshots) rebuilding ``ongoing`` and ``aborted``; :meth:`reconcile` then
+asks the coordinator about every ongoing transaction: decided or remembered
+commit -> COMMIT marker; abort, or unknown (an id nobody will end) -> ABORT
+marker; still open -> it stays ongoing until its own end. So no partition
+stays pinned by a transaction nobody will end (apache/pulsar#19200).
+
+:meth:`end` is the coordinator's :class:`~txnstream.coordinator.Participant`
+call: idempotent; a transaction with nothing here ends at once.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Protocol
+
+from txnstream._native import ManagedLedger, Position, encode_marker, scan_topic
+from txnstream.coordinator import TxnID
+from txnstream.errors import InvalidTxnStatusError
+
+log = logging.getLogger(__name__)
+
+#: Entries read per call while replaying a partition.
+REPLAY_CHUNK = 4096
+#: Marker types (Pulsar ``PulsarMarkers.proto``).
+TXN_COMMIT = 21
+TXN_ABORT = 22
+
+TxnKey = tuple[int, int]
+#: Called for every non-marker entry during replay (deduplication state):
+#: ``(position, producer_name, sequence_ids, txn or None)``.
+EntryHook = Callable[[Position, str, list[int], TxnKey | None], None]
+
+
+class TxnOutcomes(Protocol):
+    """What a participant asks the coordinators (the broker provides it)."""
+
+    def low_water_mark(self, tc_id: int) -> int:
+        """Every transaction of coordinator ``tc_id`` with ``least_bits <=`` it has ended."""
+
+    def participant_outcome(self, txn_id: TxnID) -> bool | None:
+        """Return True to commit it, False to abort it, None while it is open."""
+
+
+def after(pos: Position) -> Position:
+    """Return the exclusive bound that admits ``pos`` and everything before it."""
+    return Position(pos.ledger_id, pos.entry_id + 1)
+
+
+class TransactionBuffer:
+    """Per-partition transaction state: ongoing and aborted transactions, read limits.
+
+    Thread-safe. ``on_change`` is called (without the lock held) whenever
+    the read limits may have moved, so readers waiting for data wake up.
+    """
+
+    def __init__(
+        self,
+        partition: str,
+        ml: ManagedLedger,
+        outcomes: TxnOutcomes,
+        *,
+        on_change: Callable[[], None] = lambda: None,
+        wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+    ) -> None:
+        self.partition = partition
+        self.lock = threading.Lock()
+        self._ml = ml
+        self._outcomes = outcomes
+        self._on_change = on_change
+        self._wall_ms = wall_ms
+        self.ongoing: dict[TxnID, Position | None] = {}
+        # Exclusive read limit of a transaction whose first position is pending.
+        self._fences: dict[TxnID, Position | None] = {}
+        self.aborted: dict[TxnKey, Position] = {}
+        self._ended: set[TxnID] = set()
+        self._ended_mark = 64
+        self._ending: dict[TxnID, tuple[bool, Future[Position]]] = {}
+        self._last_durable: Position | None = ml.last_position
+        self._limit: Position | None = None
+        self.markers_written = 0
+        self.rejected_appends = 0
+        self._recompute()
+
+    # ------------------------------------------------------------ limits
+
+    def _recompute(self) -> None:
+        # Under the lock (or before sharing): the READ_COMMITTED limit.
+        end = None if self._last_durable is None else after(self._last_durable)
+        limit = end
+        for txn, first in self.ongoing.items():
+            bound = first if first is not None else self._fences.get(txn)
+            if bound is None or limit is None:
+                limit = None
+            elif bound < limit:
+                limit = bound
+            break  # the oldest ongoing transaction bounds everything after it
+        self._limit = limit
+
+    @property
+    def read_limit(self) -> Position | None:
+        """READ_COMMITTED: entries at positions below it may be read (None: nothing)."""
+        return self._limit
+
+    @property
+    def uncommitted_limit(self) -> Position | None:
+        """READ_UNCOMMITTED: every durable entry (exclusive bound; None: nothing)."""
+        last = self._last_durable
+        return None if last is None else after(last)
+
+    @property
+    def max_read_position(self) -> Position | None:
+        """Pulsar's ``maxReadPosition``: the last entry READ_COMMITTED readers may read.
+
+        None when nothing is readable. (A read limit at entry 0 of a ledger
+        means "everything before this ledger"; it is reported as that
+        ledger's position ``(ledger, -1)`` would be, i.e. the previous entry
+        is found through the ledger's listing.)
+        """
+        limit = self._limit
+        if limit is None:
+            return None
+        if limit.entry_id > 0:
+            return Position(limit.ledger_id, limit.entry_id - 1)
+        before = [(lid, n) for lid, n, _ in self._ml.ledgers() if lid < limit.ledger_id and n > 0]
+        return Position(before[-1][0], before[-1][1] - 1) if before else None
+
+    def lag(self) -> int:
+        """Entries at or after the READ_COMMITTED limit up to the durable end (SPEC §4.10)."""
+        with self.lock:
+            limit, last = self._limit, self._last_durable
+        if last is None:
+            return 0
+        total = 0
+        for lid, n, _ in self._ml.ledgers():
+            if limit is None or lid > limit.ledger_id:
+                total += n
+            elif lid == limit.ledger_id:
+                total += max(0, n - limit.entry_id)
+        return total
+
+    def is_aborted(self, txn: TxnKey) -> bool:
+        """Return True if transaction ``(most, least)`` aborted here."""
+        return txn in self.aborted
+
+    # ------------------------------------------------------------ appends
+
+    def check_append(self, txn: TxnID) -> None:
+        """Under :attr:`lock`: refuse an append of an ended transaction."""
+        if txn in self._ended or txn in self._ending:
+            self.rejected_appends += 1
+            raise InvalidTxnStatusError(
+                f"transaction {txn} has ended on {self.partition}; it cannot send here",
+                txn_id=txn,
+            )
+        if txn not in self.ongoing and txn.least_bits <= self._outcomes.low_water_mark(
+            txn.most_bits
+        ):
+            self.rejected_appends += 1
+            raise InvalidTxnStatusError(
+                f"transaction {txn} has ended (at or below its coordinator's low water mark)",
+                txn_id=txn,
+            )
+
+    def register(self, txn: TxnID) -> bool:
+        """Under :attr:`lock`, before submitting its append: True for its first here."""
+        if txn in self.ongoing:
+            return False
+        self.ongoing[txn] = None
+        self._fences[txn] = self.uncommitted_limit
+        self._recompute()
+        return True
+
+    def assigned(self, txn: TxnID, fut: Future[Position]) -> None:
+        """Done-callback of a first message's position: the limit can move up to it."""
+        if fut.exception() is not None:
+            return  # the append failed; the transaction can only abort
+        pos = fut.result()
+        with self.lock:
+            if txn in self.ongoing and self.ongoing[txn] is None:
+                self.ongoing[txn] = pos
+                self._fences.pop(txn, None)
+                self._recompute()
+        self._on_change()
+
+    def durable(self, pos: Position) -> None:
+        """Record that the entry at ``pos`` is durable (everything before it is too)."""
+        with self.lock:
+            last = self._last_durable
+            if last is not None and pos <= last:
+                return
+            self._last_durable = pos
+            self._recompute()
+        self._on_change()
+
+    def durable_cb(self, fut: Future[Position]) -> None:
+        """:meth:`durable` as a done-callback of an append future."""
+        if fut.exception() is None:
+            self.durable(fut.result())
+
+    # ------------------------------------------------------------ ends
+
+    def end(self, txn_id: TxnID, commit: bool) -> Future[Position] | None:
+        """Commit or abort ``txn_id`` here: write its marker (the coordinator's Participant call).
+
+        Returns None if the transaction has nothing here (or already ended
+        here), else the marker's durability future; the buffer's state
+        (ongoing, aborted, read limit) is updated before that future's
+        later callbacks run. Idempotent; a call while the same marker is in
+        flight returns its future.
+        """
+        with self.lock:
+            busy = self._ending.get(txn_id)
+            if busy is not None:
+                if busy[0] != commit:
+                    raise InvalidTxnStatusError(
+                        f"transaction {txn_id} is being {'committed' if busy[0] else 'aborted'} "
+                        f"on {self.partition}; it cannot be {'committed' if commit else 'aborted'}",
+                        txn_id=txn_id,
+                    )
+                return busy[1]
+            if txn_id not in self.ongoing:
+                self._remember_ended(txn_id)
+                return None
+            marker = encode_marker(commit, txn_id.most_bits, txn_id.least_bits, self._wall_ms())
+            fut = self._ml.append_async(marker)
+            self._ending[txn_id] = (commit, fut)
+        fut.add_done_callback(functools.partial(self._marker_done, txn_id, commit))
+        return fut
+
+    def _marker_done(self, txn_id: TxnID, commit: bool, fut: Future[Position]) -> None:
+        exc = fut.exception()
+        with self.lock:
+            self._ending.pop(txn_id, None)
+            if exc is not None:
+                return  # the coordinator retries; the transaction stays ongoing
+            pos = fut.result()
+            self.ongoing.pop(txn_id, None)
+            self._fences.pop(txn_id, None)
+            if not commit:
+                self.aborted[(txn_id.most_bits, txn_id.least_bits)] = pos
+            self._remember_ended(txn_id)
+            self.markers_written += 1
+            if self._last_durable is None or pos > self._last_durable:
+                self._last_durable = pos
+            self._recompute()
+        self._on_change()
+
+    def _remember_ended(self, txn_id: TxnID) -> None:
+        # Under the lock: refuse its late appends; forget what the LWM covers.
+        self._ended.add(txn_id)
+        if len(self._ended) > self._ended_mark:
+            lwm: dict[int, int] = {}
+            for t in list(self._ended):
+                mark = lwm.get(t.most_bits)
+                if mark is None:
+                    mark = lwm[t.most_bits] = self._outcomes.low_water_mark(t.most_bits)
+                if t.least_bits <= mark:
+                    self._ended.discard(t)
+            self._ended_mark = max(64, 2 * len(self._ended))
+
+    # ------------------------------------------------------------ recovery
+
+    def recover(self, on_entry: EntryHook | None = None) -> dict[str, int]:
+        """Replay the partition's ledger into ``ongoing`` / ``aborted`` (before any use).
+
+        ``on_entry`` sees every non-marker entry (deduplication state).
+        Returns counts: entries, markers, ongoing, aborted.
+        """
+        ongoing: dict[TxnID, Position | None] = {}
+        ended: set[TxnKey] = set()
+        aborted: dict[TxnKey, Position] = {}
+        entries = markers = 0
+        last: Position | None = None
+        while True:
+            rows = scan_topic(self._ml, last, REPLAY_CHUNK)
+            if not rows:
+                break
+            for lid, eid, marker, txn, producer, seqs in rows:
+                pos = Position(lid, eid)
+                entries += 1
+                if marker is not None:
+                    markers += 1
+                    if txn is not None and marker in (TXN_COMMIT, TXN_ABORT):
+                        ongoing.pop(TxnID(*txn), None)
+                        ended.add(txn)
+                        if marker == TXN_ABORT:
+                            aborted[txn] = pos
+                    continue
+                if txn is not None and txn not in ended:
+                    key = TxnID(*txn)
+                    if key not in ongoing:
+                        ongoing[key] = pos
+                if on_entry is not None:
+                    on_entry(pos, producer, seqs, txn)
+            last = Position(rows[-1][0], rows[-1][1])
+        with self.lock:
+            self.ongoing = ongoing
+            self._fences = {}
+            self.aborted = aborted
+            if last is not None:
+                self._last_durable = last
+            self._recompute()
+        return {
+            "entries": entries,
+            "markers": markers,
+            "ongoing": len(ongoing),
+            "aborted": len(aborted),
+        }
+
+    def reconcile(self) -> list[Future[Position]]:
+        """End every ongoing transaction its coordinator has decided or forgotten.
+
+        Returns the futures of the markers written; transactions still open
+        stay ongoing (their coordinator ends them).
+        """
+        with self.lock:
+            txns = list(self.ongoing)
+        futures: list[Future[Position]] = []
+        for txn in txns:
+            try:
+                outcome = self._outcomes.participant_outcome(txn)
+            except Exception as exc:  # e.g. a coordinator not served here
+                log.warning("%s: cannot resolve transaction %s: %r", self.partition, txn, exc)
+                outcome = False
+            if outcome is None:
+                continue
+            fut = self.end(txn, outcome)
+            if fut is not None:
+                futures.append(fut)
+        return futures
+
+    def forget_trimmed(self) -> int:
+        """Drop aborted transactions whose ABORT marker was trimmed away; return how many."""
+        first = self._ml.first_position
+        with self.lock:
+            gone = [t for t, p in self.aborted.items() if first is None or p < first]
+            for t in gone:
+                del self.aborted[t]
+        return len(gone)
+
+    def stats(self) -> dict[str, object]:
+        """Ongoing/aborted counts, limits and lag (admin and metrics)."""
+        with self.lock:
+            out: dict[str, object] = {
+                "ongoing": len(self.ongoing),
+                "aborted": len(self.aborted),
+                "ending": len(self._ending),
+                "markers_written": self.markers_written,
+                "rejected_appends": self.rejected_appends,
+                "last_durable": self._last_durable,
+                "read_limit": self._limit,
+            }
+        out["max_read_position"] = self.max_read_position
+        out["lag"] = self.lag()
+        return out
+
+
+__all__ = ["TXN_ABORT", "TXN_COMMIT", "TransactionBuffer", "TxnOutcomes", "after"]

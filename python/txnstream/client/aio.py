@@ -1,0 +1,211 @@
+"""The asyncio face of a client: ``client.aio()`` (SPEC §4.9).
+
+The same operations as the sync API, awaitable and never blocking the
+event loop: sends await the storage futures directly
+(``asyncio.wrap_future``); calls that wait on a condition (``receive``,
+``commit``, ``abort``) run on the client's bounded thread pool
+(:data:`AIO_THREADS` threads at most, made on demand). Many loops and
+threads may share one client.
+
+```python
+aclient = broker.client("etl").aio()
+producer = aclient.producer("out")
+consumer = aclient.subscribe("in", "etl")
+async with aclient.transaction(timeout_ms=30_000) as txn:
+    msg = await consumer.receive(timeout_ms=1000)
+    await producer.send(msg.value, txn=txn)
+    await consumer.ack(msg, txn=txn)
+```
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from txnstream.client.message import Message, MessageId
+from txnstream.client.transaction import Transaction
+from txnstream.coordinator import TxnID
+
+if TYPE_CHECKING:
+    from txnstream.client.client import Client, Consumer, Producer
+
+#: Most threads an async client uses for blocking waits (receive, commit, abort).
+AIO_THREADS: Final = 64
+
+T = TypeVar("T")
+
+
+def _sync_txn(txn: AsyncTransaction | Transaction | None) -> Transaction | None:
+    return txn.sync if isinstance(txn, AsyncTransaction) else txn
+
+
+class AsyncTransaction:
+    """A transaction for asyncio code; ``async with`` commits on success, aborts on exception."""
+
+    def __init__(self, client: AsyncClient, txn: Transaction) -> None:
+        self._client = client
+        #: The underlying :class:`~txnstream.client.transaction.Transaction`.
+        self.sync = txn
+
+    @property
+    def txn_id(self) -> TxnID:
+        """The transaction's id."""
+        return self.sync.txn_id
+
+    @property
+    def durable_waits(self) -> int:
+        """Sequential durable waits of its end (see the sync transaction)."""
+        return self.sync.durable_waits
+
+    async def commit(self) -> None:
+        """Commit; returns once the outcome is durable and visible."""
+        await self._client._run(self.sync.commit)
+
+    async def abort(self) -> None:
+        """Abort; returns once the outcome is durable."""
+        await self._client._run(self.sync.abort)
+
+    async def __aenter__(self) -> AsyncTransaction:
+        return self
+
+    async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        await self._client._run(self.sync.__exit__, exc_type, exc, tb)
+
+    def __repr__(self) -> str:
+        return f"AsyncTransaction({self.sync!r})"
+
+
+class AsyncProducer:
+    """:class:`~txnstream.client.client.Producer` for asyncio."""
+
+    def __init__(self, producer: Producer) -> None:
+        #: The sync producer.
+        self.sync = producer
+
+    async def send(
+        self,
+        value: bytes,
+        key: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        txn: AsyncTransaction | Transaction | None = None,
+        *,
+        sequence_id: int | None = None,
+    ) -> MessageId:
+        """Send one message (see ``Producer.send``)."""
+        fut = self.sync.send_async(value, key, properties, _sync_txn(txn), sequence_id=sequence_id)
+        return await asyncio.wrap_future(fut)
+
+    async def send_many(
+        self,
+        values: Iterable[bytes],
+        key: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        txn: AsyncTransaction | Transaction | None = None,
+        *,
+        keys: Sequence[str | None] | None = None,
+        sequence_id: int | None = None,
+    ) -> list[MessageId]:
+        """Send many messages as one batched entry (see ``Producer.send_many``)."""
+        call = functools.partial(
+            self.sync.send_many,
+            values,
+            key,
+            properties,
+            _sync_txn(txn),
+            keys=keys,
+            sequence_id=sequence_id,
+        )
+        return await asyncio.get_running_loop().run_in_executor(None, call)
+
+    def close(self) -> None:
+        """Close the producer."""
+        self.sync.close()
+
+
+class AsyncConsumer:
+    """:class:`~txnstream.client.client.Consumer` for asyncio."""
+
+    def __init__(self, client: AsyncClient, consumer: Consumer) -> None:
+        self._client = client
+        #: The sync consumer.
+        self.sync = consumer
+
+    async def receive(self, timeout_ms: int | None = None) -> Message | None:
+        """Return the next message, or None when none arrives in time."""
+        got = self.sync.receive_many(1, 0)
+        if got:
+            return got[0]
+        if timeout_ms == 0:
+            return None
+        return await self._client._run(self.sync.receive, timeout_ms)
+
+    async def receive_many(
+        self, max_messages: int = 100, timeout_ms: int | None = 0
+    ) -> list[Message]:
+        """Up to ``max_messages`` messages (see ``Consumer.receive_many``)."""
+        got = self.sync.receive_many(max_messages, 0)
+        if got or timeout_ms == 0:
+            return got
+        return await self._client._run(self.sync.receive_many, max_messages, timeout_ms)
+
+    async def ack(
+        self, msg: Message | MessageId, txn: AsyncTransaction | Transaction | None = None
+    ) -> None:
+        """Acknowledge (does not block: a transactional ack's record is awaited by commit)."""
+        self.sync.ack(msg, _sync_txn(txn))
+
+    async def ack_cumulative(
+        self, msg: Message | MessageId, txn: AsyncTransaction | Transaction | None = None
+    ) -> None:
+        """Acknowledge cumulatively."""
+        self.sync.ack_cumulative(msg, _sync_txn(txn))
+
+    def negative_ack(self, msg: Message | MessageId) -> None:
+        """Deliver again after the negative-ack delay."""
+        self.sync.negative_ack(msg)
+
+    def redeliver_unacknowledged(self) -> int:
+        """Deliver again every unacknowledged message."""
+        return self.sync.redeliver_unacknowledged()
+
+    def close(self) -> None:
+        """Close the consumer."""
+        self.sync.close()
+
+
+class AsyncClient:
+    """The asyncio face of a :class:`~txnstream.client.client.Client` (``client.aio()``)."""
+
+    def __init__(self, client: Client) -> None:
+        #: The sync client.
+        self.sync = client
+        self._pool = ThreadPoolExecutor(AIO_THREADS, thread_name_prefix="txnstream-aio")
+
+    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._pool, functools.partial(fn, *args))
+
+    def producer(self, topic: str, name: str | None = None) -> AsyncProducer:
+        """Return an async producer on ``topic``."""
+        return AsyncProducer(self.sync.producer(topic, name))
+
+    def subscribe(
+        self, topic: str, subscription: str, isolation: str = "read_committed", **kwargs: Any
+    ) -> AsyncConsumer:
+        """Return an async consumer (same arguments as ``Client.subscribe``)."""
+        return AsyncConsumer(self, self.sync.subscribe(topic, subscription, isolation, **kwargs))
+
+    def transaction(self, timeout_ms: int | None = None) -> AsyncTransaction:
+        """Begin a transaction (does not block)."""
+        return AsyncTransaction(self, self.sync.transaction(timeout_ms))
+
+    def close(self) -> None:
+        """Stop the thread pool (calls in flight finish)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+__all__ = ["AIO_THREADS", "AsyncClient", "AsyncConsumer", "AsyncProducer", "AsyncTransaction"]

@@ -1,0 +1,771 @@
+"""The client API (SPEC §4.9): ``Client``, ``Producer``, ``Consumer``; sync, thread-safe.
+
+``broker.client(name)`` gives a :class:`Client`; from it:
+
+- ``client.producer(topic, name=None)`` -> :class:`Producer` with ``send``,
+  ``send_async`` and ``send_many``;
+- ``client.subscribe(topic, subscription, isolation="read_committed")`` ->
+  :class:`Consumer` with ``receive``, ``receive_many``, ``ack``,
+  ``ack_cumulative``, ``negative_ack``, ``redeliver_unacknowledged``;
+- ``client.transaction(timeout_ms)`` -> :class:`~.transaction.Transaction`
+  (a context manager: commit on success, abort on exception).
+
+**Producers.** Every message carries the producer's name and a sequence
+id (ascending per producer; a new producer with the name of an earlier
+one continues after the highest id persisted). A retry with an explicit
+``sequence_id`` that is already persisted returns the ORIGINAL
+:class:`MessageId` and writes nothing, also after a restart (dedup, per
+partition). A partitioned topic routes by key hash (Java ``String.hashCode``
+masked to 31 bits, modulo the partition count: Pulsar's default
+``JavaStringHash``), a message with an explicit sequence id and no key by
+that id (so a retry lands on the same partition), and anything else round
+robin. A non-transactional ``send`` returns once the message is durable;
+a transactional one returns once its position is assigned (its durability
+is awaited by ``commit()``).
+
+**Consumers.** A consumer of a partitioned topic reads every partition.
+``receive(timeout_ms)`` returns a :class:`Message` or ``None`` when
+nothing arrives in time (confluent-kafka's ``poll``; pulsar-client raises
+``Timeout`` instead). Acknowledgements outside a transaction are applied at
+once and persisted with the subscription's cursor (at-least-once across a
+crash); inside a transaction they are pending until it ends.
+
+Every call checks its arguments first and raises a typed
+:class:`~txnstream.errors.TxnStreamError` naming the bad value.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from concurrent.futures import Future
+from typing import TYPE_CHECKING, Any, Final
+
+from txnstream._native import (
+    Position,
+    TxnPosition,
+    encode_batch_message,
+    encode_message,
+)
+from txnstream.broker.subscription import ISOLATIONS, READ_COMMITTED, Row, Subscription
+from txnstream.broker.topic import EARLIEST, LATEST, Publish, Topic
+from txnstream.broker.topic_name import TopicName, subscription_arg
+from txnstream.client.message import Message, MessageId
+from txnstream.client.transaction import Transaction
+from txnstream.errors import (
+    AlreadyClosedError,
+    InvalidArgumentError,
+    TransactionEndPending,
+)
+from txnstream.metrics import COMMIT_LATENCY_BOUNDS_MS, COMMIT_WAIT_BOUNDS
+
+if TYPE_CHECKING:
+    from txnstream.broker.broker import Broker
+    from txnstream.client.aio import AsyncClient
+
+#: Highest sequence id a producer may use (Pulsar's is a signed 64-bit long).
+MAX_SEQUENCE_ID: Final = (1 << 63) - 1
+#: Pulsar's default negative-ack redelivery delay.
+DEFAULT_NACK_DELAY_MS: Final = 60_000
+#: Longest a consumer sleeps between looks at its partitions when reading several.
+_MULTI_POLL_S: Final = 0.05
+
+_consumer_ids = itertools.count(1)
+
+
+def java_string_hash(key: str) -> int:
+    """Java's ``String.hashCode`` of ``key`` masked to 31 bits (Pulsar's ``JavaStringHash``)."""
+    h = 0
+    data = key.encode("utf-16-be", "surrogatepass")
+    for i in range(0, len(data), 2):
+        h = (31 * h + ((data[i] << 8) | data[i + 1])) & 0xFFFFFFFF
+    return h & 0x7FFFFFFF
+
+
+def _bad(argument: str, value: object, expected: str) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"{argument} must be {expected}, got {value!r}", argument=argument, value=value
+    )
+
+
+def _payload(value: object, argument: str = "value") -> bytes:
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, bytearray | memoryview):
+        return bytes(value)
+    raise _bad(argument, value, "bytes, bytearray or memoryview")
+
+
+def _key(key: object) -> str | None:
+    if key is None or isinstance(key, str):
+        return key
+    raise _bad("key", key, "a str or None")
+
+
+def _properties(props: object) -> list[tuple[str, str]] | None:
+    if props is None:
+        return None
+    if not isinstance(props, Mapping):
+        raise _bad("properties", props, "a mapping of str to str or None")
+    out = []
+    for k, v in props.items():
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise _bad("properties", props, f"a mapping of str to str (bad item {k!r}: {v!r})")
+        out.append((k, v))
+    return out or None
+
+
+def _timeout_ms(value: object, argument: str = "timeout_ms") -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise _bad(argument, value, "a non-negative int (milliseconds) or None")
+    return value
+
+
+class Client:
+    """A client of an embedded :class:`~txnstream.broker.Broker`; thread-safe.
+
+    ``name`` identifies it to the coordinators: ends of its transactions
+    are remembered under it (idempotent end, PIP-255).
+    """
+
+    def __init__(self, broker: Broker, name: str | None = None) -> None:
+        if name is not None and (not isinstance(name, str) or not name or not name.isprintable()):
+            raise _bad("name", name, "a non-empty printable str or None")
+        self.broker = broker
+        self.name = name if name is not None else f"client-{uuid.uuid4().hex[:12]}"
+        self._lock = threading.Lock()
+        self._closed = False
+        self._producers: list[Producer] = []
+        self._consumers: list[Consumer] = []
+        self._producer_ids = itertools.count()
+        self._waits = [0] * (len(COMMIT_WAIT_BOUNDS) + 1)
+        self._latency = [0] * (len(COMMIT_LATENCY_BOUNDS_MS) + 1)
+        self._commits = 0
+        self._aborts = 0
+        self._latency_sum_ms = 0.0
+        self._aio: AsyncClient | None = None
+
+    # ------------------------------------------------------------ factories
+
+    @property
+    def end_timeout_ms(self) -> int:
+        """How long ``commit()``/``abort()`` wait before ``TransactionEndPending``."""
+        return self.broker.config.end_timeout_ms
+
+    def check_open(self) -> None:
+        """Raise :class:`AlreadyClosedError` if the client (or its broker) is closed."""
+        if self._closed:
+            raise AlreadyClosedError(f"client {self.name!r} is closed", what="client")
+        self.broker._check_open()
+
+    def producer(self, topic: str, name: str | None = None) -> Producer:
+        """Return a producer on ``topic`` (a partitioned topic: all its partitions)."""
+        self.check_open()
+        tn = TopicName.parse(topic)
+        if name is not None and (not isinstance(name, str) or not name or not name.isprintable()):
+            raise _bad("name", name, "a non-empty printable str or None")
+        if name is None:
+            name = f"{self.name}-{next(self._producer_ids)}"
+        p = Producer(self, tn, name)
+        with self._lock:
+            self.check_open()
+            self._producers.append(p)
+        return p
+
+    def subscribe(
+        self,
+        topic: str,
+        subscription: str,
+        isolation: str = READ_COMMITTED,
+        *,
+        initial_position: str = EARLIEST,
+        negative_ack_redelivery_delay_ms: int = DEFAULT_NACK_DELAY_MS,
+    ) -> Consumer:
+        """Return a consumer of ``subscription`` on ``topic``.
+
+        ``isolation`` is ``"read_committed"`` (default, as Kafka's
+        ``isolation.level``) or ``"read_uncommitted"``; a new subscription
+        starts at ``initial_position`` (``"earliest"`` or ``"latest"``).
+        """
+        self.check_open()
+        tn = TopicName.parse(topic)
+        subscription_arg(subscription, tn)
+        if isolation not in ISOLATIONS:
+            raise _bad("isolation", isolation, f"one of {ISOLATIONS}")
+        if initial_position not in (EARLIEST, LATEST):
+            raise _bad("initial_position", initial_position, f"{EARLIEST!r} or {LATEST!r}")
+        delay = _timeout_ms(negative_ack_redelivery_delay_ms, "negative_ack_redelivery_delay_ms")
+        c = Consumer(self, tn, subscription, isolation, initial_position, delay or 0)
+        with self._lock:
+            if self._closed:
+                c.close()
+                self.check_open()
+            self._consumers.append(c)
+        return c
+
+    def transaction(self, timeout_ms: int | None = None) -> Transaction:
+        """Begin a transaction (no wait); ``timeout_ms`` defaults to the broker's setting."""
+        self.check_open()
+        if timeout_ms is not None and (
+            isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int)
+        ):
+            raise _bad("timeout_ms", timeout_ms, "a positive int (milliseconds) or None")
+        tc = self.broker._coordinators().next_coordinator()
+        txn_id, record = tc.begin(timeout_ms, client_name=self.name)
+        timeout = self.broker.config.transaction_timeout_ms if timeout_ms is None else timeout_ms
+        return Transaction(self, tc, txn_id, record, timeout)
+
+    def aio(self) -> AsyncClient:
+        """Return the asyncio face of this client (:class:`~txnstream.client.aio.AsyncClient`)."""
+        from txnstream.client.aio import AsyncClient
+
+        with self._lock:
+            if self._aio is None:
+                self._aio = AsyncClient(self)
+            return self._aio
+
+    # ------------------------------------------------------------ stats
+
+    def _ended(self, committed: bool, waits: int, seconds: float) -> None:
+        # A transaction of this client ended (commit stats for metrics).
+        with self._lock:
+            if not committed:
+                self._aborts += 1
+                return
+            self._commits += 1
+            self._waits[_bucket(COMMIT_WAIT_BOUNDS, waits)] += 1
+            ms = seconds * 1000.0
+            self._latency[_bucket(COMMIT_LATENCY_BOUNDS_MS, ms)] += 1
+            self._latency_sum_ms += ms
+
+    def commit_stats(self) -> dict[str, Any]:
+        """Return commits, aborts, histograms of durable waits and latency (ms) per commit."""
+        with self._lock:
+            return {
+                "commits": self._commits,
+                "aborts": self._aborts,
+                "waits": list(self._waits),
+                "wait_bounds": COMMIT_WAIT_BOUNDS,
+                "latency": list(self._latency),
+                "latency_bounds_ms": COMMIT_LATENCY_BOUNDS_MS,
+                "latency_sum_ms": self._latency_sum_ms,
+            }
+
+    # ------------------------------------------------------------ close
+
+    def close(self) -> None:
+        """Close every producer and consumer (unacked messages go back for redelivery)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            consumers, self._consumers = self._consumers, []
+            producers, self._producers = self._producers, []
+        for c in consumers:
+            c.close()
+        for p in producers:
+            p.close()
+        if self._aio is not None:
+            self._aio.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client({self.name!r}{', closed' if self._closed else ''})"
+
+
+def _bucket(bounds: Sequence[float], value: float) -> int:
+    for i, b in enumerate(bounds):
+        if value <= b:
+            return i
+    return len(bounds)
+
+
+# ---------------------------------------------------------------- producer
+
+
+class Producer:
+    """Sends messages to one topic; thread-safe."""
+
+    def __init__(self, client: Client, topic: TopicName, name: str) -> None:
+        self.client = client
+        self.topic = topic.full
+        self.name = name
+        self._broker = client.broker
+        self._partitions = client.broker.partition_names(topic)
+        self._lock = threading.Lock()
+        self._rr = 0
+        self._closed = False
+        last = -1
+        for tn in self._partitions:
+            last = max(last, client.broker.topic(tn).last_sequence_id(name))
+        self._next_seq = last + 1
+
+    @property
+    def last_sequence_id(self) -> int:
+        """The highest sequence id this producer (its name) has used (-1: none)."""
+        with self._lock:
+            return self._next_seq - 1
+
+    def _check(self) -> None:
+        if self._closed:
+            raise AlreadyClosedError(
+                f"producer {self.name!r} on {self.topic} is closed", what="producer"
+            )
+        self.client.check_open()
+
+    def _route_locked(self, key: str | None, seq: int | None) -> int:
+        # Under self._lock: the partition index of a message.
+        n = len(self._partitions)
+        if n == 1:
+            return 0
+        if key is not None:
+            return java_string_hash(key) % n
+        if seq is not None:
+            return seq % n
+        i = self._rr
+        self._rr = (i + 1) % n
+        return i
+
+    def _sequence(self, sequence_id: object, count: int) -> tuple[int, bool]:
+        # Under self._lock: the first sequence id of ``count`` messages.
+        if sequence_id is None:
+            seq = self._next_seq
+            self._next_seq += count
+            return seq, False
+        if isinstance(sequence_id, bool) or not isinstance(sequence_id, int):
+            raise _bad("sequence_id", sequence_id, "a non-negative int or None")
+        if not 0 <= sequence_id <= MAX_SEQUENCE_ID - count:
+            raise _bad("sequence_id", sequence_id, f"in 0..{MAX_SEQUENCE_ID - count}")
+        self._next_seq = max(self._next_seq, sequence_id + count)
+        return sequence_id, True
+
+    def _txn(self, txn: object) -> Transaction | None:
+        if txn is None:
+            return None
+        if not isinstance(txn, Transaction):
+            raise _bad("txn", txn, "a Transaction from client.transaction() or None")
+        if txn.client.broker is not self._broker:
+            raise _bad("txn", txn, "a transaction of the same broker")
+        txn.check_usable()
+        return txn
+
+    def _publish(
+        self,
+        entry_of: Callable[[int], bytes],
+        count: int,
+        key: str | None,
+        sequence_id: object,
+        txn: Transaction | None,
+    ) -> tuple[int, Publish]:
+        # The sequence id is taken and the entry queued under the producer's
+        # lock (queueing does not wait for I/O), so each partition sees this
+        # producer's ids in ascending order.
+        with self._lock:
+            seq, explicit = self._sequence(sequence_id, count)
+            index = self._route_locked(key, seq if explicit else None)
+            tn = self._partitions[index]
+            topic = self._broker.topic(tn)
+            if txn is not None:
+                txn.add_partition(topic.full)
+            entry = entry_of(seq)
+            seqs = list(range(seq, seq + count))
+            txn_id = None if txn is None else txn.txn_id
+            published = topic.publish(self.name, seqs, entry, txn_id, batched=count > 1)
+        if published.durable is not None and txn is not None:
+            txn.track(published.durable)
+        return (tn.partition if tn.is_partition else -1), published
+
+    def _message_ids(
+        self, partition: int, published: Publish, count: int
+    ) -> Future[list[MessageId]]:
+        # The ids of what _publish queued (or of the duplicate found), as a future.
+        out: Future[list[MessageId]] = Future()
+        dup = published.duplicate
+        timeout = self.client.end_timeout_ms / 1000.0
+        if dup is not None:
+            try:
+                ledger, entry, index, size = dup.where(timeout)
+            except BaseException as exc:
+                out.set_exception(exc)
+                return out
+            if count == 1:
+                out.set_result([MessageId(ledger, entry, index, size, partition)])
+            else:
+                out.set_result(
+                    [MessageId(ledger, entry, i, count, partition) for i in range(count)]
+                )
+            return out
+        src = published.assigned if published.assigned is not None else published.durable
+        assert src is not None
+
+        def done(f: Future[Position]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                out.set_exception(exc)
+                return
+            pos = f.result()
+            if count == 1:
+                out.set_result([MessageId(pos.ledger_id, pos.entry_id, 0, 1, partition)])
+            else:
+                out.set_result(
+                    [
+                        MessageId(pos.ledger_id, pos.entry_id, i, count, partition)
+                        for i in range(count)
+                    ]
+                )
+
+        src.add_done_callback(done)
+        return out
+
+    def send_async(
+        self,
+        value: bytes,
+        key: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        txn: Transaction | None = None,
+        *,
+        sequence_id: int | None = None,
+    ) -> Future[MessageId]:
+        """Queue one message; the future gives its :class:`MessageId` (see :meth:`send`)."""
+        self._check()
+        payload = _payload(value)
+        k = _key(key)
+        props = _properties(properties)
+        t = self._txn(txn)
+        txn_key = None if t is None else (t.txn_id.most_bits, t.txn_id.least_bits)
+        now = self._broker.wall_ms()
+
+        def entry(seq: int) -> bytes:
+            return encode_message(payload, self.name, seq, now, k, props, txn_key)
+
+        partition, published = self._publish(entry, 1, k, sequence_id, t)
+        ids = self._message_ids(partition, published, 1)
+        out: Future[MessageId] = Future()
+
+        def one(f: Future[list[MessageId]]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                out.set_exception(exc)
+            else:
+                out.set_result(f.result()[0])
+
+        ids.add_done_callback(one)
+        return out
+
+    def send(
+        self,
+        value: bytes,
+        key: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        txn: Transaction | None = None,
+        *,
+        sequence_id: int | None = None,
+    ) -> MessageId:
+        """Send one message; return its :class:`MessageId`.
+
+        Outside a transaction: once the message is durable. In ``txn``: once
+        its position is assigned (``commit()`` waits for its durability).
+        ``sequence_id`` (default: the producer's next) makes a retry
+        idempotent: an id already persisted returns the original message's
+        id and writes nothing.
+        """
+        fut = self.send_async(value, key, properties, txn, sequence_id=sequence_id)
+        mid: MessageId = _result(fut, self.client.end_timeout_ms, f"send to {self.topic}")
+        return mid
+
+    def send_many(
+        self,
+        values: Iterable[bytes],
+        key: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        txn: Transaction | None = None,
+        *,
+        keys: Sequence[str | None] | None = None,
+        sequence_id: int | None = None,
+    ) -> list[MessageId]:
+        """Send many messages as ONE batched entry (Pulsar's batch format) to one partition.
+
+        Their sequence ids are consecutive from ``sequence_id`` (default:
+        the producer's next); ``keys`` gives each message its own key
+        (routing uses ``key``, or the first of ``keys``). Returns their ids
+        (same entry, batch indexes 0..n-1), when durable (outside a
+        transaction) or placed (in one).
+        """
+        self._check()
+        if isinstance(values, bytes | bytearray | memoryview | str):
+            raise _bad("values", values, "an iterable of bytes values")
+        payloads = [_payload(v, "values") for v in values]
+        if not payloads:
+            return []
+        if keys is not None:
+            if isinstance(keys, str) or len(keys) != len(payloads):
+                raise _bad("keys", keys, f"a sequence of {len(payloads)} keys (str or None)")
+            ks = [_key(x) for x in keys]
+        else:
+            ks = [_key(key)] * len(payloads)
+        props = _properties(properties)
+        t = self._txn(txn)
+        txn_key = None if t is None else (t.txn_id.most_bits, t.txn_id.least_bits)
+        now = self._broker.wall_ms()
+
+        def entry(seq: int) -> bytes:
+            if len(payloads) == 1:
+                return encode_message(payloads[0], self.name, seq, now, ks[0], props, txn_key)
+            msgs = [(p, ks[i], props, seq + i) for i, p in enumerate(payloads)]
+            return encode_batch_message(msgs, self.name, now, txn_key)
+
+        route_key = key if key is not None else ks[0]
+        partition, published = self._publish(entry, len(payloads), route_key, sequence_id, t)
+        fut = self._message_ids(partition, published, len(payloads))
+        ids: list[MessageId] = _result(
+            fut, self.client.end_timeout_ms, f"send_many to {self.topic}"
+        )
+        return ids
+
+    def flush(self) -> None:
+        """Nothing to flush: every send is queued at once (pulsar-client's name, for symmetry)."""
+        self._check()
+
+    def close(self) -> None:
+        """Refuse further sends (queued ones complete)."""
+        self._closed = True
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Producer({self.name!r} on {self.topic})"
+
+
+def _result(fut: Future[Any], timeout_ms: int, what: str) -> Any:
+    try:
+        return fut.result(timeout_ms / 1000.0)
+    except TimeoutError:
+        raise TransactionEndPending(
+            f"{what} did not complete within {timeout_ms} ms; it may still complete",
+            txn_id=None,
+            outcome=None,
+        ) from None
+
+
+# ---------------------------------------------------------------- consumer
+
+
+MessageLike = Message | MessageId
+
+
+class Consumer:
+    """Receives messages of one subscription on a topic (every partition of it); thread-safe."""
+
+    def __init__(
+        self,
+        client: Client,
+        topic: TopicName,
+        subscription: str,
+        isolation: str,
+        initial_position: str,
+        nack_delay_ms: int,
+    ) -> None:
+        self.client = client
+        self.topic = topic.full
+        self.subscription = subscription
+        self.isolation = isolation
+        self.id = next(_consumer_ids)
+        self._nack_delay_ms = nack_delay_ms
+        self._closed = False
+        self._lock = threading.Lock()
+        self._next = 0
+        self._wake = threading.Event()
+        broker = client.broker
+        self._subs: dict[int, Subscription] = {}
+        attached: list[Subscription] = []
+        try:
+            for tn in broker.partition_names(topic):
+                t: Topic = broker.topic(tn)
+                sub = t.subscription(subscription, isolation, initial_position)
+                sub.attach(self.id, isolation)
+                attached.append(sub)
+                sub.add_waker(self._wake)
+                self._subs[tn.partition if tn.is_partition else -1] = sub
+        except BaseException:
+            for sub in attached:
+                sub.remove_waker(self._wake)
+                sub.detach(self.id)
+            raise
+        self._order = list(self._subs.items())
+
+    def _check(self) -> None:
+        if self._closed:
+            raise AlreadyClosedError(
+                f"consumer of {self.subscription!r} on {self.topic} is closed", what="consumer"
+            )
+        self.client.check_open()
+
+    # ------------------------------------------------------------ receiving
+
+    def _message(self, partition: int, sub: Subscription, row: Row, redeliveries: int) -> Message:
+        lid, eid, index, size, payload, key, props, publish_time, producer, seq, _txn = row
+        return Message(
+            payload,
+            key,
+            dict(props) if props else {},
+            MessageId(lid, eid, index, size, partition),
+            publish_time,
+            producer,
+            redeliveries,
+            seq,
+            sub.partition,
+        )
+
+    def _poll(self, max_messages: int, deadline: float | None) -> list[Message]:
+        if len(self._order) == 1:
+            partition, sub = self._order[0]
+            got = sub.fetch(self.id, max_messages, deadline)
+            return [self._message(partition, sub, r, n) for r, n in got]
+        while True:
+            self._check()
+            self._wake.clear()
+            out: list[Message] = []
+            with self._lock:
+                start = self._next
+                self._next = (start + 1) % len(self._order)
+            now = time.monotonic()
+            for i in range(len(self._order)):
+                partition, sub = self._order[(start + i) % len(self._order)]
+                got = sub.fetch(self.id, max_messages - len(out), now)
+                out.extend(self._message(partition, sub, r, n) for r, n in got)
+                if len(out) >= max_messages:
+                    break
+            if out:
+                return out
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                return []
+            wait = _MULTI_POLL_S if deadline is None else min(_MULTI_POLL_S, deadline - now)
+            self._wake.wait(wait)
+
+    def receive(self, timeout_ms: int | None = None) -> Message | None:
+        """Return the next message, or None if none arrives in ``timeout_ms`` (None: no limit)."""
+        self._check()
+        t = _timeout_ms(timeout_ms)
+        deadline = None if t is None else time.monotonic() + t / 1000.0
+        got = self._poll(1, deadline)
+        return got[0] if got else None
+
+    def receive_many(self, max_messages: int = 100, timeout_ms: int | None = 0) -> list[Message]:
+        """Return up to ``max_messages`` messages once one arrived, or [] at the timeout."""
+        self._check()
+        if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
+            raise _bad("max_messages", max_messages, "a positive int")
+        t = _timeout_ms(timeout_ms)
+        deadline = None if t is None else time.monotonic() + t / 1000.0
+        return self._poll(max_messages, deadline)
+
+    # ------------------------------------------------------------ acks
+
+    def _where(self, msg: object) -> tuple[Subscription, TxnPosition]:
+        if isinstance(msg, Message):
+            mid = msg.message_id
+        elif isinstance(msg, MessageId):
+            mid = msg
+        else:
+            raise _bad("msg", msg, "a Message or MessageId")
+        sub = self._subs.get(mid.partition)
+        if sub is None:
+            raise _bad("msg", msg, f"a message of {self.topic} (no partition {mid.partition} here)")
+        if mid.batch_size < 1 or not 0 <= mid.batch_index < mid.batch_size:
+            raise _bad("msg", msg, "a MessageId with 0 <= batch_index < batch_size")
+        return sub, mid.position
+
+    def _txn(self, txn: object) -> Transaction | None:
+        if txn is None:
+            return None
+        if not isinstance(txn, Transaction):
+            raise _bad("txn", txn, "a Transaction from client.transaction() or None")
+        if txn.client.broker is not self.client.broker:
+            raise _bad("txn", txn, "a transaction of the same broker")
+        txn.check_usable()
+        return txn
+
+    def ack(self, msg: MessageLike, txn: Transaction | None = None) -> None:
+        """Acknowledge one message (in ``txn``: pending until it commits; abort redelivers it).
+
+        In a transaction, conflicts (already acked, held by another
+        transaction) raise :class:`~txnstream.errors.TransactionConflictError`
+        at once and change nothing.
+        """
+        self._check()
+        sub, pos = self._where(msg)
+        t = self._txn(txn)
+        if t is None:
+            sub.ack([pos])
+            return
+        t.add_subscription(sub.partition, sub.name)
+        t.track(sub.ack_in_transaction(t.txn_id, [pos], False))
+
+    def ack_cumulative(self, msg: MessageLike, txn: Transaction | None = None) -> None:
+        """Acknowledge every message of the message's partition up to and including it."""
+        self._check()
+        sub, pos = self._where(msg)
+        t = self._txn(txn)
+        if t is None:
+            sub.ack_cumulative(pos)
+            return
+        t.add_subscription(sub.partition, sub.name)
+        t.track(sub.ack_in_transaction(t.txn_id, [pos], True))
+
+    def negative_ack(self, msg: MessageLike) -> None:
+        """Deliver this message again after the consumer's negative-ack delay."""
+        self._check()
+        sub, pos = self._where(msg)
+        sub.negative_ack(self.id, [pos], self._nack_delay_ms)
+
+    def redeliver_unacknowledged(self) -> int:
+        """Deliver again every message received and not acknowledged (nor held by a transaction)."""
+        self._check()
+        return sum(sub.redeliver_unacknowledged(self.id) for sub in self._subs.values())
+
+    # ------------------------------------------------------------ close
+
+    def close(self) -> None:
+        """Leave the subscription: its unacknowledged messages are redelivered to others."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        for sub in self._subs.values():
+            sub.remove_waker(self._wake)
+            sub.detach(self.id)
+        self._wake.set()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Consumer({self.subscription!r} on {self.topic}, {self.isolation})"
+
+
+__all__ = [
+    "DEFAULT_NACK_DELAY_MS",
+    "MAX_SEQUENCE_ID",
+    "Client",
+    "Consumer",
+    "Producer",
+    "java_string_hash",
+]

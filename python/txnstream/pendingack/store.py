@@ -1,0 +1,595 @@
+"""The pending-ack store of one subscription (SPEC §4.7; Pulsar's PendingAckHandleImpl).
+
+A transactional ack does not touch the subscription's cursor: it puts the
+message in PENDING_ACK, held by that transaction, and logs an ACK record
+(``PendingAckMetadataEntry``, Pulsar's field numbers) through the store's
+own PIP-160 BufferedWriter. When the transaction ends, a COMMIT or ABORT
+record is logged; once it is durable a commit applies the acks to the
+cursor (:class:`~.cursor_acks.CursorAcks`) and an abort releases the
+messages, which the subscription redelivers.
+
+**Conflicts** (:class:`~txnstream.errors.TransactionConflictError`; the
+state is unchanged when one is raised):
+
+- an individual ack of a message the cursor already acknowledged, or one
+  held by a transaction -- for a batched message: its index already acked
+  or held (overlapping ack sets); indexes that do not overlap merge;
+- an individual ack of a message at or below another transaction's
+  cumulative ack (it holds it), and a cumulative ack while another
+  transaction holds a message at or below it individually;
+- a cumulative ack while another transaction holds one (one holder per
+  subscription), at or below the cursor's mark-delete, or at or below the
+  position this transaction already holds cumulatively.
+
+A cumulative ack takes exactly one message id (the API has no other shape).
+Late acks of a transaction that ended here, or at or below its
+coordinator's low water mark, are refused
+(:class:`~txnstream.errors.InvalidTxnStatusError`).
+
+**The log.** Records of a transaction are deleted from the log (by position
+and batch index, so whole entries free up) once it ended: an abort's at
+once; a commit's once the cursor state holding its acks is durable
+(:meth:`trim` flushes the cursor first), so a crash never loses a committed
+ack. Recovery replays the live records: COMMIT applies the acks again
+(idempotent), ABORT drops them, and a transaction with only ACK records is
+reconciled with its coordinator like the transaction buffer does.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+
+from txnstream._native import AckSet, BufferedWriter, Cursor, ManagedLedger, Position, TxnPosition
+from txnstream.buffer import TxnOutcomes
+from txnstream.coordinator import TxnID
+from txnstream.errors import CorruptEntryError, InvalidTxnStatusError, TransactionConflictError
+from txnstream.pendingack.cursor_acks import CursorAcks
+from txnstream.proto import (
+    ABORT,
+    ACK,
+    COMMIT,
+    Cumulative,
+    Individual,
+    PendingAckMetadataEntry,
+)
+from txnstream.replay import replay
+
+log = logging.getLogger(__name__)
+
+#: Name of the store's cursor on its own log.
+LOG_CURSOR = "__pending_ack_store"
+
+#: ``on_end(txn, committed, messages, cumulative)``: the subscription's hook,
+#: called once an end is applied. ``messages`` are the individually held
+#: messages (as TxnPositions), ``cumulative`` the cumulative position or None.
+EndHook = Callable[[TxnID, bool, list[TxnPosition], TxnPosition | None], None]
+
+
+class _TxnAcks:
+    """What one transaction holds on this subscription."""
+
+    __slots__ = ("cumulative", "individual", "records")
+
+    def __init__(self) -> None:
+        # entry -> (batch_size, ack set of the indexes this txn acked | None)
+        self.individual: dict[Position, tuple[int, AckSet | None]] = {}
+        self.cumulative: TxnPosition | None = None
+        self.records: list[TxnPosition] = []
+
+    def messages(self) -> list[TxnPosition]:
+        out: list[TxnPosition] = []
+        for pos, (size, acked) in self.individual.items():
+            if acked is None:
+                out.append(TxnPosition(pos.ledger_id, pos.entry_id))
+            else:
+                present = set(acked.present())
+                out.extend(
+                    TxnPosition(pos.ledger_id, pos.entry_id, size, i)
+                    for i in range(size)
+                    if i not in present
+                )
+        return out
+
+
+def _conflict(txn: TxnID, pos: TxnPosition, why: str) -> TransactionConflictError:
+    where = f"({pos.ledger_id}:{pos.entry_id}"
+    where += f", batch index {pos.batch_index} of {pos.batch_size})" if pos.batch_size > 1 else ")"
+    return TransactionConflictError(
+        f"transaction {txn} cannot acknowledge message {where}: {why}",
+        txn_id=txn,
+        position=(pos.ledger_id, pos.entry_id, pos.batch_index),
+    )
+
+
+def encode_ack(txn: TxnID, cumulative: bool, positions: Sequence[TxnPosition]) -> bytes:
+    """Return an ACK ``PendingAckMetadataEntry`` (ack sets: bit 1 = still present)."""
+    e = PendingAckMetadataEntry(
+        pending_ack_op=ACK,
+        ack_type=Cumulative if cumulative else Individual,
+        txnid_least_bits=txn.least_bits,
+        txnid_most_bits=txn.most_bits,
+    )
+    for p in positions:
+        md = e.pending_ack_metadata.add(ledgerId=p.ledger_id, entryId=p.entry_id)
+        if p.batch_size > 1:
+            acked = AckSet(p.batch_size)
+            for i in range(p.batch_index + 1) if cumulative else (p.batch_index,):
+                acked.clear(i)
+            md.batch_size = p.batch_size
+            md.ack_set.extend(acked.to_words())
+    return e.SerializeToString()
+
+
+def encode_end(txn: TxnID, commit: bool) -> bytes:
+    """Return a COMMIT or ABORT ``PendingAckMetadataEntry``."""
+    return PendingAckMetadataEntry(
+        pending_ack_op=COMMIT if commit else ABORT,
+        txnid_least_bits=txn.least_bits,
+        txnid_most_bits=txn.most_bits,
+    ).SerializeToString()
+
+
+class PendingAckStore:
+    """Pending transactional acks of one subscription, their log and their conflicts.
+
+    ``writer`` writes to the log ``log_ml`` (whose cursor
+    :data:`LOG_CURSOR` deletes ended transactions' records); ``acks`` is the
+    subscription's cursor. Thread-safe.
+    """
+
+    def __init__(
+        self,
+        partition: str,
+        subscription: str,
+        acks: CursorAcks,
+        log_ml: ManagedLedger,
+        writer: BufferedWriter,
+        outcomes: TxnOutcomes,
+        *,
+        on_end: EndHook | None = None,
+    ) -> None:
+        self.partition = partition
+        self.subscription = subscription
+        self.acks = acks
+        self.log_ml = log_ml
+        self.writer = writer
+        self._log_cursor: Cursor = log_ml.open_cursor(LOG_CURSOR)
+        self._outcomes = outcomes
+        self.on_end = on_end
+        self._lock = threading.Lock()
+        self._txns: dict[TxnID, _TxnAcks] = {}
+        # entry -> holder: a TxnID (whole entry) or {txn: acked ack set} (batch indexes)
+        self._held: dict[Position, TxnID | dict[TxnID, AckSet]] = {}
+        self._cumulative: tuple[TxnID, TxnPosition] | None = None
+        self._ending: dict[TxnID, tuple[bool, Future[TxnPosition]]] = {}
+        self._ended: set[TxnID] = set()
+        self._ended_mark = 64
+        # Log records to delete: after the next cursor flush / at once.
+        self._trim_after_flush: list[TxnPosition] = []
+        self._trim_now: list[TxnPosition] = []
+        self.counts = {"acks": 0, "commits": 0, "aborts": 0, "conflicts": 0, "trimmed": 0}
+
+    # ------------------------------------------------------------ queries
+
+    def is_held(self, pos: Position, batch_index: int = 0) -> bool:
+        """Return True if the message is held by a transaction (not to be dispatched)."""
+        with self._lock:
+            return self._holder_locked(pos, batch_index) is not None
+
+    def holder(self, pos: TxnPosition) -> TxnID | None:
+        """Return the transaction holding the message at ``pos``, if any."""
+        with self._lock:
+            return self._holder_locked(pos.position, pos.batch_index)
+
+    def _holder_locked(self, entry: Position, batch_index: int) -> TxnID | None:
+        h = self._held.get(entry)
+        if isinstance(h, TxnID):
+            return h
+        if h is not None:
+            for t, s in h.items():
+                if not s.get(batch_index):
+                    return t
+        cum = self._cumulative
+        if cum is not None and entry <= cum[1].position:
+            return cum[0]
+        return None
+
+    def ack_outside(self, positions: Sequence[TxnPosition]) -> None:
+        """Acknowledge messages outside any transaction, unless a transaction holds one.
+
+        The check and the cursor update happen under the store's lock, so a
+        transaction cannot take one of them in between.
+        """
+        with self._lock:
+            for p in positions:
+                holder = self._holder_locked(p.position, p.batch_index)
+                if holder is not None:
+                    raise TransactionConflictError(
+                        f"message ({p.ledger_id}:{p.entry_id}:{p.batch_index}) of "
+                        f"{self.partition} is held by transaction {holder}; it cannot be "
+                        "acknowledged outside it",
+                        txn_id=holder,
+                    )
+            self.acks.individual(positions)
+
+    def ack_cumulative_outside(self, position: TxnPosition) -> None:
+        """Acknowledge up to ``position`` outside any transaction, unless one holds any of it."""
+        entry = position.position
+        with self._lock:
+            cum = self._cumulative
+            if cum is not None and cum[1].position <= entry:
+                raise TransactionConflictError(
+                    f"transaction {cum[0]} holds a cumulative ack on {self.partition}",
+                    txn_id=cum[0],
+                )
+            for held, h in self._held.items():
+                if held <= entry:
+                    holder = h if isinstance(h, TxnID) else next(iter(h))
+                    raise TransactionConflictError(
+                        f"transaction {holder} holds a message at or below {entry!r} on "
+                        f"{self.partition}",
+                        txn_id=holder,
+                    )
+            self.acks.cumulative(position)
+
+    def holds_any(self) -> bool:
+        """Return True if any transaction holds a message here (a cheap check before dispatch)."""
+        return bool(self._held) or self._cumulative is not None
+
+    def transactions(self) -> list[TxnID]:
+        """Transactions holding acks here."""
+        with self._lock:
+            return list(self._txns)
+
+    # ------------------------------------------------------------ acks
+
+    def _check_live(self, txn: TxnID) -> None:
+        # Under the lock: refuse work of a transaction that ended.
+        if txn in self._ended or txn in self._ending:
+            raise InvalidTxnStatusError(
+                f"transaction {txn} has ended on subscription {self.subscription}",
+                txn_id=txn,
+            )
+        if txn not in self._txns and txn.least_bits <= self._outcomes.low_water_mark(txn.most_bits):
+            raise InvalidTxnStatusError(
+                f"transaction {txn} has ended (at or below its coordinator's low water mark)",
+                txn_id=txn,
+            )
+
+    def ack(
+        self, txn: TxnID, positions: Sequence[TxnPosition], cumulative: bool = False
+    ) -> Future[TxnPosition]:
+        """Hold ``positions`` for ``txn`` and log the ACK record (its durability future).
+
+        Conflicts raise before anything changes. ``cumulative`` takes
+        exactly one position.
+        """
+        if cumulative and len(positions) != 1:
+            raise _conflict(txn, positions[0], "a cumulative ack takes exactly one message id")
+        with self._lock:
+            self._check_live(txn)
+            try:
+                if cumulative:
+                    self._check_cumulative(txn, positions[0])
+                else:
+                    self._check_individual(txn, positions)
+            except TransactionConflictError:
+                self.counts["conflicts"] += 1
+                raise
+            record = encode_ack(txn, cumulative, positions)
+            fut = self.writer.write(record)
+            acks = self._txns.get(txn)
+            if acks is None:
+                acks = self._txns[txn] = _TxnAcks()
+            if cumulative:
+                acks.cumulative = positions[0]
+                self._cumulative = (txn, positions[0])
+            else:
+                self._hold(txn, acks, positions)
+            self.counts["acks"] += len(positions)
+        fut.add_done_callback(functools.partial(self._ack_logged, txn))
+        return fut
+
+    def _check_individual(self, txn: TxnID, positions: Sequence[TxnPosition]) -> None:
+        seen: set[tuple[int, int, int]] = set()
+        cum = self._cumulative
+        for p in positions:
+            key = (p.ledger_id, p.entry_id, p.batch_index)
+            if key in seen:
+                raise _conflict(txn, p, "it is given twice in one ack")
+            seen.add(key)
+            if self.acks.is_acked(p):
+                raise _conflict(txn, p, "it was already acknowledged")
+            if cum is not None and cum[0] != txn and p.position <= cum[1].position:
+                raise _conflict(txn, p, f"transaction {cum[0]} holds it by a cumulative ack")
+            h = self._held.get(p.position)
+            if h is None:
+                continue
+            if isinstance(h, TxnID) or p.batch_size <= 1:
+                holder = h if isinstance(h, TxnID) else next(iter(h))
+                raise _conflict(txn, p, f"it is in pending ack status (transaction {holder})")
+            for t, acked in h.items():
+                if acked.batch_size != p.batch_size:
+                    raise _conflict(txn, p, f"batch size differs from {acked.batch_size}")
+                if not acked.get(p.batch_index):
+                    raise _conflict(txn, p, f"its batch index is held by transaction {t}")
+
+    def _check_cumulative(self, txn: TxnID, p: TxnPosition) -> None:
+        if self.acks.at_or_below_mark_delete(p.position):
+            raise _conflict(txn, p, "it is at or below the subscription's mark-delete position")
+        cum = self._cumulative
+        if cum is not None and cum[0] != txn:
+            raise _conflict(txn, p, f"transaction {cum[0]} holds the cumulative ack")
+        if cum is not None and p.position <= cum[1].position:
+            raise _conflict(txn, p, f"it is at or below this transaction's {cum[1]!r}")
+        for pos, h in self._held.items():
+            if pos <= p.position:
+                holders = [h] if isinstance(h, TxnID) else list(h)
+                other = next((t for t in holders if t != txn), None)
+                if other is not None:
+                    raise _conflict(txn, p, f"transaction {other} holds a message below it")
+
+    def _hold(self, txn: TxnID, acks: _TxnAcks, positions: Sequence[TxnPosition]) -> None:
+        # Under the lock, after the checks.
+        for p in positions:
+            entry = p.position
+            if p.batch_size <= 1:
+                self._held[entry] = txn
+                acks.individual[entry] = (1, None)
+                continue
+            mine = acks.individual.get(entry)
+            acked = mine[1] if mine is not None and mine[1] is not None else AckSet(p.batch_size)
+            acked.clear(p.batch_index)
+            acks.individual[entry] = (p.batch_size, acked)
+            h = self._held.get(entry)
+            if not isinstance(h, dict):
+                h = self._held[entry] = {}
+            h[txn] = acked
+
+    def _ack_logged(self, txn: TxnID, fut: Future[TxnPosition]) -> None:
+        if fut.exception() is not None:
+            return  # the client's commit sees the failure and aborts
+        pos = fut.result()
+        with self._lock:
+            acks = self._txns.get(txn)
+            if acks is not None and txn not in self._ended:
+                acks.records.append(pos)
+            else:
+                self._trim_after_flush.append(pos)  # the end came first: drop it later
+
+    # ------------------------------------------------------------ ends
+
+    def end(self, txn_id: TxnID, commit: bool) -> Future[TxnPosition] | None:
+        """Commit or abort ``txn_id`` here (the coordinator's Participant call).
+
+        None if it holds nothing here, else the COMMIT/ABORT record's
+        future; the acks are applied (or released) before that future's
+        later callbacks run. Idempotent.
+        """
+        with self._lock:
+            busy = self._ending.get(txn_id)
+            if busy is not None:
+                if busy[0] != commit:
+                    raise InvalidTxnStatusError(
+                        f"transaction {txn_id} is already ending the other way on "
+                        f"subscription {self.subscription}",
+                        txn_id=txn_id,
+                    )
+                return busy[1]
+            if txn_id not in self._txns:
+                self._remember_ended(txn_id)
+                return None
+            fut = self.writer.write(encode_end(txn_id, commit))
+            self._ending[txn_id] = (commit, fut)
+        fut.add_done_callback(functools.partial(self._end_logged, txn_id, commit))
+        return fut
+
+    def _end_logged(self, txn: TxnID, commit: bool, fut: Future[TxnPosition]) -> None:
+        exc = fut.exception()
+        with self._lock:
+            self._ending.pop(txn, None)
+            if exc is not None:
+                return  # the coordinator retries
+            acks = self._release(txn)
+            self._remember_ended(txn)
+            records = [*acks.records, fut.result()]
+            if commit:
+                self._trim_after_flush.extend(records)
+                self.counts["commits"] += 1
+            else:
+                self._trim_now.extend(records)
+                self.counts["aborts"] += 1
+        messages = acks.messages()
+        if commit:
+            self._apply(acks, messages)
+        if self.on_end is not None:
+            self.on_end(txn, commit, messages, acks.cumulative)
+
+    def _release(self, txn: TxnID) -> _TxnAcks:
+        # Under the lock: forget what ``txn`` holds.
+        acks = self._txns.pop(txn, None) or _TxnAcks()
+        for entry in acks.individual:
+            h = self._held.get(entry)
+            if isinstance(h, dict):
+                h.pop(txn, None)
+                if not h:
+                    del self._held[entry]
+            elif h == txn:
+                del self._held[entry]
+        if self._cumulative is not None and self._cumulative[0] == txn:
+            self._cumulative = None
+        return acks
+
+    def _apply(self, acks: _TxnAcks, messages: list[TxnPosition]) -> None:
+        try:
+            self.acks.individual(messages)
+            if acks.cumulative is not None:
+                self.acks.cumulative(acks.cumulative)
+        except Exception:
+            log.exception("%s/%s: applying committed acks", self.partition, self.subscription)
+
+    def _remember_ended(self, txn: TxnID) -> None:
+        self._ended.add(txn)
+        if len(self._ended) > self._ended_mark:
+            for t in list(self._ended):
+                if t.least_bits <= self._outcomes.low_water_mark(t.most_bits):
+                    self._ended.discard(t)
+            self._ended_mark = max(64, 2 * len(self._ended))
+
+    # ------------------------------------------------------------ the log
+
+    def trim(self) -> int:
+        """Delete the log records of ended transactions; return how many.
+
+        Records of commits go only after the cursor (holding their acks) is
+        flushed durably, so a crash in between replays and re-applies them.
+        """
+        with self._lock:
+            after_flush, self._trim_after_flush = self._trim_after_flush, []
+            now, self._trim_now = self._trim_now, []
+        try:
+            if after_flush:
+                self.acks.flush()
+            todo = now + after_flush
+            if todo:
+                self._log_cursor.delete(todo)
+        except Exception:
+            with self._lock:  # try again next time
+                self._trim_after_flush.extend(after_flush)
+                self._trim_now.extend(now)
+            raise
+        self.counts["trimmed"] += len(todo)
+        return len(todo)
+
+    def pending_trim(self) -> int:
+        """Return how many records wait for :meth:`trim`."""
+        with self._lock:
+            return len(self._trim_after_flush) + len(self._trim_now)
+
+    def recover(self) -> dict[str, int]:
+        """Replay the live log records (before any use): rebuild what is held.
+
+        COMMIT applies a transaction's acks again, ABORT drops them (both
+        are trimmed); transactions with only ACK records hold their
+        messages again. Returns counts.
+        """
+        live = replay(self.log_ml, self._log_cursor)
+        found: dict[TxnID, _TxnAcks] = {}
+        commits: list[_TxnAcks] = []
+        records = 0
+        for pos, data in live:
+            records += 1
+            e = PendingAckMetadataEntry()
+            try:
+                e.ParseFromString(data)
+            except Exception as exc:
+                raise CorruptEntryError(
+                    f"pending-ack log of {self.partition}/{self.subscription}: record at "
+                    f"{pos!r} is not a PendingAckMetadataEntry ({exc})",
+                    position=(pos.ledger_id, pos.entry_id),
+                ) from None
+            txn = TxnID(e.txnid_most_bits, e.txnid_least_bits)
+            if e.pending_ack_op == ACK:
+                acks = found.setdefault(txn, _TxnAcks())
+                acks.records.append(pos)
+                cumulative = e.ack_type == Cumulative
+                for md in e.pending_ack_metadata:
+                    size = md.batch_size if md.HasField("batch_size") else 1
+                    words = list(md.ack_set)
+                    if cumulative:
+                        acks.cumulative = self._recorded_position(
+                            md.ledgerId, md.entryId, size, words
+                        )
+                    else:
+                        self._hold_recovered(acks, md.ledgerId, md.entryId, size, words)
+            elif e.pending_ack_op in (COMMIT, ABORT):
+                ended = found.pop(txn, None) or _TxnAcks()
+                ended.records.append(pos)
+                if e.pending_ack_op == COMMIT:
+                    commits.append(ended)
+                    self._trim_after_flush.extend(ended.records)
+                else:
+                    self._trim_now.extend(ended.records)
+                self._ended.add(txn)
+        for acks in commits:
+            self._apply(acks, acks.messages())
+        with self._lock:
+            for txn, acks in found.items():
+                self._txns[txn] = acks
+                for entry, (_size, acked) in acks.individual.items():
+                    if acked is None:
+                        self._held[entry] = txn
+                    else:
+                        h = self._held.get(entry)
+                        if not isinstance(h, dict):
+                            h = self._held[entry] = {}
+                        h[txn] = acked
+                if acks.cumulative is not None:
+                    self._cumulative = (txn, acks.cumulative)
+        return {"records": records, "pending": len(found), "committed": len(commits)}
+
+    @staticmethod
+    def _recorded_position(ledger: int, entry: int, size: int, words: list[int]) -> TxnPosition:
+        # A logged cumulative position: for a batch, its highest acked index.
+        if size <= 1 or not words:
+            return TxnPosition(ledger, entry)
+        present = set(AckSet.from_words(words, size).present())
+        acked = [i for i in range(size) if i not in present]
+        return TxnPosition(ledger, entry, size, acked[-1] if acked else 0)
+
+    @staticmethod
+    def _hold_recovered(
+        acks: _TxnAcks, ledger: int, entry_id: int, size: int, words: list[int]
+    ) -> None:
+        # A logged individual ack: the whole entry, or the indexes its ack set clears.
+        entry = Position(ledger, entry_id)
+        if size <= 1:
+            acks.individual[entry] = (1, None)
+            return
+        logged = AckSet.from_words(words, size) if words else AckSet(size)
+        mine = acks.individual.get(entry)
+        if mine is not None and mine[1] is not None:
+            logged.and_(mine[1])
+        acks.individual[entry] = (size, logged)
+
+    def reconcile(self) -> list[Future[TxnPosition]]:
+        """End every held transaction its coordinator decided or forgot (after :meth:`recover`)."""
+        futures: list[Future[TxnPosition]] = []
+        for txn in self.transactions():
+            try:
+                outcome = self._outcomes.participant_outcome(txn)
+            except Exception as exc:
+                log.warning(
+                    "%s/%s: cannot resolve transaction %s: %r",
+                    self.partition,
+                    self.subscription,
+                    txn,
+                    exc,
+                )
+                outcome = False
+            if outcome is None:
+                continue
+            fut = self.end(txn, outcome)
+            if fut is not None:
+                futures.append(fut)
+        return futures
+
+    def stats(self) -> dict[str, int]:
+        """Counters plus held messages and transactions."""
+        with self._lock:
+            out = dict(self.counts)
+            out["transactions"] = len(self._txns)
+            out["held_entries"] = len(self._held)
+            out["pending_trim"] = len(self._trim_after_flush) + len(self._trim_now)
+        return out
+
+    def close(self) -> None:
+        """Close the writer (records not yet flushed fail); the broker closes the log."""
+        self.writer.close()
+
+
+__all__ = ["LOG_CURSOR", "EndHook", "PendingAckStore", "encode_ack", "encode_end"]

@@ -1,0 +1,647 @@
+"""The embedded broker end to end: topics, producers, consumers, transactions (SPEC §4.5, §4.9)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import txnstream as ts
+from txnstream import Broker, BrokerConfig
+from txnstream._native import decode_topic_entry
+from txnstream.broker.subscription import READ_UNCOMMITTED
+from txnstream.client import Consumer, Message, java_string_hash
+from txnstream.errors import (
+    DuplicateSequenceError,
+    TransactionAlreadyAborted,
+    TransactionAlreadyCommitted,
+)
+
+DEADLINE_S = 10.0
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    b = Broker.open(tmp_path / "data", registry=None)
+    yield b
+    b.close()
+
+
+def drain(consumer: Consumer, idle_ms: int = 100) -> list[Message]:
+    """Every message that arrives until ``idle_ms`` pass without one."""
+    out = []
+    while (m := consumer.receive(idle_ms)) is not None:
+        out.append(m)
+    return out
+
+
+def values(msgs: list[Message]) -> list[bytes]:
+    return [m.value for m in msgs]
+
+
+def wait_for(pred: object, what: str) -> None:
+    deadline = time.monotonic() + DEADLINE_S
+    while not pred():  # type: ignore[operator]
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+# ------------------------------------------------------------------ basics
+
+
+def test_send_receive_fields_and_order(broker: Broker) -> None:
+    client = broker.client("c")
+    p = client.producer("t", name="p1")
+    ids = [p.send(b"v%d" % i, key=f"k{i}", properties={"i": str(i)}) for i in range(5)]
+    assert ids == sorted(ids) and len(set(ids)) == 5
+    c = client.subscribe("t", "s")
+    got = drain(c)
+    assert values(got) == [b"v%d" % i for i in range(5)]
+    m = got[3]
+    assert (m.key, m.properties, m.producer_name, m.redelivery_count) == ("k3", {"i": "3"}, "p1", 0)
+    assert m.message_id == ids[3] and m.sequence_id == 3 and m.data() == b"v3"
+    assert abs(m.publish_time - time.time() * 1000) < 60_000
+    assert m.topic == "persistent://public/default/t"
+
+
+def test_topic_name_forms_are_one_topic(broker: Broker) -> None:
+    client = broker.client()
+    client.producer("t").send(b"a")
+    client.producer("default/t").send(b"b")
+    client.producer("public/default/t").send(b"c")
+    client.producer("persistent://public/default/t").send(b"d")
+    assert values(drain(client.subscribe("t", "s"))) == [b"a", b"b", b"c", b"d"]
+    assert broker.topic_names() == [("persistent://public/default/t", 0)]
+
+
+def test_entries_use_pulsar_message_metadata(broker: Broker) -> None:
+    client = broker.client()
+    p = client.producer("t", name="prod")
+    txn = client.transaction()
+    mid = p.send(b"payload", key="k", properties={"a": "b"}, txn=txn)
+    txn.commit()
+    ml = broker.topic("t").ml
+    entry = decode_topic_entry(ml.read(mid.position.position))
+    assert entry["producer_name"] == "prod"
+    assert entry["txn"] == (txn.txn_id.most_bits, txn.txn_id.least_bits)
+    assert entry["messages"][0]["payload"] == b"payload"
+    # The commit marker follows: marker type 21 (Pulsar TXN_COMMIT), empty payload.
+    last = ml.last_position
+    assert last is not None
+    marker = decode_topic_entry(ml.read(last))
+    assert marker["marker_type"] == 21
+    assert marker["producer_name"] == "pulsar.txn.marker"
+
+
+def test_send_many_is_one_batched_entry_with_batch_indexes(broker: Broker) -> None:
+    client = broker.client()
+    p = client.producer("t")
+    ids = p.send_many([b"a", b"b", b"c"], keys=["x", None, "z"])
+    assert {(i.ledger_id, i.entry_id) for i in ids} == {(ids[0].ledger_id, ids[0].entry_id)}
+    assert [i.batch_index for i in ids] == [0, 1, 2] and ids[0].batch_size == 3
+    c = client.subscribe("t", "s")
+    got = drain(c)
+    assert values(got) == [b"a", b"b", b"c"] and [m.key for m in got] == ["x", None, "z"]
+    # Acking one batch index leaves the others deliverable after a redelivery.
+    c.ack(got[1])
+    c.redeliver_unacknowledged()
+    assert values(drain(c)) == [b"a", b"c"]
+
+
+def test_send_async_returns_future_of_message_id(broker: Broker) -> None:
+    p = broker.client().producer("t")
+    futs = [p.send_async(b"%d" % i) for i in range(20)]
+    ids = [f.result(DEADLINE_S) for f in futs]
+    assert ids == sorted(ids)
+
+
+def test_partitioned_topic_routes_by_key_and_round_robin(broker: Broker) -> None:
+    broker.admin.create_topic("pt", 3)
+    client = broker.client()
+    p = client.producer("pt")
+    for i in range(6):
+        mid = p.send(b"k", key=f"key{i}")
+        assert mid.partition == java_string_hash(f"key{i}") % 3
+    rr = [p.send(b"rr").partition for _ in range(6)]
+    assert sorted(rr) == [0, 0, 1, 1, 2, 2]
+    c = client.subscribe("pt", "s")
+    assert len(drain(c)) == 12
+    # One partition can be read alone.
+    one = client.subscribe("pt-partition-1", "s1")
+    assert all(m.message_id.partition == 1 for m in drain(one))
+
+
+def test_java_string_hash_matches_java() -> None:
+    # Values of Java's "...".hashCode() & Integer.MAX_VALUE.
+    assert java_string_hash("") == 0
+    assert java_string_hash("a") == 97
+    assert java_string_hash("hello") == 99162322
+    # "polygenelubricants".hashCode() is Integer.MIN_VALUE: masked, 0.
+    assert java_string_hash("polygenelubricants") == 0
+    # Non-BMP text hashes UTF-16 code units, as Java does.
+    assert java_string_hash("\U0001f600") == (0xD83D * 31 + 0xDE00)
+
+
+def test_lazy_topics_open_on_first_use(tmp_path: Path) -> None:
+    with Broker.open(tmp_path, registry=None) as b:
+        client = b.client()
+        for i in range(20):
+            client.producer(f"t{i}").send(b"x")
+    with Broker.open(tmp_path, registry=None) as b:
+        assert b.loaded_topics() == []
+        assert len(b.topic_names()) == 20
+        b.client().producer("t3")
+        assert [t.full for t in b.loaded_topics()] == ["persistent://public/default/t3"]
+
+
+def test_writer_lock_refuses_second_process(tmp_path: Path) -> None:
+    with Broker.open(tmp_path, registry=None):
+        code = (
+            "import sys, txnstream as ts\n"
+            "try:\n    ts.Broker.open(sys.argv[1], registry=None)\n"
+            "except ts.StorageError as e:\n    print('refused', e); sys.exit(3)\n"
+        )
+        proc = subprocess.run(
+            [sys.executable, "-c", code, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 3, proc.stdout + proc.stderr
+
+
+def test_closed_broker_refuses_calls(tmp_path: Path) -> None:
+    b = Broker.open(tmp_path, registry=None)
+    client = b.client()
+    p = client.producer("t")
+    c = client.subscribe("t", "s")
+    b.close()
+    b.close()  # idempotent
+    for call in (lambda: p.send(b"x"), lambda: c.receive(0), b.client, client.transaction):
+        with pytest.raises(ts.errors.AlreadyClosedError) as e:
+            call()
+        assert not e.value.retriable and not e.value.abortable
+    Broker.open(tmp_path, registry=None).close()  # the lock was released
+
+
+def test_receive_wakes_on_send_and_times_out_with_none(broker: Broker) -> None:
+    client = broker.client()
+    c = client.subscribe("t", "s")
+    assert c.receive(50) is None
+    p = client.producer("t")
+    import threading
+
+    t = threading.Timer(0.05, lambda: p.send(b"late"))
+    t.start()
+    m = c.receive(int(DEADLINE_S * 1000))
+    t.join()
+    assert m is not None and m.value == b"late"
+
+
+def test_initial_position_latest(broker: Broker) -> None:
+    client = broker.client()
+    p = client.producer("t")
+    p.send(b"old")
+    c = client.subscribe("t", "s", initial_position="latest")
+    p.send(b"new")
+    assert values(drain(c)) == [b"new"]
+
+
+# ------------------------------------------------------------------ visibility
+
+
+def test_read_committed_vs_uncommitted_and_no_markers(broker: Broker) -> None:
+    client = broker.client()
+    p = client.producer("t")
+    rc = client.subscribe("t", "rc")
+    ru = client.subscribe("t", "ru", isolation=READ_UNCOMMITTED)
+    p.send(b"before")
+    t1 = client.transaction()
+    p.send(b"t1-a", txn=t1)
+    p.send(b"plain")  # after t1's first message: RC must wait for t1
+    p.send(b"t1-b", txn=t1)
+    t2 = client.transaction()
+    p.send(b"t2", txn=t2)
+    assert t2.wait_durable(int(DEADLINE_S * 1000))  # readers see durable entries only
+    assert values(drain(rc)) == [b"before"]
+    assert values(drain(ru)) == [b"before", b"t1-a", b"plain", b"t1-b", b"t2"]
+    t2.abort()
+    assert values(drain(rc)) == []  # t1 still pins max_read_position
+    lag = broker.admin.read_committed_lag("t")["persistent://public/default/t"]
+    assert lag >= 4
+    t1.commit()
+    # Committed in log order; t2's aborted message never; markers never.
+    assert values(drain(rc)) == [b"t1-a", b"plain", b"t1-b"]
+    assert values(drain(ru)) == []
+    assert broker.admin.read_committed_lag("t")["persistent://public/default/t"] == 0
+    stats = broker.admin.topic_stats("t")[0]
+    tb = stats["transaction_buffer"]
+    assert isinstance(tb, dict) and tb["ongoing"] == 0 and tb["aborted"] == 1
+
+
+def test_commit_visible_when_commit_returns(broker: Broker) -> None:
+    client = broker.client()
+    p = client.producer("t")
+    rc = client.subscribe("t", "rc")
+    for i in range(20):
+        with client.transaction() as txn:
+            p.send(b"%d" % i, txn=txn)
+        # No waiting: commit() returned, so a READ_COMMITTED reader sees it now.
+        got = rc.receive_many(10, 0)
+        assert values(got) == [b"%d" % i]
+        rc.ack(got[0])
+
+
+def test_context_manager_aborts_on_exception(broker: Broker) -> None:
+    client = broker.client()
+    p = client.producer("t")
+    txn = client.transaction()
+
+    def body() -> None:
+        with txn:
+            p.send(b"x", txn=txn)
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        body()
+    assert txn.state == "aborted"
+    assert drain(client.subscribe("t", "s")) == []
+
+
+def test_idempotent_end_and_opposite_end(broker: Broker) -> None:
+    client = broker.client()
+    txn = client.transaction()
+    txn.commit()
+    txn.commit()
+    with pytest.raises(TransactionAlreadyCommitted):
+        txn.abort()
+    t2 = client.transaction()
+    t2.abort()
+    with pytest.raises(TransactionAlreadyAborted) as e:
+        t2.commit()
+    assert e.value.abortable
+
+
+def test_timed_out_transaction_is_aborted_and_commit_says_so(broker: Broker) -> None:
+    client = broker.client()
+    p = client.producer("t")
+    c = client.subscribe("t", "s")
+    txn = client.transaction(timeout_ms=50)
+    p.send(b"x", txn=txn)
+    wait_for(lambda: not broker.admin.open_transactions(), "the timeout abort")
+    with pytest.raises((TransactionAlreadyAborted, ts.errors.TransactionTimedOut)):
+        txn.commit()
+    assert drain(c) == []
+    assert broker.admin.read_committed_lag("t")["persistent://public/default/t"] == 0
+
+
+def test_commit_makes_at_most_three_durable_waits(broker: Broker) -> None:
+    client = broker.client()
+    p = client.producer("in")
+    for i in range(10):
+        p.send(b"%d" % i)
+    out = client.producer("out")
+    c = client.subscribe("in", "ctp")
+    waits = []
+    for _ in range(10):
+        txn = client.transaction()
+        msg = c.receive(1000)
+        assert msg is not None
+        out.send(msg.value, txn=txn)
+        c.ack(msg, txn=txn)
+        txn.commit()
+        waits.append(txn.durable_waits)
+        assert set(txn.wait_phases) <= {"written", "decision", "participants", "in_flight"}
+    assert max(waits) <= 3 and min(waits) >= 1
+    stats = client.commit_stats()
+    assert stats["commits"] == 10 and sum(stats["waits"][:4]) == 10
+
+
+# ------------------------------------------------------------------ dedup
+
+
+def test_dedup_retry_returns_original_id(broker: Broker) -> None:
+    client = broker.client()
+    p = client.producer("t", name="p")
+    first = p.send(b"a", sequence_id=10)
+    again = p.send(b"a", sequence_id=10)
+    assert again == first
+    assert p.send(b"b") > first  # the producer continues after the highest id
+    assert values(drain(client.subscribe("t", "s"))) == [b"a", b"b"]
+    assert broker.topic("t").stats()["deduplication"] == {"producers": 1, "duplicates": 1}
+
+
+def test_dedup_across_restart(tmp_path: Path) -> None:
+    with Broker.open(tmp_path, registry=None) as b:
+        p = b.client().producer("t", name="p")
+        ids = [p.send(b"%d" % i) for i in range(5)]
+        batch = p.send_many([b"x", b"y"], sequence_id=100)
+    with Broker.open(tmp_path, registry=None) as b:
+        client = b.client()
+        p = client.producer("t", name="p")
+        assert p.last_sequence_id == 101
+        assert p.send(b"2", sequence_id=2) == ids[2]
+        assert p.send_many([b"x", b"y"], sequence_id=100) == batch
+        fresh = p.send(b"new")
+        assert fresh > batch[-1]
+        assert values(drain(client.subscribe("t", "s"))) == [
+            b"0",
+            b"1",
+            b"2",
+            b"3",
+            b"4",
+            b"x",
+            b"y",
+            b"new",
+        ]
+
+
+def test_dedup_outside_window_raises_and_writes_nothing(tmp_path: Path) -> None:
+    cfg = BrokerConfig(deduplication_window=2)
+    with Broker.open(tmp_path, cfg, registry=None) as b:
+        p = b.client().producer("t", name="p")
+        for i in range(5):
+            p.send(b"%d" % i)
+        with pytest.raises(DuplicateSequenceError) as e:
+            p.send(b"0", sequence_id=0)
+        assert "0" in str(e.value)
+        assert b.topic("t").ml.entry_count() == 5
+
+
+def test_dedup_of_aborted_transaction_sends_again(broker: Broker) -> None:
+    client = broker.client()
+    p = client.producer("t", name="p")
+    txn = client.transaction()
+    p.send(b"a", txn=txn, sequence_id=7)
+    txn.abort()
+    t2 = client.transaction()
+    p.send(b"a", txn=t2, sequence_id=7)
+    t2.commit()
+    assert values(drain(client.subscribe("t", "s"))) == [b"a"]
+
+
+# ------------------------------------------------------------------ redelivery
+
+
+def test_redelivery_after_abort_and_commit_acks(broker: Broker) -> None:
+    client = broker.client()
+    p = client.producer("t")
+    for i in range(3):
+        p.send(b"%d" % i)
+    c = client.subscribe("t", "s")
+    msgs = drain(c)
+    txn = client.transaction()
+    for m in msgs:
+        c.ack(m, txn=txn)
+    txn.abort()
+    again = drain(c)
+    assert values(again) == [b"0", b"1", b"2"]
+    assert [m.redelivery_count for m in again] == [1, 1, 1]
+    with client.transaction() as t2:
+        for m in again:
+            c.ack(m, txn=t2)
+    c.redeliver_unacknowledged()
+    assert drain(c) == []
+
+
+def test_redelivery_after_consumer_closes_without_ack(broker: Broker) -> None:
+    client = broker.client()
+    p = client.producer("t")
+    p.send(b"a")
+    p.send(b"b")
+    c1 = client.subscribe("t", "s")
+    got = drain(c1)
+    c1.ack(got[0])
+    c2 = client.subscribe("t", "s")
+    assert drain(c2) == []  # b is delivered to c1, not acked yet
+    c1.close()
+    again = drain(c2)
+    assert values(again) == [b"b"] and again[0].redelivery_count == 1
+
+
+def test_negative_ack_redelivers_after_delay(broker: Broker) -> None:
+    client = broker.client()
+    client.producer("t").send(b"a")
+    c = client.subscribe("t", "s", negative_ack_redelivery_delay_ms=20)
+    m = c.receive(1000)
+    assert m is not None
+    c.negative_ack(m)
+    m2 = c.receive(int(DEADLINE_S * 1000))
+    assert m2 is not None and m2.value == b"a" and m2.redelivery_count == 1
+
+
+def test_acks_survive_restart(tmp_path: Path) -> None:
+    with Broker.open(tmp_path, registry=None) as b:
+        client = b.client()
+        p = client.producer("t")
+        for i in range(4):
+            p.send(b"%d" % i)
+        c = client.subscribe("t", "s")
+        got = drain(c)
+        c.ack(got[0])
+        with client.transaction() as txn:
+            c.ack(got[1], txn=txn)
+        txn2 = client.transaction()
+        c.ack(got[2], txn=txn2)  # left open: its ack is not applied
+        assert txn2.wait_durable()
+    with Broker.open(tmp_path, registry=None) as b:
+        c = b.client().subscribe("t", "s")
+        assert values(drain(c)) == [b"3"]  # got[2] is held by txn2 until it ends
+        b.admin.force_abort(txn2.txn_id)
+        assert values(drain(c)) == [b"2"]
+
+
+def test_cumulative_ack(broker: Broker) -> None:
+    client = broker.client()
+    p = client.producer("t")
+    for i in range(5):
+        p.send(b"%d" % i)
+    c = client.subscribe("t", "s")
+    got = drain(c)
+    c.ack_cumulative(got[2])
+    c.redeliver_unacknowledged()
+    assert values(drain(c)) == [b"3", b"4"]
+
+
+# ------------------------------------------------------------------ recovery
+
+
+def test_reopen_recovers_open_and_decided_transactions(tmp_path: Path) -> None:
+    with Broker.open(tmp_path, registry=None) as b:
+        client = b.client()
+        p = client.producer("t")
+        committed = client.transaction()
+        p.send(b"c", txn=committed)
+        committed.commit()
+        still_open = client.transaction(timeout_ms=600_000)
+        p.send(b"o", txn=still_open)
+        p.send(b"plain")
+    with Broker.open(tmp_path, registry=None) as b:
+        client = b.client()
+        rc = client.subscribe("t", "rc")
+        assert values(drain(rc)) == [b"c"]  # the open one still pins the partition
+        open_ids = [i.txn_id for i in b.admin.open_transactions()]
+        assert open_ids == [still_open.txn_id]
+        assert b.admin.transactions_older_than(0)[0].txn_id == still_open.txn_id
+        assert b.admin.transactions_older_than(3600) == []
+        b.admin.force_abort(still_open.txn_id)
+        assert values(drain(rc)) == [b"plain"]
+
+
+# ------------------------------------------------------------------ asyncio
+
+
+def test_asyncio_consume_transform_produce(broker: Broker) -> None:
+    client = broker.client("aio")
+    p = client.producer("in")
+    for i in range(20):
+        p.send(b"%d" % i)
+
+    async def main() -> list[int]:
+        a = client.aio()
+        out = a.producer("out")
+        consumer = a.subscribe("in", "ctp")
+
+        async def worker() -> int:
+            n = 0
+            while True:
+                async with a.transaction() as txn:
+                    msg = await consumer.receive(100)
+                    if msg is None:
+                        return n
+                    await out.send(msg.value + b"!", txn=txn)
+                    await consumer.ack(msg, txn=txn)
+                n += 1
+
+        return await asyncio.gather(*(worker() for _ in range(4)))
+
+    counts = asyncio.run(main())
+    assert sum(counts) == 20
+    got = sorted(values(drain(client.subscribe("out", "check"))))
+    assert got == sorted(b"%d!" % i for i in range(20))
+
+
+# ------------------------------------------------------------------ metrics
+
+
+def test_prometheus_metrics_of_broker(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    reg = CollectorRegistry()
+    with Broker.open(tmp_path, registry=reg) as b:
+        client = b.client()
+        p = client.producer("t")
+        c = client.subscribe("t", "s")
+        open_txn = client.transaction(timeout_ms=600_000)
+        p.send(b"x", txn=open_txn)
+        p.send(b"y")
+        with client.transaction() as txn:
+            p.send(b"z", txn=txn)
+        text = generate_latest(reg).decode()
+        lag_line = next(
+            line
+            for line in text.splitlines()
+            if line.startswith("txnstream_topic_read_committed_lag{")
+        )
+        assert float(lag_line.rsplit(" ", 1)[1]) >= 3
+        assert "txnstream_client_commit_durable_waits_bucket" in text
+        assert "txnstream_txn_tc_late_count" in text
+        assert "txnstream_txn_pending_ack_store_bufferedwriter_batch_records" in text
+        c.close()
+    assert os.path.isdir(tmp_path)
+
+
+def test_admin_api_on_a_live_broker(broker: Broker) -> None:
+    admin = broker.admin
+    assert admin is broker.admin
+    assert admin.create_topic("pt", 2) == 2
+    client = broker.client()
+    c = client.subscribe("pt", "s")
+    p = client.producer("pt")
+    txn = client.transaction(timeout_ms=600_000)
+    p.send(b"x", key="a", txn=txn)
+    p.send(b"plain", key="a")  # durable once sent: so is the transaction's message before it
+    c.receive_many(10, 0)
+    assert ("persistent://public/default/pt", 2) in admin.topics()
+    stats = admin.topic_stats("pt")
+    assert [s["topic"] for s in stats] == [
+        "persistent://public/default/pt-partition-0",
+        "persistent://public/default/pt-partition-1",
+    ]
+    assert sum(admin.read_committed_lag("pt").values()) == 2
+    assert admin.get_transaction(txn.txn_id).status == ts.TxnStatus.OPEN
+    assert admin.get_transaction((txn.txn_id.most_bits, txn.txn_id.least_bits)).txn_id == txn.txn_id
+    assert admin.get_transaction(str(txn.txn_id)).txn_id == txn.txn_id
+    assert admin.coordinator_stats()[0]["open"] == 1
+    assert admin.force_abort(txn.txn_id) == ts.TxnStatus.ABORTED
+    assert sum(admin.read_committed_lag("pt").values()) == 0
+    with pytest.raises(ts.TransactionAlreadyAborted):
+        txn.commit()
+    admin.set_pending_ack_batch_enabled(True)
+    admin.set_transaction_log_batch_enabled(True)
+    assert all(s["batch_enabled"] for s in admin.pending_ack_batch_stats().values())
+    with client.transaction() as t2:
+        p.send(b"y", txn=t2)
+    admin.set_transaction_log_batch_enabled(False)
+
+
+def test_reconciliation_aborts_a_transaction_its_coordinator_never_logged(tmp_path: Path) -> None:
+    # A message whose transaction's NEW record never became durable (a crash
+    # between the two): the coordinator does not know the id, so the
+    # partition aborts it at open instead of staying pinned (pulsar#19200).
+    from txnstream._native import encode_message
+    from txnstream.coordinator import TxnID
+
+    with Broker.open(tmp_path, registry=None) as b:
+        client = b.client()
+        client.producer("t").send(b"plain-before")
+        ghost = TxnID(0, 3)
+        topic = b.topic("t")
+        entry = encode_message(b"ghost", "p", 0, 1, None, None, (0, 3))
+        pub = topic.publish("p", [0], entry, ghost)
+        assert pub.durable is not None
+        pub.durable.result(DEADLINE_S)
+        client.producer("t").send(b"plain-after")
+        assert values(drain(client.subscribe("t", "rc"))) == [b"plain-before"]
+    with Broker.open(tmp_path, registry=None) as b:
+        topic = b.topic("t")
+        assert topic.recovery["ongoing"] == 1 and topic.recovery["reconciled"] == 1
+        client = b.client()
+        rc = client.subscribe("t", "rc")
+        assert values(drain(rc)) == [b"plain-before", b"plain-after"]  # before: never acked
+        ru = client.subscribe("t", "ru", isolation=READ_UNCOMMITTED)
+        assert values(drain(ru)) == [b"plain-before", b"ghost", b"plain-after"]
+        assert topic.tb.is_aborted((0, 3))
+
+
+def test_threads_and_descriptors_do_not_grow_with_topics(tmp_path: Path) -> None:
+    def tasks() -> int:
+        return len(os.listdir("/proc/self/task"))
+
+    def fds() -> int:
+        return len(os.listdir("/proc/self/fd"))
+
+    with Broker.open(tmp_path, registry=None) as b:
+        client = b.client()
+        client.producer("warm").send(b"x")
+        client.subscribe("warm", "s").receive(1000)
+        before_tasks, before_fds = tasks(), fds()
+        counts = []
+        for i in range(300):
+            client.producer(f"t{i}").send(b"x")
+            client.subscribe(f"t{i}", "s")
+            if i in (149, 299):
+                counts.append((tasks(), fds()))
+        assert len(b.loaded_topics()) == 301
+        # No thread per topic, subscription or pending-ack writer.
+        assert counts[-1][0] - before_tasks <= 4
+        # Descriptors: the storage's file cache (max_open_files, default 128)
+        # fills up and then stays full; the second 150 topics add none.
+        assert counts[-1][1] - before_fds <= 128 + 8
+        assert counts[1][1] - counts[0][1] <= 8

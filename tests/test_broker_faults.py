@@ -1,0 +1,73 @@
+"""Injected storage faults through the client: errors reach the caller, nothing acked is lost."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from txnstream import Broker, testing
+from txnstream.errors import StorageError, TransactionWriteFailed
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    b = Broker.open(tmp_path, registry=None)
+    yield b
+    testing.clear_faults(b.topic("t").ml)
+    b.close()
+
+
+def test_failed_send_raises_retriable_and_loses_nothing(broker: Broker) -> None:
+    client = broker.client()
+    p = client.producer("t", name="p")
+    kept = p.send(b"before")
+    testing.inject_fault(broker.topic("t").ml, "write", errno=28)
+    with pytest.raises(StorageError) as e:
+        p.send(b"failed", sequence_id=5)
+    assert e.value.retriable
+    # The same sequence id may be sent again: the failed one was never persisted.
+    again = p.send(b"failed", sequence_id=5)
+    assert again > kept
+    c = client.subscribe("t", "s")
+    got = [c.receive(1000), c.receive(1000), c.receive(100)]
+    assert [m.value if m else None for m in got] == [b"before", b"failed", None]
+
+
+def test_failed_transactional_write_aborts_the_commit(broker: Broker) -> None:
+    client = broker.client()
+    p = client.producer("t")
+    rc = client.subscribe("t", "rc")
+    txn = client.transaction()
+    testing.inject_fault(broker.topic("t").ml, "write", errno=5)
+    # The failure surfaces at the send (no position) or only at the commit.
+    with contextlib.suppress(StorageError):
+        p.send(b"lost", txn=txn)
+    with pytest.raises(TransactionWriteFailed) as e:
+        txn.commit()
+    assert e.value.abortable and "aborted" in str(e.value)
+    assert txn.state == "aborted"
+    # Nothing of it is visible, and the partition is not pinned.
+    p.send(b"after")
+    m = rc.receive(5000)
+    assert m is not None and m.value == b"after"
+    assert broker.admin.read_committed_lag("t")["persistent://public/default/t"] == 0
+
+
+def test_late_transaction_listed_while_its_abort_is_stuck(broker: Broker) -> None:
+    client = broker.client()
+    p = client.producer("t")
+    txn = client.transaction(timeout_ms=30)
+    p.send(b"x", txn=txn)
+    ml = broker.topic("t").ml
+    testing.hold_fault(ml, "sync")  # the timeout abort cannot make anything durable
+    try:
+        testing.wait_until(lambda: bool(broker.admin.late_transactions()), 10_000)
+        late = broker.admin.late_transactions()
+        assert [i.txn_id for i in late] == [txn.txn_id]
+    finally:
+        testing.release_fault(ml, "sync")
+    testing.wait_until(lambda: not broker.admin.late_transactions(), 10_000)
+    testing.wait_until(lambda: not broker.admin.open_transactions(), 10_000)

@@ -1,0 +1,270 @@
+"""Pending ack (SPEC §4.7): the conflict table, commit/abort, the log and its trimming."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from txnstream import Broker, TxnPosition
+from txnstream.client import Client, Consumer, Message
+from txnstream.errors import InvalidTxnStatusError, TransactionConflictError
+from txnstream.pendingack import PendingAckStore
+from txnstream.proto import ABORT, ACK, COMMIT, Cumulative, PendingAckMetadataEntry
+from txnstream.replay import replay
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    b = Broker.open(tmp_path, registry=None)
+    yield b
+    b.close()
+
+
+def setup(broker: Broker, n: int = 5, batch: int = 0) -> tuple[Client, Consumer, list[Message]]:
+    client = broker.client()
+    p = client.producer("t")
+    for i in range(n):
+        p.send(b"%d" % i)
+    if batch:
+        p.send_many([b"b%d" % i for i in range(batch)])
+    c = client.subscribe("t", "s")
+    msgs = []
+    while (m := c.receive(100)) is not None:
+        msgs.append(m)
+    return client, c, msgs
+
+
+def store(broker: Broker) -> PendingAckStore:
+    return broker.topic("t").pending_ack("s")
+
+
+def unchanged(st: PendingAckStore, before: dict[str, int]) -> None:
+    after = st.stats()
+    for k in ("transactions", "held_entries", "acks"):
+        assert after[k] == before[k], k
+
+
+# ------------------------------------------------------------------ individual
+
+
+def test_individual_ack_of_message_already_acked_conflicts(broker: Broker) -> None:
+    client, c, msgs = setup(broker)
+    c.ack(msgs[0])
+    txn = client.transaction()
+    before = store(broker).stats()
+    with pytest.raises(TransactionConflictError, match="already acknowledged") as e:
+        c.ack(msgs[0], txn=txn)
+    assert e.value.abortable
+    unchanged(store(broker), before)
+
+
+def test_individual_ack_held_by_another_or_same_txn_conflicts(broker: Broker) -> None:
+    client, c, msgs = setup(broker)
+    t1, t2 = client.transaction(), client.transaction()
+    c.ack(msgs[1], txn=t1)
+    before = store(broker).stats()
+    with pytest.raises(TransactionConflictError, match="pending ack"):
+        c.ack(msgs[1], txn=t2)
+    with pytest.raises(TransactionConflictError, match="pending ack"):
+        c.ack(msgs[1], txn=t1)
+    unchanged(store(broker), before)
+    # Outside any transaction too: the message is held.
+    with pytest.raises(TransactionConflictError, match="held by transaction"):
+        c.ack(msgs[1])
+    t1.commit()
+    t2.abort()
+
+
+def test_failed_multi_position_ack_changes_nothing(broker: Broker) -> None:
+    client, c, msgs = setup(broker)
+    t1, t2 = client.transaction(), client.transaction()
+    c.ack(msgs[2], txn=t1)
+    st = store(broker)
+    before = st.stats()
+    with pytest.raises(TransactionConflictError):
+        st.ack(t2.txn_id, [msgs[0].message_id.position, msgs[2].message_id.position])
+    unchanged(st, before)
+    assert st.holder(msgs[0].message_id.position) is None
+
+
+def test_batch_indexes_overlap_conflicts_and_disjoint_ones_merge(broker: Broker) -> None:
+    client, c, msgs = setup(broker, n=0, batch=4)
+    assert [m.message_id.batch_index for m in msgs] == [0, 1, 2, 3]
+    t1, t2 = client.transaction(), client.transaction()
+    c.ack(msgs[0], txn=t1)
+    c.ack(msgs[1], txn=t2)  # another index of the same entry: merges
+    c.ack(msgs[2], txn=t1)
+    with pytest.raises(TransactionConflictError, match="batch index is held"):
+        c.ack(msgs[1], txn=t1)
+    with pytest.raises(TransactionConflictError):
+        c.ack(msgs[0], txn=t2)
+    t1.commit()
+    # Committed indexes are acked on the cursor: acking them again conflicts.
+    t3 = client.transaction()
+    with pytest.raises(TransactionConflictError, match="already acknowledged"):
+        c.ack(msgs[2], txn=t3)
+    t2.abort()
+    c.redeliver_unacknowledged()
+    left = []
+    while (m := c.receive(100)) is not None:
+        left.append(m.message_id.batch_index)
+    assert left == [1, 3]
+
+
+def test_batch_index_acked_outside_txn_conflicts(broker: Broker) -> None:
+    client, c, msgs = setup(broker, n=0, batch=3)
+    c.ack(msgs[1])
+    txn = client.transaction()
+    with pytest.raises(TransactionConflictError, match="already acknowledged"):
+        c.ack(msgs[1], txn=txn)
+    c.ack(msgs[0], txn=txn)  # a different index is fine
+    txn.commit()
+
+
+# ------------------------------------------------------------------ cumulative
+
+
+def test_cumulative_one_holder_per_subscription(broker: Broker) -> None:
+    client, c, msgs = setup(broker)
+    t1, t2 = client.transaction(), client.transaction()
+    c.ack_cumulative(msgs[1], txn=t1)
+    with pytest.raises(TransactionConflictError, match="holds the cumulative ack"):
+        c.ack_cumulative(msgs[3], txn=t2)
+    # Below the holder's own position: conflict; above it: moves forward.
+    with pytest.raises(TransactionConflictError, match="at or below"):
+        c.ack_cumulative(msgs[0], txn=t1)
+    c.ack_cumulative(msgs[2], txn=t1)
+    # An individual ack of another transaction under the cumulative one: conflict.
+    with pytest.raises(TransactionConflictError, match="cumulative ack"):
+        c.ack(msgs[0], txn=t2)
+    t1.commit()
+    t2.abort()
+    c.redeliver_unacknowledged()
+    rest = []
+    while (m := c.receive(100)) is not None:
+        rest.append(m.value)
+    assert rest == [b"3", b"4"]
+
+
+def test_cumulative_at_or_below_mark_delete_conflicts(broker: Broker) -> None:
+    client, c, msgs = setup(broker)
+    c.ack_cumulative(msgs[2])
+    txn = client.transaction()
+    with pytest.raises(TransactionConflictError, match="mark-delete"):
+        c.ack_cumulative(msgs[1], txn=txn)
+    with pytest.raises(TransactionConflictError, match="mark-delete"):
+        c.ack_cumulative(msgs[2], txn=txn)
+    c.ack_cumulative(msgs[3], txn=txn)
+    txn.commit()
+
+
+def test_cumulative_above_another_txns_individual_ack_conflicts(broker: Broker) -> None:
+    client, c, msgs = setup(broker)
+    t1, t2 = client.transaction(), client.transaction()
+    c.ack(msgs[1], txn=t1)
+    with pytest.raises(TransactionConflictError, match="holds a message below"):
+        c.ack_cumulative(msgs[3], txn=t2)
+    # The same transaction may cover its own individual ack.
+    c.ack_cumulative(msgs[3], txn=t1)
+    t1.commit()
+    t2.abort()
+
+
+def test_cumulative_takes_exactly_one_message_id(broker: Broker) -> None:
+    client, _c, msgs = setup(broker)
+    txn = client.transaction()
+    st = store(broker)
+    with pytest.raises(TransactionConflictError, match="exactly one"):
+        st.ack(txn.txn_id, [msgs[0].message_id.position, msgs[1].message_id.position], True)
+    txn.abort()
+
+
+def test_cumulative_inside_a_batch(broker: Broker) -> None:
+    client, c, msgs = setup(broker, n=2, batch=3)
+    with client.transaction() as txn:
+        c.ack_cumulative(msgs[3], txn=txn)  # batch index 1 of the batch
+    c.redeliver_unacknowledged()
+    rest = []
+    while (m := c.receive(100)) is not None:
+        rest.append(m.value)
+    assert rest == [b"b2"]
+
+
+def test_non_txn_cumulative_over_held_message_conflicts(broker: Broker) -> None:
+    client, c, msgs = setup(broker)
+    txn = client.transaction()
+    c.ack(msgs[1], txn=txn)
+    with pytest.raises(TransactionConflictError):
+        c.ack_cumulative(msgs[3])
+    txn.abort()
+
+
+# ------------------------------------------------------------------ ends
+
+
+def test_ack_after_txn_ended_is_refused(broker: Broker) -> None:
+    client, c, msgs = setup(broker)
+    txn = client.transaction()
+    c.ack(msgs[0], txn=txn)
+    txn.commit()
+    with pytest.raises(InvalidTxnStatusError) as e:
+        c.ack(msgs[1], txn=txn)
+    assert str(txn.txn_id) in str(e.value)
+    # The store itself refuses a late ack of an ended transaction too.
+    with pytest.raises(InvalidTxnStatusError):
+        store(broker).ack(txn.txn_id, [msgs[1].message_id.position])
+
+
+def test_log_records_use_pulsar_fields_and_are_trimmed(broker: Broker) -> None:
+    client, c, msgs = setup(broker, n=2, batch=2)
+    st = store(broker)
+    t1, t2 = client.transaction(), client.transaction()
+    c.ack_cumulative(msgs[0], txn=t2)
+    c.ack(msgs[1], txn=t1)
+    c.ack(msgs[2], txn=t1)  # batch index 0 of 2
+    st.writer.flush()
+    assert st.writer.wait_idle(10_000)
+    live = replay(st.log_ml, st._log_cursor)
+    entries = []
+    for _, data in live:
+        e = PendingAckMetadataEntry()
+        e.ParseFromString(data)
+        entries.append(e)
+    assert [e.pending_ack_op for e in entries] == [ACK, ACK, ACK]
+    assert entries[0].ack_type == Cumulative
+    batched = entries[2].pending_ack_metadata[0]
+    assert batched.batch_size == 2 and list(batched.ack_set) == [0b10]
+    t1.commit()
+    t2.abort()
+    st.writer.flush()
+    assert st.writer.wait_idle(10_000)
+    ops = []
+    for _, data in replay(st.log_ml, st._log_cursor):
+        e = PendingAckMetadataEntry()
+        e.ParseFromString(data)
+        ops.append(e.pending_ack_op)
+    assert sorted(ops) == sorted([ACK, ACK, ACK, COMMIT, ABORT])
+    broker.maintain_now()
+    assert list(replay(st.log_ml, st._log_cursor)) == []
+    assert st.stats()["trimmed"] == 5
+
+
+def test_pending_acks_recovered_and_reconciled(tmp_path: Path) -> None:
+    with Broker.open(tmp_path, registry=None) as b:
+        client, c, msgs = setup(b)
+        open_txn = client.transaction(timeout_ms=600_000)
+        c.ack(msgs[0], txn=open_txn)
+        done = client.transaction()
+        c.ack(msgs[1], txn=done)
+        done.commit()
+    with Broker.open(tmp_path, registry=None) as b:
+        st = b.topic("t").pending_ack("s")
+        assert st.transactions() == [open_txn.txn_id]
+        assert st.holder(TxnPosition(msgs[0].message_id.ledger_id, msgs[0].message_id.entry_id))
+        c = b.client().subscribe("t", "s")
+        got = []
+        while (m := c.receive(100)) is not None:
+            got.append(m.value)
+        assert got == [b"2", b"3", b"4"]

@@ -1,76 +1,52 @@
-"""The main job (make demo): kill -9 mid-run, recovery, idempotent-end verification."""
+"""The main job (make demo): CTP workload, kill -9, recovery, exactly-once verification."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from txnstream import demo
-from txnstream.coordinator import TransactionCoordinators
+from txnstream.broker import Broker
+from txnstream.workload import OUTPUTS, broker_config
 
 
 def test_main_job_passes_on_fresh_directory(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = demo.main(str(tmp_path / "data"), txns=120, threads=4, kill_fraction=0.5)
+    code = demo.main(str(tmp_path / "data"), inputs=300, kill_fraction=0.4)
     out = capsys.readouterr().out
     assert code == 0, out
-    assert "verdict: PASS" in out
-    assert "idempotent retries answered" in out
+    assert "exactly-once verdict: PASS" in out
+    assert "durable waits per commit" in out
 
 
 def test_refuses_to_delete_a_foreign_directory(tmp_path: Path) -> None:
     (tmp_path / "precious.txt").write_text("keep me")
-    assert demo.main(str(tmp_path), txns=10, threads=1) == 2
+    assert demo.main(str(tmp_path), inputs=10) == 2
     assert (tmp_path / "precious.txt").read_text() == "keep me"
 
 
-def test_verifier_detects_a_changed_outcome(tmp_path: Path) -> None:
-    # A real workload run, then one acknowledged outcome is misreported:
-    # the verification must flag it rather than pass.
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "txnstream.workload",
-            "--data",
-            str(tmp_path),
-            "--txns",
-            "20",
-            "--threads",
-            "2",
-            "--coordinators",
-            "1",
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    res = demo.ModeResult("on")
-    for line in proc.stdout.splitlines():
-        msg = json.loads(line)
-        if "o" in msg:
-            res.outcomes[(msg["id"][0], msg["id"][1])] = msg["o"]
-    committed = [k for k, v in res.outcomes.items() if v == "committed"]
-    assert committed
-    res.outcomes[committed[0]] = "aborted"
-    tcs = TransactionCoordinators.open(tmp_path, 1, transaction_meta_persist_count=1000)
-    try:
-        demo._verify(tcs, res)
-    finally:
-        tcs.close()
-    assert len(res.retry_failures) == 1
-    assert res.retries_answered == 2 * (len(res.outcomes) - 1)
-
-
-def test_workload_plan_is_deterministic_mix() -> None:
-    from txnstream.workload import plan
-
-    kinds = plan(2000, seed=3)
-    assert kinds == plan(2000, seed=3)
-    assert {"commit", "abort", "timeout"} == set(kinds)
-    assert kinds.count("commit") > kinds.count("abort") > 0
+def test_verifier_detects_a_duplicate_and_a_missing_output(tmp_path: Path) -> None:
+    # A finished run, then one output is written twice and an input's outputs
+    # are missing from the other topic (read_committed sees only what the
+    # outputs say): the verification must fail, naming both.
+    data = tmp_path / "data"
+    demo._prepare(data)
+    run = demo.Run(inputs=5)
+    demo.seed(data, 5)
+    with Broker.open(data, broker_config()) as broker:
+        client = broker.client("planted")
+        a, b = (client.producer(t) for t in OUTPUTS)
+        for i in range(5):
+            a.send(b"x", key=f"in-{i}", properties={"source": f"in-{i}"})
+            if i != 3:
+                b.send(b"x", key=f"in-{i}", properties={"source": f"in-{i}"})
+        a.send(b"x", key="in-1", properties={"source": "in-1"})
+        inputs = client.subscribe(demo.INPUT, demo.SUBSCRIPTION)
+        for m in inputs.receive_many(10, timeout_ms=2000):
+            inputs.ack(m)
+    demo.verify(data, run)
+    assert any("1 inputs duplicated" in f and "in-1" in f for f in run.failures), run.failures
+    assert any("1 inputs missing" in f and "in-3" in f for f in run.failures), run.failures
+    assert run.backlog == 0

@@ -13,18 +13,20 @@ def main() -> None:
 
 @main.command()
 @click.option("--data", default="demo-data", show_default=True, help="Fresh data directory.")
-@click.option("--txns", default=3000, show_default=True, help="Transactions per mode.")
-@click.option("--threads", default=16, show_default=True, help="Concurrent client threads.")
+@click.option("--inputs", default=2000, show_default=True, help="Input messages to process.")
 @click.option(
-    "--kill-at", default=0.5, show_default=True, help="Fraction of acked ends before kill -9."
+    "--kill-at",
+    default=0.4,
+    show_default=True,
+    help="Fraction of inputs committed before the workload is killed with kill -9.",
 )
-def demo(data: str, txns: int, threads: int, kill_at: float) -> None:
-    """Run the main job: workload, kill -9, recovery, idempotent-end check, report."""
+def demo(data: str, inputs: int, kill_at: float) -> None:
+    """Run the main job: CTP workload, kill -9, recovery, exactly-once check, audit, report."""
     from txnstream import demo as job
 
-    if txns < 2 or threads < 1 or not 0 < kill_at < 1:
-        raise click.BadParameter("need --txns >= 2, --threads >= 1 and 0 < --kill-at < 1")
-    raise SystemExit(job.main(data, txns, threads, kill_at))
+    if inputs < 1 or not 0 < kill_at < 1:
+        raise click.BadParameter("need --inputs >= 1 and 0 < --kill-at < 1")
+    raise SystemExit(job.main(data, inputs, kill_at))
 
 
 if __name__ == "__main__":

@@ -1,24 +1,29 @@
-"""The main job behind ``make demo`` / ``txnstream demo``.
+"""The main job behind ``make demo`` / ``txnstream demo``: the whole system at work.
 
-On a fresh data directory, for the transaction log with batching off and then
-on (PIP-160):
+On a fresh data directory:
 
-1. a child process runs a concurrent transaction workload through the
-   coordinators (:mod:`txnstream.workload`), printing each acknowledged end;
-2. the child is killed with SIGKILL part-way through;
-3. the coordinators are recovered here, timed, and every acknowledged
-   outcome is checked by retrying its end (idempotent end, PIP-255): the same
-   end must answer the same outcome, the opposite end a definite error;
-   transactions caught in flight are recovered and finished;
-4. a second child finishes the workload.
+1. **seed**: the input topic :data:`~txnstream.workload.INPUT` (partitioned)
+   gets ``--inputs`` messages;
+2. **run**: a child process runs the consume-transform-produce workload
+   (:mod:`txnstream.workload`) through the client API: transactions that
+   receive 1-3 inputs, send one output per input to two topics and ack the
+   inputs, with random aborts and abandoned transactions that time out;
+3. **kill -9** of the child part-way through, then **recovery**: the broker
+   is reopened here and every topic and subscription loaded (recovery
+   reconciliation resolves what the dead process left), timed;
+4. **finish**: a second child drains the rest;
+5. **verify** through the client: every input appears exactly once in the
+   READ_COMMITTED output of each output topic, nothing aborted is visible
+   there, the input subscription has nothing left;
+6. **audit** on local Spark (when the Spark extra is installed): the
+   coordinator and pending-ack logs are audited and a report written.
 
-It then prints a report (outcomes, log entries and bytes with and without
-batching, recovery time, idempotent retries answered) and exits non-zero if
-any acknowledged outcome was lost or changed.
+It prints a report and exits non-zero when any check fails.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -35,104 +40,218 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from txnstream.config import BatchedWriteConfig
-from txnstream.coordinator import TransactionCoordinators, TxnID, TxnStatus
-from txnstream.errors import TransactionAlreadyAborted, TransactionAlreadyCommitted
+from txnstream.broker import Broker
+from txnstream.workload import INPUT, OUTPUTS, SUBSCRIPTION, broker_config
 
-COORDINATORS = 2
+__all__ = ["INPUT", "OUTPUTS", "SUBSCRIPTION", "Run", "main", "recover", "seed", "verify"]
+
 #: Marks a directory the main job created, so it only ever deletes its own.
 MARKER = ".txnstream-demo"
+#: Partitions of the input topic (one workload thread each) and of each output.
+INPUT_PARTITIONS = 4
+OUTPUT_PARTITIONS = 2
 
 
 @dataclass
-class ModeResult:
-    """What one mode (batching off or on) did and measured."""
+class Run:
+    """What the job did and measured."""
 
-    mode: str
-    outcomes: dict[tuple[int, int], str] = field(default_factory=dict)
-    acked_before_crash: int = 0
-    recovered_open: int = 0
-    recovered_ending: int = 0
+    inputs: int
+    committed: int = 0
+    outcomes: Counter[str] = field(default_factory=Counter)
+    waits: Counter[int] = field(default_factory=Counter)
+    committed_at_kill: int = 0
     recovery_seconds: float = 0.0
-    retries_answered: int = 0
-    retry_failures: list[str] = field(default_factory=list)
-    log: Counter[str] = field(default_factory=Counter)
-    finish_seconds: float = 0.0
-    finish_txns: int = 0
+    recovered: dict[str, int] = field(default_factory=dict)
+    visible: dict[str, Counter[str]] = field(default_factory=dict)
+    uncommitted_outputs: dict[str, int] = field(default_factory=dict)
+    backlog: int = 0
+    failures: list[str] = field(default_factory=list)
+    audit: dict[str, Any] | None = None
 
 
-def _worker(data: Path, mode: str, txns: int, threads: int, seed: int) -> subprocess.Popen[str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "txnstream.workload",
-        "--data",
-        str(data),
-        "--txns",
-        str(txns),
-        "--threads",
-        str(threads),
-        "--coordinators",
-        str(COORDINATORS),
-        "--batch",
-        mode,
-        "--seed",
-        str(seed),
-    ]
+def _prepare(data: Path) -> bool:
+    if data.exists():
+        if not (data / MARKER).exists() and any(data.iterdir()):
+            return False
+        shutil.rmtree(data)
+    data.mkdir(parents=True)
+    (data / MARKER).write_text("created by txnstream demo; deleted by the next run\n")
+    return True
+
+
+def seed(data: Path, inputs: int) -> None:
+    """Create the topics and send the inputs (non-transactional, durable)."""
+    with Broker.open(data, broker_config()) as broker:
+        broker.admin.create_topic(INPUT, INPUT_PARTITIONS)
+        for t in OUTPUTS:
+            broker.admin.create_topic(t, OUTPUT_PARTITIONS)
+        producer = broker.client("demo-seed").producer(INPUT)
+        for start in range(0, inputs, 500):
+            for i in range(start, min(inputs, start + 500)):
+                producer.send_async(f"input {i}".encode(), key=f"in-{i}")
+            producer.flush()
+
+
+def _child(data: Path, seed_: int) -> subprocess.Popen[str]:
+    cmd = [sys.executable, "-m", "txnstream.workload", "--data", str(data), "--seed", str(seed_)]
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, bufsize=1)
 
 
-def _drain(
-    proc: subprocess.Popen[str],
-    res: ModeResult,
-    progress: Progress,
-    task: Any,
-    kill_after: int | None,
-) -> dict[str, Any]:
-    """Read the child's lines; SIGKILL it once ``kill_after`` outcomes were acked."""
+def _follow(
+    proc: subprocess.Popen[str], run: Run, progress: Progress, task: Any, kill_at: int | None
+) -> None:
+    """Read the child's outcome lines; SIGKILL it once ``kill_at`` inputs committed."""
     assert proc.stdout is not None
-    last: dict[str, Any] = {}
     for line in proc.stdout:
         msg = json.loads(line)
-        if "o" in msg:
-            res.outcomes[(msg["id"][0], msg["id"][1])] = msg["o"]
-            progress.advance(task)
-            if kill_after is not None and len(res.outcomes) >= kill_after:
+        if "c" in msg:
+            run.committed += msg["c"]
+            run.outcomes["committed"] += 1
+            run.waits[msg["w"]] += 1
+            progress.update(task, completed=min(run.committed, run.inputs))
+            if kill_at is not None and run.committed >= kill_at:
                 os.kill(proc.pid, signal.SIGKILL)
+                run.committed_at_kill = run.committed
                 break
-        elif "stats" in msg:
-            last = msg
-    proc.wait()
-    return last
+        elif "a" in msg:
+            run.outcomes["aborted"] += 1
+        elif "s" in msg:
+            run.outcomes["abandoned (timed out)"] += 1
+    proc.wait(timeout=60)
+    if kill_at is None and proc.returncode != 0:
+        run.failures.append(f"workload child exited with status {proc.returncode}")
 
 
-def _verify(tcs: TransactionCoordinators, res: ModeResult) -> None:
-    """Retry every acknowledged end: same end -> same answer, opposite -> definite error."""
-    for (most, least), outcome in res.outcomes.items():
-        txn = TxnID(most, least)
-        committed = outcome == "committed"
-        same, opposite = ("commit", "abort") if committed else ("abort", "commit")
-        want_status = TxnStatus.COMMITTED if committed else TxnStatus.ABORTED
-        want_error = TransactionAlreadyCommitted if committed else TransactionAlreadyAborted
-        try:
-            got = tcs.end_transaction(txn, same)
-            if got != want_status:
-                res.retry_failures.append(f"{txn}: {same} answered {got!r}, acked {outcome}")
-                continue
-            tcs.end_transaction(txn, opposite)
-            res.retry_failures.append(f"{txn}: {opposite} succeeded, acked {outcome}")
-        except want_error:
-            res.retries_answered += 2
-        except Exception as e:  # any other answer is a lost or changed outcome
-            res.retry_failures.append(f"{txn}: {type(e).__name__}: {e}")
+def recover(data: Path, run: Run) -> None:
+    """Reopen the broker after the crash and load every topic, timed."""
+    started = time.perf_counter()
+    with Broker.open(data, broker_config()) as broker:
+        client = broker.client("demo-recovery")
+        for t in (INPUT, *OUTPUTS):
+            for tn in broker.partition_names(t):
+                topic = broker.topic(tn)
+                for k, v in topic.recovery.items():
+                    run.recovered[k] = run.recovered.get(k, 0) + v
+        consumers = [
+            client.subscribe(f"{INPUT}-partition-{i}", SUBSCRIPTION)
+            for i in range(INPUT_PARTITIONS)
+        ]
+        run.recovery_seconds = time.perf_counter() - started
+        for c in consumers:
+            c.close()
 
 
-def run_mode(
-    data: Path, mode: str, txns: int, threads: int, kill_fraction: float, console: Console
-) -> ModeResult:
-    """Run, crash, recover, verify and finish one mode."""
-    res = ModeResult(mode)
-    kill_after = max(1, int(txns * kill_fraction))
+def _read_all(client: Any, topic: str, sub: str, isolation: str) -> list[Any]:
+    consumer = client.subscribe(topic, sub, isolation)
+    out: list[Any] = []
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        got = consumer.receive_many(500, timeout_ms=500)
+        if not got:
+            break
+        out.extend(got)
+    consumer.close()
+    return out
+
+
+def verify(data: Path, run: Run) -> None:
+    """Exactly once, through the client: each input once in each output topic."""
+    want = {f"in-{i}" for i in range(run.inputs)}
+    with Broker.open(data, broker_config()) as broker:
+        client = broker.client("demo-verify")
+        for topic in OUTPUTS:
+            committed = _read_all(client, topic, "verify-committed", "read_committed")
+            seen = Counter(m.properties.get("source", "") for m in committed)
+            run.visible[topic] = seen
+            dups = sorted(k for k, n in seen.items() if n > 1)
+            missing = sorted(want - set(seen))
+            extra = sorted(set(seen) - want)
+            for what, keys in (("duplicated", dups), ("missing", missing), ("unknown", extra)):
+                if keys:
+                    run.failures.append(f"{topic}: {len(keys)} inputs {what}, e.g. {keys[:3]}")
+            everything = _read_all(client, topic, "verify-uncommitted", "read_uncommitted")
+            run.uncommitted_outputs[topic] = len(everything) - len(committed)
+        backlog = _read_all(client, INPUT, SUBSCRIPTION, "read_committed")
+        run.backlog = len(backlog)
+        if backlog:
+            run.failures.append(f"{len(backlog)} inputs left unconsumed in {SUBSCRIPTION}")
+
+
+def audit(data: Path, run: Run, console: Console) -> None:
+    """Audit the logs on local Spark, when the Spark extra is installed.
+
+    The report goes next to the data directory (``<data>-audit``), as
+    ``txnstream audit`` puts it.
+    """
+    try:
+        # Imported by name: the Spark extra is optional.
+        spark_audit: Any = importlib.import_module("txnstream.spark.audit")
+    except ImportError as e:
+        console.print(f"[yellow]Spark extra not installed ({e}): audit skipped[/]")
+        return
+    out = data.resolve().with_name(data.name + "-audit")
+    with console.status("audit on Spark: starting") as status:
+        result = spark_audit.run_audit(
+            data, out, progress=lambda step: status.update(f"audit on Spark: {step}")
+        )
+    summary = result.summary
+    run.audit = {
+        "verdict": result.verdict,
+        "violations": summary["violations"]["total"],
+        "transactions": summary["transactions"]["total"],
+        "exactly-once (logs)": summary["exactly_once"]["verdict"],
+        "entries saved by batching": summary["entries"]["saved_by_batching"],
+        "report": str(out / "report.html"),
+    }
+    if result.verdict != "PASS":
+        run.failures.append(f"the audit found {summary['violations']['total']} violations")
+
+
+def report(run: Run, console: Console, seconds: float) -> None:
+    """Print the headline figures and the verdict."""
+    t = Table(title="txnstream main job", show_header=False)
+    t.add_row("inputs", f"{run.inputs:,}")
+    t.add_row("transactions", ", ".join(f"{n:,} {k}" for k, n in sorted(run.outcomes.items())))
+    t.add_row("inputs committed when killed (kill -9)", f"{run.committed_at_kill:,}")
+    t.add_row("recovery (reopen + load every topic)", f"{run.recovery_seconds * 1000:.0f} ms")
+    t.add_row("recovered", ", ".join(f"{k}={v}" for k, v in sorted(run.recovered.items())))
+    waits = sum(k * n for k, n in run.waits.items()) / max(1, sum(run.waits.values()))
+    t.add_row(
+        "durable waits per commit",
+        f"mean {waits:.2f}, max {max(run.waits, default=0)} (bound: 3)",
+    )
+    for topic in OUTPUTS:
+        t.add_row(
+            f"{topic}",
+            f"{sum(run.visible.get(topic, Counter()).values()):,} committed outputs, "
+            f"{run.uncommitted_outputs.get(topic, 0):,} aborted ones invisible to READ_COMMITTED",
+        )
+    t.add_row("input backlog", f"{run.backlog}")
+    if run.audit is not None:
+        for k, v in run.audit.items():
+            t.add_row(f"audit: {k}", str(v))
+    t.add_row("wall time", f"{seconds:.1f} s")
+    console.print(t)
+    if max(run.waits, default=0) > 3:
+        run.failures.append(f"a commit made {max(run.waits)} durable waits (bound 3)")
+    for f in run.failures:
+        console.print(f"[red]FAIL[/] {f}")
+    verdict = "PASS" if not run.failures else "FAIL"
+    console.print(f"exactly-once verdict: {verdict}")
+
+
+def main(data: str, inputs: int = 2_000, kill_fraction: float = 0.4) -> int:
+    """Run the main job; return 0 when every check passed, 1 when one failed, 2 on bad use."""
+    console = Console()
+    path = Path(data)
+    if not _prepare(path):
+        console.print(
+            f"[red]{path} exists and was not created by txnstream demo: not touching it[/]"
+        )
+        return 2
+    started = time.perf_counter()
+    run = Run(inputs)
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -140,113 +259,22 @@ def run_mode(
         TimeElapsedColumn(),
     )
     with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task(f"batching {mode}: run until kill -9", total=kill_after)
-        last = _drain(_worker(data, mode, txns, threads, seed=1), res, progress, task, kill_after)
-    res.acked_before_crash = len(res.outcomes)
-    res.log.update(last.get("stats", {}))
-
-    t0 = time.perf_counter()
-    tcs = TransactionCoordinators.open(
-        data,
-        COORDINATORS,
-        transaction_meta_persist_count=100_000,
-        batched_write=BatchedWriteConfig(enabled=mode == "on"),  # as the crashed run
-    )
-    res.recovery_seconds = time.perf_counter() - t0
-    try:
-        for tc_id in range(COORDINATORS):
-            rec = tcs.get(tc_id).recovery
-            res.recovered_open += int(rec["open"])
-            res.recovered_ending += int(rec["ending"])
-        _verify(tcs, res)
-        for tc_id in range(COORDINATORS):
-            for info in tcs.get(tc_id).list_transactions():
-                tcs.get(tc_id).force_abort(info.txn_id)
-    finally:
-        tcs.close()
-
-    remaining = txns - res.acked_before_crash
-    with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task(f"batching {mode}: finish after recovery", total=remaining)
-        before = len(res.outcomes)
-        last = _drain(_worker(data, mode, remaining, threads, seed=2), res, progress, task, None)
-    res.finish_txns = len(res.outcomes) - before
-    res.finish_seconds = float(last.get("seconds", 0.0))
-    res.log.update(last.get("stats", {}))
-    return res
-
-
-def report(results: list[ModeResult], console: Console) -> bool:
-    """Print the report; return True when every check passed."""
-    t = Table(title="txnstream main job: coordinators, kill -9, recovery, idempotent end")
-    t.add_column("")
-    for r in results:
-        t.add_column(f"batching {r.mode}", justify="right")
-
-    def row(name: str, values: list[str]) -> None:
-        t.add_row(name, *values)
-
-    counts = [Counter(r.outcomes.values()) for r in results]
-    row("committed", [f"{c['committed']:,}" for c in counts])
-    row("aborted", [f"{c['aborted']:,}" for c in counts])
-    row("timed out (aborted by timer)", [f"{c['timed_out']:,}" for c in counts])
-    row("acknowledged before kill -9", [f"{r.acked_before_crash:,}" for r in results])
-    row("in flight, recovered OPEN (admin-aborted)", [f"{r.recovered_open:,}" for r in results])
-    row("in flight, recovered ending", [f"{r.recovered_ending:,}" for r in results])
-    row("recovery time", [f"{r.recovery_seconds * 1000:,.0f} ms" for r in results])
-    row("idempotent retries answered", [f"{r.retries_answered:,}" for r in results])
-    row("lost or changed outcomes", [f"{len(r.retry_failures):,}" for r in results])
-    row("log records", [f"{r.log['records']:,}" for r in results])
-    row("log entries written", [f"{r.log['entries']:,}" for r in results])
-    row("log payload bytes", [f"{r.log['bytes']:,}" for r in results])
-    # Each ledger entry also carries an 8-byte [len][crc32c] header on disk.
-    row(
-        "log bytes on disk (+ entry headers)",
-        [f"{r.log['bytes'] + 8 * r.log['entries']:,}" for r in results],
-    )
-    row(
-        "records per entry",
-        [f"{r.log['records'] / max(1, r.log['entries']):.1f}" for r in results],
-    )
-    row(
-        "txn/s after recovery (incl. timeout waits)",
-        [f"{r.finish_txns / max(r.finish_seconds, 1e-9):,.0f}" for r in results],
-    )
-    console.print(t)
-    ok = all(not r.retry_failures for r in results)
-    for r in results:
-        for f in r.retry_failures[:10]:
-            console.print(f"[red]batching {r.mode}: {f}")
-    if len(results) == 2 and results[1].log["entries"]:
-        ratio = results[0].log["entries"] / results[1].log["entries"]
-        console.print(f"batching wrote {ratio:.1f}x fewer log entries for the same records")
-    verdict = "[green]PASS" if ok else "[red]FAIL"
-    console.print(f"verdict: {verdict}[/] — every acknowledged end survived kill -9 unchanged")
-    return ok
-
-
-def main(
-    data: str = "demo-data", txns: int = 3000, threads: int = 16, kill_fraction: float = 0.5
-) -> int:
-    """Run the main job on a fresh ``data`` directory; return the exit code."""
-    console = Console()
-    root = Path(data)
-    if root.exists() and any(root.iterdir()):
-        if not (root / MARKER).exists():
-            console.print(
-                f"[red]{root} is not empty and was not made by the main job; "
-                "refusing to delete it. Pass a fresh directory."
-            )
-            return 2
-        shutil.rmtree(root)
-    root.mkdir(parents=True, exist_ok=True)
-    (root / MARKER).touch()
-    results = [
-        run_mode(root / f"batching-{mode}", mode, txns, threads, kill_fraction, console)
-        for mode in ("off", "on")
-    ]
-    return 0 if report(results, console) else 1
+        t_seed = progress.add_task("seed inputs", total=1)
+        seed(path, inputs)
+        progress.update(t_seed, completed=1)
+        task = progress.add_task("inputs committed", total=inputs)
+        _follow(_child(path, 1), run, progress, task, max(1, int(inputs * kill_fraction)))
+        t_rec = progress.add_task("recover after kill -9", total=1)
+        recover(path, run)
+        progress.update(t_rec, completed=1)
+        _follow(_child(path, 2), run, progress, task, None)
+        t_ver = progress.add_task("verify exactly-once", total=1)
+        verify(path, run)
+        progress.update(t_ver, completed=1)
+    audit(path, run, console)
+    report(run, console, time.perf_counter() - started)
+    return 0 if not run.failures else 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main(sys.argv[1] if len(sys.argv) > 1 else "demo-data"))

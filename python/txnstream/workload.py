@@ -1,12 +1,23 @@
-"""A concurrent transaction workload, run as a child process by the main job.
+"""The consume-transform-produce workload of the main job, run as a child process.
 
-``python -m txnstream.workload --data DIR --txns N ...`` drives ``N``
-transactions through the coordinators of ``DIR`` from ``--threads`` client
-threads (each a named client, so ends are idempotent, PIP-255): most commit,
-some abort, some are left to time out. After each end is durable it prints
-one JSON line ``{"id": [most, least], "o": outcome}`` on stdout, so a parent
-that kills this process knows exactly which outcomes were acknowledged.
-Every ``--stats-every-ms`` milliseconds it prints the coordinators' log statistics.
+``python -m txnstream.workload --data DIR`` opens the broker on ``DIR`` and
+runs one thread per partition of the input topic :data:`INPUT`. Each thread
+repeatedly, in one transaction through the client API:
+
+1. receives 1-3 input messages from its partition (subscription :data:`SUBSCRIPTION`,
+   READ_COMMITTED);
+2. sends one output per input to each of :data:`OUTPUTS`, keyed by the input
+   and carrying its id in the ``source`` property;
+3. acknowledges the inputs in the transaction;
+4. commits; or, at random, aborts (an exception inside the ``with`` block) or
+   abandons the transaction, which then times out (``--timeout-ms``) and is
+   aborted by its coordinator: its acks are released and the inputs delivered again.
+
+After each end it prints one JSON line: ``{"c": n}`` (n inputs committed),
+``{"a": n}`` (aborted) or ``{"s": n}`` (abandoned), and ``{"w": k}`` with the
+durable waits of each commit. A parent that kills this process with SIGKILL
+knows which outcomes were acknowledged. The process exits on its own once
+no input has arrived for ``--idle-ms`` and no transaction of its own is open.
 """
 
 from __future__ import annotations
@@ -17,133 +28,128 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
 
-from txnstream.config import BatchedWriteConfig
-from txnstream.coordinator import TransactionCoordinators, TxnID
-from txnstream.errors import TransactionAlreadyAborted, TransactionTimedOut
+from txnstream.broker import Broker
+from txnstream.client import Client, Transaction
+from txnstream.config import BatchedWriteConfig, BrokerConfig
 
-#: Share of transactions that commit / abort; the rest time out.
-COMMIT_SHARE = 0.80
-ABORT_SHARE = 0.12
-SHORT_TIMEOUT_MS = 30
+#: Input topic (partitioned) and output topics of the workload.
+INPUT = "public/default/demo-in"
+OUTPUTS = ("public/default/demo-out-a", "public/default/demo-out-b")
+SUBSCRIPTION = "etl"
 
 
-def log_stats(tcs: TransactionCoordinators) -> dict[str, int]:
-    """Sum the writer statistics (entries written, records, bytes) of every transaction log."""
-    keys = ("entries", "records", "bytes", "batched_entries")
-    out = dict.fromkeys(keys, 0)
-    for s in tcs.stats():
-        for key in keys:
-            out[key] += int(s["log"][key])
-    return out
+class _PlannedAbortError(Exception):
+    """Raised inside a transaction to abort it (the context manager aborts)."""
 
 
-def run_one(tcs: TransactionCoordinators, client: str, kind: str, topic: int) -> str:
-    """Run one transaction of ``kind`` (commit/abort/timeout); return its outcome."""
-    timeout = SHORT_TIMEOUT_MS if kind == "timeout" else 30_000
-    txn = tcs.new_transaction(timeout_ms=timeout, client_name=client)
-    tcs.add_produced_partitions(txn, [f"public/default/out-{topic}"])
-    tcs.add_acked_subscriptions(txn, [("public/default/in", "etl")])
-    if kind == "commit":
-        tcs.end_transaction(txn, "commit")
-        return _emit(txn, "committed")
-    if kind == "abort":
-        tcs.end_transaction(txn, "abort")
-        return _emit(txn, "aborted")
-    time.sleep(SHORT_TIMEOUT_MS * 3 / 1000)
-    try:
-        tcs.end_transaction(txn, "commit")
-    except (TransactionAlreadyAborted, TransactionTimedOut):
-        return _emit(txn, "timed_out")
-    return _emit(txn, "committed")  # the timer lost the race: still a valid outcome
+def broker_config(timeout_ms: int = 1_500) -> BrokerConfig:
+    """Return the main job's broker settings: short timeouts, batched logs (PIP-160)."""
+    return BrokerConfig(
+        coordinators=2,
+        transaction_timeout_ms=timeout_ms,
+        transaction_log_batched_write=BatchedWriteConfig(enabled=True),
+        pending_ack_batched_write=BatchedWriteConfig(enabled=True),
+    )
 
 
-_out_lock = threading.Lock()
-
-
-def _print(obj: dict[str, Any]) -> None:
-    line = json.dumps(obj, separators=(",", ":"))
-    with _out_lock:
-        sys.stdout.write(line + "\n")
+def _emit(lock: threading.Lock, msg: dict[str, int]) -> None:
+    with lock:
+        sys.stdout.write(json.dumps(msg) + "\n")
         sys.stdout.flush()
 
 
-def _emit(txn: TxnID, outcome: str) -> str:
-    _print({"id": [txn.most_bits, txn.least_bits], "o": outcome})
-    return outcome
-
-
-def plan(n: int, seed: int) -> list[str]:
-    """Deterministic mix of transaction kinds."""
-    rng = random.Random(seed)
-    kinds = []
-    for _ in range(n):
-        r = rng.random()
-        kinds.append(
-            "commit"
-            if r < COMMIT_SHARE
-            else "abort"
-            if r < COMMIT_SHARE + ABORT_SHARE
-            else "timeout"
-        )
-    return kinds
-
-
-def run(args: argparse.Namespace) -> None:
-    """Open the coordinators, run the workload, print outcomes and stats."""
-    tcs = TransactionCoordinators.open(
-        args.data,
-        args.coordinators,
-        batched_write=BatchedWriteConfig(enabled=args.batch == "on"),
-        transaction_meta_persist_count=args.persist_count,
-    )
-    kinds = plan(args.txns, args.seed)
-    next_index = iter(range(len(kinds)))
-    take = threading.Lock()
-    stop = threading.Event()
-
-    def client(i: int) -> None:
-        name = f"demo-client-{i}"
-        while True:
-            with take:
-                k = next(next_index, None)
-            if k is None:
+def run_partition(
+    client: Client,
+    partition: int,
+    rng: random.Random,
+    *,
+    abort_rate: float,
+    abandon_rate: float,
+    timeout_ms: int,
+    idle_ms: int,
+    out_lock: threading.Lock,
+) -> None:
+    """Consume-transform-produce on one input partition until idle."""
+    consumer = client.subscribe(f"{INPUT}-partition-{partition}", SUBSCRIPTION)
+    producers = [client.producer(t) for t in OUTPUTS]
+    abandoned: list[tuple[Transaction, float]] = []
+    idle_since = time.monotonic()
+    while True:
+        msgs = consumer.receive_many(rng.randint(1, 3), timeout_ms=100)
+        now = time.monotonic()
+        abandoned = [(t, at) for t, at in abandoned if now - at < 3 * timeout_ms / 1000]
+        if not msgs:
+            if (now - idle_since) * 1000 >= idle_ms and not abandoned:
                 return
-            run_one(tcs, name, kinds[k], k % 4)
+            continue
+        idle_since = now
+        r = rng.random()
+        if r < abandon_rate:
+            txn = client.transaction(timeout_ms=timeout_ms)
+            for m in msgs:
+                for p in producers:
+                    p.send(m.value.upper(), key=m.key, properties={"source": m.key or ""}, txn=txn)
+                consumer.ack(m, txn=txn)
+            abandoned.append((txn, now))  # never ended: its coordinator times it out
+            _emit(out_lock, {"s": len(msgs)})
+            continue
+        try:
+            with client.transaction(timeout_ms=timeout_ms) as txn:
+                for m in msgs:
+                    for p in producers:
+                        p.send(
+                            m.value.upper(), key=m.key, properties={"source": m.key or ""}, txn=txn
+                        )
+                    consumer.ack(m, txn=txn)
+                if r < abandon_rate + abort_rate:
+                    raise _PlannedAbortError
+        except _PlannedAbortError:
+            _emit(out_lock, {"a": len(msgs)})
+            continue
+        _emit(out_lock, {"c": len(msgs), "w": txn.durable_waits})
 
-    def reporter(emit: Callable[[dict[str, Any]], None]) -> None:
-        while not stop.wait(args.stats_every_ms / 1000):
-            emit({"stats": log_stats(tcs)})
 
-    t0 = time.perf_counter()
-    threads = [threading.Thread(target=client, args=(i,)) for i in range(args.threads)]
-    rep = threading.Thread(target=reporter, args=(_print,), daemon=True)
-    rep.start()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.perf_counter() - t0
-    stop.set()
-    _print({"stats": log_stats(tcs), "done": True, "seconds": elapsed})
-    tcs.close()
+def main(argv: list[str] | None = None) -> int:
+    """Run the workload on every input partition; return 0 when all went idle."""
+    ap = argparse.ArgumentParser(prog="python -m txnstream.workload")
+    ap.add_argument("--data", required=True)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--abort-rate", type=float, default=0.08)
+    ap.add_argument("--abandon-rate", type=float, default=0.02)
+    ap.add_argument("--timeout-ms", type=int, default=1_500)
+    ap.add_argument("--idle-ms", type=int, default=2_000)
+    args = ap.parse_args(argv)
+    out_lock = threading.Lock()
+    errors: list[BaseException] = []
+    with Broker.open(args.data, broker_config(args.timeout_ms)) as broker:
+        client = broker.client("demo-workload")
+        partitions = broker.partitions(INPUT)
 
+        def work(i: int) -> None:
+            try:
+                run_partition(
+                    client,
+                    i,
+                    random.Random(args.seed * 1000 + i),
+                    abort_rate=args.abort_rate,
+                    abandon_rate=args.abandon_rate,
+                    timeout_ms=args.timeout_ms,
+                    idle_ms=args.idle_ms,
+                    out_lock=out_lock,
+                )
+            except BaseException as e:  # reported below; the parent sees the exit status
+                errors.append(e)
 
-def main(argv: list[str] | None = None) -> None:
-    """Parse arguments and run the workload."""
-    p = argparse.ArgumentParser(prog="python -m txnstream.workload")
-    p.add_argument("--data", required=True)
-    p.add_argument("--txns", type=int, default=2000)
-    p.add_argument("--threads", type=int, default=16)
-    p.add_argument("--coordinators", type=int, default=2)
-    p.add_argument("--batch", choices=("on", "off"), default="on")
-    p.add_argument("--persist-count", type=int, default=100_000)
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--stats-every-ms", type=int, default=100)
-    run(p.parse_args(argv))
+        threads = [threading.Thread(target=work, args=(i,), daemon=True) for i in range(partitions)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    for e in errors:
+        print(f"workload error: {type(e).__name__}: {e}", file=sys.stderr)
+    return 1 if errors else 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

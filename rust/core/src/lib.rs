@@ -7,6 +7,8 @@
 //! - [`ledger`]: durable managed ledgers with cursors and compacted topics.
 //! - [`writer`]: the PIP-160 `BufferedWriter` (batched log writes).
 //! - [`replay`]: live records of a mixed batched/unbatched log, columnar.
+//! - [`log_scan`]: every stored record of a log range with deleted flags and
+//!   error rows instead of failures (what Spark reads).
 //! - [`txnlog_record`], [`txnlog_fold`]: coordinator log records encoded from
 //!   arguments, and the recovery fold of a whole log into live transactions.
 
@@ -16,6 +18,7 @@ pub mod error;
 pub mod fork;
 pub mod frame;
 pub mod ledger;
+pub mod log_scan;
 pub mod position;
 pub mod proto;
 pub mod replay;

@@ -10,6 +10,7 @@
 use crate::error::{Error, Result};
 pub use crate::frame::RecordOrigin;
 use crate::frame::{for_each_record, with_entry_index};
+use crate::txnlog_record::FIELD_TIMED_OUT;
 use crate::wire::{enum8, utf8, wrong_type, Value, Wire};
 
 /// A column of UTF-8 strings: value `i` is `data[offsets[i]..offsets[i+1]]`.
@@ -126,6 +127,9 @@ pub struct TxnLogColumns {
     pub owner: Utf8Column,
     /// PIP-255 client name.
     pub client_name: Utf8Column,
+    /// txnstream field 1000 (the abort was caused by the timeout): -1 when
+    /// absent, else 0 or 1.
+    pub timed_out: Vec<i8>,
     /// Record `i` added `partitions[partition_offsets[i]..partition_offsets[i+1]]`.
     pub partition_offsets: Vec<i32>,
     /// Flattened partition names.
@@ -156,6 +160,7 @@ fn decode_txn_record(r: &[u8], c: &mut TxnLogColumns) -> Result<()> {
     let (mut most, mut least, mut timeout, mut start, mut modified, mut max_id) =
         (0, 0, 0, 0, 0, 0);
     let (mut owner, mut client): (&[u8], &[u8]) = (b"", b"");
+    let mut timed_out = -1i8;
     let mut w = Wire::new(r, 0, 0);
     while let Some((field, value, at)) = w.next_field()? {
         match (field, value) {
@@ -185,7 +190,8 @@ fn decode_txn_record(r: &[u8], c: &mut TxnLogColumns) -> Result<()> {
             (11, Value::Varint(v)) => max_id = v,
             (12, Value::Bytes(b)) => owner = utf8(b, at)?.as_bytes(),
             (13, Value::Bytes(b)) => client = utf8(b, at)?.as_bytes(),
-            (1..=13, _) => return Err(wrong_type(field, at)),
+            (FIELD_TIMED_OUT, Value::Varint(v)) => timed_out = i8::from(v != 0),
+            (1..=13 | FIELD_TIMED_OUT, _) => return Err(wrong_type(field, at)),
             _ => {} // unknown field: skipped, as protobuf does
         }
     }
@@ -198,6 +204,7 @@ fn decode_txn_record(r: &[u8], c: &mut TxnLogColumns) -> Result<()> {
     c.start_time.push(start);
     c.last_modification_time.push(modified);
     c.max_local_txn_id.push(max_id);
+    c.timed_out.push(timed_out);
     c.owner.push_bytes(owner)?;
     c.client_name.push_bytes(client)?;
     c.partition_offsets.push(len_i32(c.partitions.len())?);
@@ -360,6 +367,7 @@ impl RecordColumns for TxnLogColumns {
         self.start_time.truncate(rows);
         self.last_modification_time.truncate(rows);
         self.max_local_txn_id.truncate(rows);
+        self.timed_out.truncate(rows);
         self.owner.truncate(rows);
         self.client_name.truncate(rows);
         self.partition_offsets.truncate(rows + 1);
@@ -655,6 +663,19 @@ mod tests {
         assert_eq!(c.subscription_names.get(0), "s");
         assert_eq!(c.client_name.get(0), "c");
         assert_eq!(c.client_name.get(1), "");
+        assert_eq!(c.timed_out, vec![-1, -1, -1]);
+        let timed = crate::txnlog_record::Encode {
+            op: 3,
+            least_bits: 7,
+            most_bits: 0,
+            expected_status: Some(0),
+            new_status: Some(3),
+            timed_out: true,
+            ..Default::default()
+        }
+        .encode();
+        let c = decode_txn_log(&[&timed]).unwrap();
+        assert_eq!((c.timed_out[0], c.new_status[0]), (1, 3));
     }
 
     #[test]

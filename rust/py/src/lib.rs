@@ -10,6 +10,7 @@ mod completion;
 mod errors;
 mod frame;
 mod ledger;
+mod log_scan;
 mod position;
 mod replay;
 #[cfg(feature = "testing")]
@@ -29,6 +30,11 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(frame::decode_entries, m)?)?;
     m.add_function(wrap_pyfunction!(frame::decode_txn_log_columns, m)?)?;
     m.add_function(wrap_pyfunction!(frame::decode_pending_ack_columns, m)?)?;
+    m.add_function(wrap_pyfunction!(frame::arrow_is_batched, m)?)?;
+    m.add_function(wrap_pyfunction!(frame::arrow_decode_entries, m)?)?;
+    m.add_function(wrap_pyfunction!(frame::arrow_txn_log_columns, m)?)?;
+    m.add_function(wrap_pyfunction!(frame::arrow_pending_ack_columns, m)?)?;
+    m.add_function(wrap_pyfunction!(log_scan::scan_log, m)?)?;
     m.add_class::<position::PyPosition>()?;
     m.add_class::<position::PyTxnPosition>()?;
     m.add_class::<ackset::PyAckSet>()?;
@@ -36,6 +42,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(ackset::ackset_cardinality_many, m)?)?;
     m.add_function(wrap_pyfunction!(ackset::ackset_is_empty_many, m)?)?;
     m.add_function(wrap_pyfunction!(ackset::ackset_overlaps_many, m)?)?;
+    m.add_function(wrap_pyfunction!(ackset::ackset_list_cardinality, m)?)?;
+    m.add_function(wrap_pyfunction!(ackset::ackset_list_is_empty, m)?)?;
+    m.add_function(wrap_pyfunction!(ackset::ackset_list_and, m)?)?;
+    m.add_function(wrap_pyfunction!(ackset::ackset_list_overlaps, m)?)?;
     m.add_class::<ledger::PyManagedLedger>()?;
     m.add_class::<ledger::PyCursor>()?;
     m.add_class::<ledger::PyCompactedTopic>()?;

@@ -13,6 +13,7 @@ from txnstream.frame import PendingAckColumns, TxnLogColumns
 
 MAGIC: int
 VERSION: int
+MAX_BATCH_SIZE: int
 
 def encode_batch(records: Sequence[Buffer]) -> bytes: ...
 def decode_entry(entry: bytes) -> list[bytes]: ...

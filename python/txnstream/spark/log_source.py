@@ -278,8 +278,8 @@ def _records_batch(sel: LogSelection, log: str, d: Mapping[str, Any]) -> pa.Reco
     i64, i32 = pa.int64(), pa.int32()
     arrays = [
         _repeat_string(log, n),
-        fixed_array(d["ledger_id"], np.int64, i64),
-        fixed_array(d["entry_id"], np.int64, i64),
+        fixed_array(d["at_ledger_id"], np.int64, i64),
+        fixed_array(d["at_entry_id"], np.int64, i64),
         fixed_array(d["batch_size"], np.int32, i32, whole),
         fixed_array(d["batch_index"], np.int32, i32, whole),
         fixed_array(d["entry_size"], np.int32, i32),

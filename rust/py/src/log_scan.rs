@@ -48,10 +48,13 @@ fn scanned_into<'py, C>(
     s: &mut ScannedRows<C>,
 ) -> PyResult<()> {
     d.set_item(
-        "ledger_id",
+        "at_ledger_id",
         std::mem::take(&mut s.ledger_id).into_pyarray(py),
     )?;
-    d.set_item("entry_id", std::mem::take(&mut s.entry_id).into_pyarray(py))?;
+    d.set_item(
+        "at_entry_id",
+        std::mem::take(&mut s.entry_id).into_pyarray(py),
+    )?;
     d.set_item(
         "entry_size",
         std::mem::take(&mut s.entry_size).into_pyarray(py),
@@ -77,7 +80,7 @@ fn scan<C: RecordColumns + Send>(
 
 /// Scans entries ``first_entry..=last_entry`` of ledger ``ledger_id`` of the
 /// ``kind`` (``"txn"`` or ``"pending_ack"``) log ``ml``: the lenient columns
-/// (``status``, ``error``) plus per-row ``ledger_id``, ``entry_id``,
+/// (``status``, ``error``) plus per-row ``at_ledger_id``, ``at_entry_id``,
 /// ``entry_size``, ``batched`` and ``deleted`` (0, 1, 2 = unknown) by every
 /// cursor in ``cursors`` (None: all of the log's cursors), and ``entries``,
 /// ``next_entry`` (where to continue after ``max_rows``; None when done).

@@ -17,7 +17,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from txnstream import BufferedWriter, ManagedLedger, TransactionCoordinator
+from txnstream import BufferedWriter, ManagedLedger, TransactionCoordinator, TxnPosition
 from txnstream.coordinator import TxnID
 from txnstream.proto import pending_ack_pb2 as pb
 from txnstream.spark.log_source import pending_ack_log_name
@@ -45,7 +45,7 @@ class PendingAckLog:
         self.writer = BufferedWriter(self.ml, max_records=64, max_delay_ms=1)
         self.plant = plant
 
-    def ack(self, txn: TxnID, msgs: Iterable[Msg], cumulative: bool = False) -> None:
+    def ack(self, txn: TxnID, msgs: Iterable[Msg], cumulative: bool = False) -> TxnPosition:
         rec = pb.PendingAckMetadataEntry(
             pending_ack_op=pb.ACK,
             ack_type=pb.Cumulative if cumulative else pb.Individual,
@@ -63,7 +63,7 @@ class PendingAckLog:
                 while words and words[-1] == 0:
                     words.pop()
                 m.ack_set.extend(w - (1 << 64) if w >= 1 << 63 else w for w in words)
-        self.writer.write(rec.SerializeToString()).result(timeout=10)
+        return self.writer.write(rec.SerializeToString()).result(timeout=10)
 
     def end(self, txn_id: TxnID, commit: bool) -> Future[None] | None:
         if commit and txn_id in self.plant.skip_commit:
@@ -116,7 +116,44 @@ class Participants:
             log.close()
 
 
-def open_coordinator(directory: Path, participants: Participants, tc_id: int = 0, **settings: object) -> TransactionCoordinator:
+def open_coordinator(
+    directory: Path, participants: Participants, tc_id: int = 0, **settings: object
+) -> TransactionCoordinator:
+    """A coordinator on ``directory`` whose subscriptions are ``participants``' logs."""
     return TransactionCoordinator.open(
         directory, tc_id, participants=participants, registry=None, **settings
     )
+
+
+def workload(
+    tc: TransactionCoordinator, parts: Participants, txns: int, *, first_msg: int = 0
+) -> dict[TxnID, str]:
+    """Run ``txns`` transactions in rounds of 8 concurrent ones; return their outcomes.
+
+    Each produces to ``out``, acks one record of a batched input message in
+    ``(in, sub)`` and commits, except every 5th aborts and every 7th is left
+    open. Half-way, the coordinator log switches batching off, so the log
+    mixes batched and unbatched entries.
+    """
+    outcome: dict[TxnID, str] = {}
+    pending = parts.subscription("in", "sub")
+    k = first_msg
+    for start in range(0, txns, 8):
+        if start >= txns // 2:
+            tc.set_batch_enabled(False)
+        ids = tc.new_transactions(min(8, txns - start), timeout_ms=600_000, client_name="etl")
+        tc.add_produced_partitions_many([(t, ["out"]) for t in ids])
+        tc.add_acked_subscriptions_many([(t, [("in", "sub")]) for t in ids])
+        ends: list[tuple[TxnID, str]] = []
+        for t in ids:
+            pending.ack(t, [(7, k // 4, 4, k % 4)])
+            k += 1
+            n = t.least_bits
+            if n % 7 == 6:
+                outcome[t] = "OPEN"
+                continue
+            outcome[t] = "ABORTED" if n % 5 == 4 else "COMMITTED"
+            ends.append((t, "abort" if n % 5 == 4 else "commit"))
+        tc.end_transactions(ends)
+    tc.set_batch_enabled(True)
+    return outcome

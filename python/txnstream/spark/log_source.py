@@ -243,8 +243,16 @@ class LogSelection:
             ml = ManagedLedger.open(self.path, log, read_only=True)
             try:
                 ledgers = ml.ledgers()
+                known = ml.cursor_names()
             finally:
                 ml.close()
+            for name in self.cursors or ():
+                if name not in known:
+                    raise InvalidArgumentError(
+                        f"option cursors: log {log!r} has no cursor {name!r} (it has {known})",
+                        argument="cursors",
+                        value=name,
+                    )
             for ledger_id, entries, _sealed in ledgers:
                 for first in range(0, entries, step):
                     out.append(LedgerRange(log, ledger_id, first, min(first + step, entries) - 1))
@@ -354,7 +362,9 @@ class _Reader(DataSourceReader):
         return self.sel.ranges()
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, LedgerRange)
+        if not isinstance(partition, LedgerRange):
+            # Spark reads one default partition when partitions() has none.
+            return iter(())
         return read_range(self.sel, partition)
 
 

@@ -149,6 +149,7 @@ class ManagedLedger:
         append_timeout_ms: int | None = None,
         max_open_files: int | None = None,
         storage_threads: int | None = None,
+        direct_entry_bytes: int | None = None,
     ) -> ManagedLedger: ...
     @staticmethod
     def names(directory: str | os.PathLike[str]) -> list[str]: ...

@@ -37,6 +37,8 @@ fn opts(fs: &Arc<SimFs>) -> LedgerOptions {
         checkpoint_bytes: 24 << 10,
         checkpoint_interval: Duration::from_millis(5),
         cursor_flush_interval: Duration::from_millis(2),
+        // Most entries are "large": written straight into ledger files.
+        direct_entry_bytes: 100,
         ..LedgerOptions::default()
     }
 }

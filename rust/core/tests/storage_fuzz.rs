@@ -97,7 +97,14 @@ proptest! {
             idx: idx.as_ref(),
             idx_path: Path::new("/x@1.idx"),
         };
-        let recs: Vec<(&[u8], u32)> = entries.iter().map(|e| (e.as_slice(), journal::body_crc(e))).collect();
+        let recs: Vec<ledger_file::NewRecord<'_>> = entries
+            .iter()
+            .map(|e| ledger_file::NewRecord {
+                payload: Some(e.as_slice()),
+                len: e.len() as u32,
+                crc: journal::body_crc(e),
+            })
+            .collect();
         ledger_file::append(&files, 0, ledger_file::HEADER_LEN, &recs).unwrap();
         prop_assert_eq!(files.read(0, entries.len() as u64).unwrap(), entries.clone());
         for (at, x, in_idx) in flips {

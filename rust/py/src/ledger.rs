@@ -118,6 +118,7 @@ struct OpenArgs {
     append_timeout_ms: Option<i64>,
     max_open_files: Option<i64>,
     storage_threads: Option<i64>,
+    direct_entry_bytes: Option<i64>,
 }
 
 fn options(a: OpenArgs) -> BindResult<LedgerOptions> {
@@ -175,6 +176,12 @@ fn options(a: OpenArgs) -> BindResult<LedgerOptions> {
         append_timeout: ms("append_timeout_ms", a.append_timeout_ms, d.append_timeout)?,
         max_open_files: opt_u64("max_open_files", a.max_open_files, d.max_open_files as u64)?
             .min(usize::MAX as u64) as usize,
+        direct_entry_bytes: opt_u64(
+            "direct_entry_bytes",
+            a.direct_entry_bytes,
+            d.direct_entry_bytes as u64,
+        )?
+        .min(usize::MAX as u64) as usize,
         storage_threads: opt_u64(
             "storage_threads",
             a.storage_threads,
@@ -208,7 +215,8 @@ impl PyManagedLedger {
     #[pyo3(signature = (directory, name, *, max_entries_per_ledger=None, max_bytes_per_ledger=None,
         read_only=false, preallocate_bytes=None, cursor_flush_interval_ms=None, max_batch_bytes=None,
         journal_segment_bytes=None, checkpoint_bytes=None, checkpoint_interval_ms=None,
-        max_pending_bytes=None, append_timeout_ms=None, max_open_files=None, storage_threads=None))]
+        max_pending_bytes=None, append_timeout_ms=None, max_open_files=None, storage_threads=None,
+        direct_entry_bytes=None))]
     #[allow(clippy::too_many_arguments)]
     fn open(
         py: Python<'_>,
@@ -227,6 +235,7 @@ impl PyManagedLedger {
         append_timeout_ms: Option<Bound<'_, PyAny>>,
         max_open_files: Option<Bound<'_, PyAny>>,
         storage_threads: Option<Bound<'_, PyAny>>,
+        direct_entry_bytes: Option<Bound<'_, PyAny>>,
     ) -> BindResult<Self> {
         let opts = options(OpenArgs {
             max_entries_per_ledger: int_opt(
@@ -254,6 +263,7 @@ impl PyManagedLedger {
             append_timeout_ms: int_opt(append_timeout_ms.as_ref(), "append_timeout_ms")?,
             max_open_files: int_opt(max_open_files.as_ref(), "max_open_files")?,
             storage_threads: int_opt(storage_threads.as_ref(), "storage_threads")?,
+            direct_entry_bytes: int_opt(direct_entry_bytes.as_ref(), "direct_entry_bytes")?,
         })?;
         let inner = py.detach(|| ManagedLedger::open(&directory, name, opts))?;
         Ok(Self { inner })

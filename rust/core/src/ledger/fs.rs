@@ -10,6 +10,7 @@
 //! [`IoStats`] counts what the layer does (bytes, syncs), so benchmarks and
 //! tests can report counts, which are stable on a noisy machine.
 
+use crate::error::{Error, Result};
 use std::any::Any;
 use std::ffi::OsString;
 use std::fmt;
@@ -17,7 +18,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -191,6 +192,29 @@ pub trait Fs: Send + Sync + fmt::Debug + 'static {
         buf.truncate(got);
         Ok(buf)
     }
+}
+
+/// Creates `dir` and any missing parents without syncing (the caller syncs
+/// their parents before relying on them); returns the ones created.
+pub fn make_dirs(fs: &dyn Fs, dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut missing = Vec::new();
+    let mut p = Some(dir);
+    while let Some(d) = p.filter(|d| !d.as_os_str().is_empty()) {
+        if fs.is_dir(d) {
+            break;
+        }
+        missing.push(d.to_path_buf());
+        p = d.parent();
+    }
+    missing.reverse();
+    for d in &missing {
+        match fs.create_dir(d) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && fs.is_dir(d) => {}
+            Err(e) => return Err(Error::io(format!("creating directory {}", d.display()), &e)),
+        }
+    }
+    Ok(missing)
 }
 
 // ------------------------------------------------------------------ real

@@ -43,14 +43,16 @@
 use super::fault::FaultKind;
 use super::fs::{FsFile, OpenMode};
 use super::journal::{self, Kind, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN};
-use super::state::{Applied, MlState, Rollover, StoreIo, CREATED, CREATE_FAILED};
+use super::ledger_file;
+use super::state::{Applied, FileOpen, MlState, Rollover, StoreIo, CREATED, CREATE_FAILED};
 use crate::error::{Error, Result};
 use crate::position::Position;
 use crate::sink::AppendCallback;
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 use std::cell::Cell;
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -237,6 +239,10 @@ pub(crate) struct SyncJob {
     seg: Arc<dyn FsFile>,
     end: u64,
     staged: Vec<Staged>,
+    /// Ledger files holding large entries of the group (synced with it).
+    files: Vec<Arc<dyn FsFile>>,
+    /// Directories to sync with it (a ledger file created for them).
+    dirs: Vec<PathBuf>,
 }
 
 #[derive(Default)]
@@ -313,6 +319,18 @@ pub(crate) struct JournalOptions {
     pub sync_thread: bool,
     pub preallocate_bytes: u64,
     pub max_batch_bytes: usize,
+    /// Entries of at least this many bytes are written once, straight into
+    /// their ledger file, with a reference in the journal (0: never).
+    pub direct_min: usize,
+}
+
+/// A large entry's record, to be written into its ledger file before the
+/// group's sync.
+struct DirectWrite {
+    log: Arc<dyn FsFile>,
+    off: u64,
+    head: [u8; 8],
+    payload: Vec<u8>,
 }
 
 /// State shared by the store and the pipeline threads.
@@ -425,6 +443,16 @@ pub(crate) struct WriterThread {
     deferred: VecDeque<Command>,
     group: GroupBuf,
     mls: HashMap<u64, WriterMl>,
+    /// Large entries of the group being formed (see [`JournalOptions::direct_min`]).
+    direct: Vec<DirectWrite>,
+    /// Ledgers whose files this thread prepared for direct writes.
+    direct_ready: HashSet<(u64, u64)>,
+    /// A ledger file was prepared since the last group: its directory entry
+    /// must be synced before anything in it is acknowledged.
+    dir_dirty: bool,
+    /// Index files whose headers were written since the last group (synced
+    /// with it, like the data files).
+    fresh_idx: Vec<Arc<dyn FsFile>>,
     poisoned: Option<Error>,
     pipe: Arc<Pipeline>,
     jobs: Option<Sender<SyncJob>>,
@@ -586,6 +614,10 @@ impl WriterThread {
             deferred: VecDeque::new(),
             group: GroupBuf::default(),
             mls: HashMap::new(),
+            direct: Vec::new(),
+            direct_ready: HashSet::new(),
+            dir_dirty: false,
+            fresh_idx: Vec::new(),
             poisoned: None,
             pipe,
             jobs: jobs_tx,
@@ -710,6 +742,38 @@ impl WriterThread {
         w
     }
 
+    /// The `.log` of ledger `ledger` of `ml`, ready for large entries to be
+    /// written into it (its header written the first time).
+    fn prepare_direct(&mut self, ml: &MlState, ledger: u64) -> Result<Arc<dyn FsFile>> {
+        let key = (ml.id, ledger);
+        if self.direct_ready.contains(&key) {
+            return Ok(self.j.io.ledger_files(ml, ledger, FileOpen::Create)?.log);
+        }
+        // Only a ledger whose opening is durable (published) gets files
+        // from here: a file never exists for a ledger the journal does not
+        // know (recovery refuses those, as an older catalog restored over
+        // newer files). The first entries of a new ledger, in the group
+        // that opens it, go to the journal.
+        let Some(file_entries) = ml.ledgers.read().get(&ledger).map(|l| l.file_entries) else {
+            return Err(Error::invalid("ledger not published yet"));
+        };
+        let empty = file_entries == 0;
+        let ldir = self.j.io.data_dir.join(super::store::LEDGERS_DIR);
+        super::fs::make_dirs(self.j.io.fs.as_ref(), &ldir)?;
+        let how = if empty {
+            FileOpen::Fresh
+        } else {
+            FileOpen::Create
+        };
+        let h = self.j.io.ledger_files(ml, ledger, how)?;
+        self.fresh_idx.push(Arc::clone(&h.idx));
+        self.direct_ready.insert(key);
+        // Its name (and maybe `ledgers/` itself) must be durable before an
+        // entry in it is acknowledged.
+        self.dir_dirty = true;
+        Ok(h.log)
+    }
+
     fn lac(&self) -> u64 {
         self.j.synced.load(Ordering::Acquire)
     }
@@ -782,10 +846,43 @@ impl WriterThread {
                 let ledger = w.active.unwrap_or(0);
                 for e in entries {
                     let entry = w.entries;
+                    let file_off = ledger_file::HEADER_LEN + w.bytes;
                     w.bytes += (e.len() + 8) as u64;
                     w.entries += 1;
                     positions.push(Position::new(ledger, entry));
-                    self.push_rec(&mut recs, Kind::Entry, ml.id, ledger, entry, e, false);
+                    let direct = self.j.opts.direct_min > 0 && e.len() >= self.j.opts.direct_min;
+                    // Where the ledger file cannot be prepared, the entry
+                    // simply goes into the journal.
+                    match direct.then(|| self.prepare_direct(&ml, ledger)) {
+                        Some(Ok(log)) => {
+                            let crc = journal::body_crc(&e);
+                            let mut head = [0u8; 8];
+                            head[..4].copy_from_slice(&(e.len() as u32).to_le_bytes());
+                            head[4..].copy_from_slice(&crc.to_le_bytes());
+                            let r = journal::EntryRef {
+                                offset: file_off,
+                                len: e.len() as u32,
+                                crc,
+                            };
+                            self.direct.push(DirectWrite {
+                                log,
+                                off: file_off,
+                                head,
+                                payload: e,
+                            });
+                            let body = r.encode();
+                            self.push_rec(
+                                &mut recs,
+                                Kind::EntryRef,
+                                ml.id,
+                                ledger,
+                                entry,
+                                body,
+                                true,
+                            );
+                        }
+                        _ => self.push_rec(&mut recs, Kind::Entry, ml.id, ledger, entry, e, false),
+                    }
                 }
                 self.mls.insert(ml.id, w);
                 let mut done = done;
@@ -961,6 +1058,7 @@ impl WriterThread {
     fn fail_group(&mut self, staged: Vec<Staged>, rest: Vec<Command>, e: &Error) {
         let given_back = self.pipe.take_failure();
         self.group.clear();
+        self.direct.clear();
         self.mls.clear();
         let synced = self.lac();
         {
@@ -1093,6 +1191,13 @@ impl WriterThread {
                 self.j.opts.preallocate_bytes,
             );
         }
+        // Large entries go straight to their ledger files (synced with the
+        // group); a failure fails the group like a journal write would.
+        if let Err(e) = write_direct(&self.direct) {
+            self.group.clear();
+            self.direct.clear();
+            return Err(Error::io("writing a large entry into its ledger file", &e));
+        }
         let slices = self.group.slices();
         let written = self
             .j
@@ -1111,16 +1216,32 @@ impl WriterThread {
         }
         a.end = end;
         self.j.groups.fetch_add(1, Ordering::Relaxed);
-        let inline =
-            self.jobs.is_none() || (len < PIPELINE_MIN_BYTES as u64 && self.pipe.is_idle()?);
+        // Large entries written into ledger files count: their sync is
+        // what pipelining overlaps with the next group's writes.
+        let direct: u64 = self.direct.iter().map(|d| d.payload.len() as u64).sum();
+        let inline = self.jobs.is_none()
+            || (len + direct < PIPELINE_MIN_BYTES as u64 && self.pipe.is_idle()?);
         self.hand_over(staged, inline)
     }
 
     fn hand_over(&mut self, staged: &mut Vec<Staged>, inline: bool) -> Result<()> {
+        let mut files: Vec<Arc<dyn FsFile>> = std::mem::take(&mut self.fresh_idx);
+        for d in self.direct.drain(..) {
+            if !files.iter().any(|f| Arc::ptr_eq(f, &d.log)) {
+                files.push(d.log);
+            }
+        }
+        let mut dirs = Vec::new();
+        if std::mem::take(&mut self.dir_dirty) {
+            dirs.push(self.j.io.data_dir.join(super::store::LEDGERS_DIR));
+            dirs.push(self.j.io.data_dir.clone());
+        }
         let job = SyncJob {
             seg: Arc::clone(&self.active.file),
             end: self.active.end,
             staged: std::mem::take(staged),
+            files,
+            dirs,
         };
         if inline {
             return sync_and_complete(&self.j, vec![job]).map_err(|(e, jobs)| {
@@ -1140,6 +1261,33 @@ impl WriterThread {
         }
         Ok(())
     }
+}
+
+/// Writes large entries into their ledger files: back-to-back records of
+/// one file with one `pwritev` per run (up to [`WRITEBACK_CHUNK`]), each run
+/// handed to writeback at once so the group's sync has little left to do.
+fn write_direct(direct: &[DirectWrite]) -> std::io::Result<()> {
+    let mut i = 0;
+    while i < direct.len() {
+        let first = &direct[i];
+        let mut bufs: Vec<&[u8]> = vec![&first.head, &first.payload];
+        let mut end = first.off + 8 + first.payload.len() as u64;
+        let mut j = i + 1;
+        while j < direct.len()
+            && Arc::ptr_eq(&direct[j].log, &first.log)
+            && direct[j].off == end
+            && end - first.off < WRITEBACK_CHUNK as u64
+        {
+            bufs.push(&direct[j].head);
+            bufs.push(&direct[j].payload);
+            end += 8 + direct[j].payload.len() as u64;
+            j += 1;
+        }
+        first.log.write_all_vectored_at(&bufs, first.off)?;
+        first.log.writeback_hint(first.off, end - first.off);
+        i = j;
+    }
+    Ok(())
 }
 
 /// Writes the slices at `off` in chunks handed to writeback as they go.
@@ -1214,6 +1362,21 @@ fn sync_and_complete(
             return Err((err, jobs));
         }
         synced_any = true;
+    }
+    // Large entries' ledger files, and the names of new ones.
+    for job in &jobs {
+        for f in &job.files {
+            if let Err(e) = f.sync_data() {
+                let err = Error::io("syncing a ledger file holding large entries", &e);
+                return Err((err, jobs));
+            }
+        }
+        for d in &job.dirs {
+            if let Err(e) = j.io.fs.sync_dir(d) {
+                let err = Error::io(format!("syncing directory {}", d.display()), &e);
+                return Err((err, jobs));
+            }
+        }
     }
     if synced_any {
         j.syncs.fetch_add(1, Ordering::Relaxed);

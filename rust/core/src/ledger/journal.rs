@@ -92,6 +92,42 @@ pub enum Kind {
     SetCompacted = 10,
     /// `ml` is removed with all its ledgers and cursors.
     MlDelete = 11,
+    /// `ml`, `a` = ledger id, `b` = entry id of a large entry whose record
+    /// was written straight into its ledger file (synced in the same group as
+    /// this record): body = [`EntryRef`].
+    EntryRef = 12,
+}
+
+/// Where an [`Kind::EntryRef`] entry's record is: its ledger file offset,
+/// payload length and checksum (16 bytes: `u64 offset, u32 len, u32 crc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EntryRef {
+    /// Offset of the record (its `[len][crc]` header) in the `.log` file.
+    pub offset: u64,
+    /// Payload length.
+    pub len: u32,
+    /// Payload checksum ([`body_crc`]).
+    pub crc: u32,
+}
+
+impl EntryRef {
+    /// The record body.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(16);
+        b.extend_from_slice(&self.offset.to_le_bytes());
+        b.extend_from_slice(&self.len.to_le_bytes());
+        b.extend_from_slice(&self.crc.to_le_bytes());
+        b
+    }
+
+    /// Decodes a record body; `None` if it is not 16 bytes.
+    pub fn decode(b: &[u8]) -> Option<Self> {
+        (b.len() == 16).then(|| Self {
+            offset: le_u64(b),
+            len: le_u32(&b[8..]),
+            crc: le_u32(&b[12..]),
+        })
+    }
 }
 
 impl Kind {
@@ -108,6 +144,7 @@ impl Kind {
             9 => Self::ReplaceCommit,
             10 => Self::SetCompacted,
             11 => Self::MlDelete,
+            12 => Self::EntryRef,
             _ => return None,
         })
     }
@@ -151,13 +188,15 @@ pub fn body_crc(body: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&len), body)
 }
 
-fn le_u32(b: &[u8]) -> u32 {
+/// A little-endian `u32` from the first 4 bytes of `b`.
+pub(crate) fn le_u32(b: &[u8]) -> u32 {
     let mut a = [0u8; 4];
     a.copy_from_slice(&b[..4]);
     u32::from_le_bytes(a)
 }
 
-fn le_u64(b: &[u8]) -> u64 {
+/// A little-endian `u64` from the first 8 bytes of `b`.
+pub(crate) fn le_u64(b: &[u8]) -> u64 {
     let mut a = [0u8; 8];
     a.copy_from_slice(&b[..8]);
     u64::from_le_bytes(a)
@@ -452,6 +491,21 @@ pub fn scan_segment(
     limit: Option<u64>,
     mut f: impl FnMut(Seen<'_>) -> Result<()>,
 ) -> Result<SegmentScan> {
+    scan_segment_checked(file, path, base, from, limit, |s| f(s).map(|()| None))
+}
+
+/// Like [`scan_segment`], but `f` may also refuse a record that checks out
+/// in the journal (`Ok(Some(reason))`: e.g. the ledger-file data an
+/// [`Kind::EntryRef`] points to does not): the scan stops there and reports
+/// it as damage at that record.
+pub fn scan_segment_checked(
+    file: &dyn FsFile,
+    path: &Path,
+    base: u64,
+    from: u64,
+    limit: Option<u64>,
+    mut f: impl FnMut(Seen<'_>) -> Result<Option<String>>,
+) -> Result<SegmentScan> {
     let mut len = file.size().map_err(|e| read_err(path, &e))?;
     if let Some(l) = limit {
         len = len.min(SEGMENT_HEADER_LEN + (l.saturating_sub(base)));
@@ -481,8 +535,17 @@ pub fn scan_segment(
                     .map_err(rerr)?
                     .unwrap_or(&[]);
                 let at = base + (off - SEGMENT_HEADER_LEN);
+                // Its lac holds even if `f` refuses the record: the
+                // journal part checks out.
                 out.max_lac = out.max_lac.max(head.lac);
-                f(Seen { at, head, body })?;
+                if let Some(reason) = f(Seen { at, head, body })? {
+                    out.damage = Some(Damage {
+                        at,
+                        reason,
+                        head: Some(head),
+                    });
+                    return Ok(out);
+                }
                 off = body_off + u64::from(head.body_len);
                 out.end = base + (off - SEGMENT_HEADER_LEN);
             }

@@ -18,7 +18,7 @@
 //! catch a stale or flipped slot; nothing unverified is ever returned.
 
 use super::fs::FsFile;
-use super::journal::body_crc;
+use super::journal::{body_crc, le_u32, le_u64};
 use super::options::MAX_ENTRY_SIZE;
 use crate::error::{Error, Result};
 use crate::position::Position;
@@ -89,18 +89,6 @@ pub fn encode_header(ledger_id: u64, idx: bool) -> [u8; HEADER_LEN as usize] {
     let crc = crc32c::crc32c(&h[..24]);
     h[24..28].copy_from_slice(&crc.to_le_bytes());
     h
-}
-
-fn le_u32(b: &[u8]) -> u32 {
-    let mut a = [0u8; 4];
-    a.copy_from_slice(&b[..4]);
-    u32::from_le_bytes(a)
-}
-
-fn le_u64(b: &[u8]) -> u64 {
-    let mut a = [0u8; 8];
-    a.copy_from_slice(&b[..8]);
-    u64::from_le_bytes(a)
 }
 
 fn check16(ledger_id: u64, entry: u64, end: u64) -> u64 {
@@ -292,22 +280,35 @@ impl LedgerFiles<'_> {
     }
 }
 
-/// Appends records to a ledger's files: data at `log_end`, slots for
-/// entries `first_entry..`. Returns the new `.log` end. `records` are
-/// `(payload, crc)` with `crc` = [`body_crc`] of the payload.
+/// One record for [`append`]: its payload, or `None` when the record is
+/// already in place in the `.log` (a large entry the journal writer wrote
+/// there directly), with its length and checksum ([`body_crc`]).
+#[derive(Debug, Clone, Copy)]
+pub struct NewRecord<'a> {
+    /// The payload to write, or `None` if already written.
+    pub payload: Option<&'a [u8]>,
+    /// Payload length.
+    pub len: u32,
+    /// Payload checksum.
+    pub crc: u32,
+}
+
+/// Appends records to a ledger's files: data from `log_end` on (records in
+/// place are skipped over), slots for entries `first_entry..`. Returns the
+/// new `.log` end.
 pub fn append(
     files: &LedgerFiles<'_>,
     first_entry: u64,
     log_end: u64,
-    records: &[(&[u8], u32)],
+    records: &[NewRecord<'_>],
 ) -> Result<u64> {
     let mut heads = Vec::with_capacity(records.len() * RECORD_HEADER_LEN);
     let mut slots = Vec::with_capacity(records.len() * SLOT_LEN as usize);
     let mut end = log_end;
-    for (i, (payload, crc)) in records.iter().enumerate() {
-        heads.extend_from_slice(&(payload.len() as u32).to_le_bytes());
-        heads.extend_from_slice(&crc.to_le_bytes());
-        end += (RECORD_HEADER_LEN + payload.len()) as u64;
+    for (i, r) in records.iter().enumerate() {
+        heads.extend_from_slice(&r.len.to_le_bytes());
+        heads.extend_from_slice(&r.crc.to_le_bytes());
+        end += (RECORD_HEADER_LEN + r.len as usize) as u64;
         if end > MAX_LOG_BYTES {
             return Err(Error::invalid(format!(
                 "ledger {} would exceed {MAX_LOG_BYTES} bytes",
@@ -316,15 +317,30 @@ pub fn append(
         }
         slots.extend_from_slice(&encode_slot(files.id, first_entry + i as u64, end));
     }
-    let mut bufs: Vec<&[u8]> = Vec::with_capacity(records.len() * 2);
-    for (i, (payload, _)) in records.iter().enumerate() {
-        bufs.push(&heads[i * RECORD_HEADER_LEN..(i + 1) * RECORD_HEADER_LEN]);
-        bufs.push(payload);
+    // One write per run of records to write (records in place split runs).
+    let mut at = log_end;
+    let mut i = 0;
+    while i < records.len() {
+        let size = |r: &NewRecord<'_>| (RECORD_HEADER_LEN + r.len as usize) as u64;
+        if records[i].payload.is_none() {
+            at += size(&records[i]);
+            i += 1;
+            continue;
+        }
+        let run_start = at;
+        let mut bufs: Vec<&[u8]> = Vec::new();
+        while i < records.len() {
+            let Some(p) = records[i].payload else { break };
+            bufs.push(&heads[i * RECORD_HEADER_LEN..(i + 1) * RECORD_HEADER_LEN]);
+            bufs.push(p);
+            at += size(&records[i]);
+            i += 1;
+        }
+        files
+            .log
+            .write_all_vectored_at(&bufs, run_start)
+            .map_err(|e| Error::io(format!("writing {}", files.log_path.display()), &e))?;
     }
-    files
-        .log
-        .write_all_vectored_at(&bufs, log_end)
-        .map_err(|e| Error::io(format!("writing {}", files.log_path.display()), &e))?;
     files
         .idx
         .write_all_at(&slots, HEADER_LEN + first_entry * SLOT_LEN)

@@ -27,12 +27,14 @@ pub mod catalog;
 pub mod compacted;
 pub mod cursor;
 pub mod fault;
+mod flusher;
 pub mod fs;
 mod group_commit;
 pub use group_commit::PositionCallback;
 pub mod journal;
 pub mod ledger_file;
 pub mod options;
+mod recovery;
 #[cfg(any(test, feature = "testing"))]
 pub mod simfs;
 mod state;

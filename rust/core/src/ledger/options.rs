@@ -48,6 +48,11 @@ pub struct LedgerOptions {
     pub max_pending_bytes: u64,
     /// Data directory: the longest an append waits for queue space.
     pub append_timeout: Duration,
+    /// Data directory: entries of at least this many bytes are written once,
+    /// straight into their ledger file (synced with the group, a small
+    /// reference in the journal), instead of into the journal and again
+    /// behind it (0: never).
+    pub direct_entry_bytes: usize,
     /// Data directory: ledger files kept open (two descriptors per ledger).
     pub max_open_files: usize,
     /// Data directory: storage threads, whatever the number of ledgers: 3
@@ -76,6 +81,7 @@ impl Default for LedgerOptions {
             checkpoint_interval: Duration::from_secs(10),
             max_pending_bytes: 256 << 20,
             append_timeout: Duration::from_secs(30),
+            direct_entry_bytes: 64 << 10,
             max_open_files: 128,
             storage_threads: 3,
             fault_injector: None,
@@ -204,6 +210,7 @@ impl LedgerOptions {
         check!(max_pending_bytes);
         check!(append_timeout);
         check!(max_open_files);
+        check!(direct_entry_bytes);
         check!(storage_threads);
         if let Some(f) = &self.fault_injector {
             if !open

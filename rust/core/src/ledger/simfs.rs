@@ -18,7 +18,7 @@
 //! Locks do not survive (the image has no running process).
 
 use super::fs::{Fs, FsFile, IoStats, LockGuard, OpenMode};
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;
 use std::io;
@@ -204,6 +204,10 @@ pub struct SimFs {
     /// Number of `sync_data` calls that will fail with `EIO` before the
     /// next succeeds (a failing disk), counting down.
     fail_syncs: Arc<AtomicU64>,
+    /// File writes and syncs hold it shared; a power cut holds it alone, so
+    /// the image is one instant of every file (directory changes are
+    /// already serialised by `state`).
+    gate: Arc<RwLock<()>>,
 }
 
 impl Default for SimFs {
@@ -221,6 +225,7 @@ impl SimFs {
             state: Arc::new(Mutex::new(st)),
             stats: IoStats::default(),
             fail_syncs: Arc::new(AtomicU64::new(0)),
+            gate: Arc::new(RwLock::new(())),
         }
     }
 
@@ -232,6 +237,7 @@ impl SimFs {
     /// The disk a power cut now could leave (see the module docs).
     pub fn power_cut(&self, seed: u64) -> SimFs {
         let mut rng = Rng::new(seed);
+        let _instant = self.gate.write();
         let st = self.state.lock();
         let out = SimFs::new();
         let mut ost = out.state.lock();
@@ -341,6 +347,7 @@ struct SimFile {
     ino: Arc<Inode>,
     write: bool,
     fs_fail: Arc<AtomicU64>,
+    gate: Arc<RwLock<()>>,
 }
 
 impl FsFile for SimFile {
@@ -356,6 +363,7 @@ impl FsFile for SimFile {
     }
 
     fn write_all_vectored_at(&self, bufs: &[&[u8]], off: u64) -> io::Result<()> {
+        let _g = self.gate.read();
         if !self.write {
             return Err(io::Error::from_raw_os_error(libc::EBADF));
         }
@@ -371,6 +379,7 @@ impl FsFile for SimFile {
     }
 
     fn sync_data(&self) -> io::Result<()> {
+        let _g = self.gate.read();
         let left = self.fs_fail.load(Ordering::SeqCst);
         if left > 0 {
             self.fs_fail.store(left - 1, Ordering::SeqCst);
@@ -388,11 +397,13 @@ impl FsFile for SimFile {
     }
 
     fn set_len(&self, len: u64) -> io::Result<()> {
+        let _g = self.gate.read();
         self.ino.data.lock().set_len(len);
         Ok(())
     }
 
     fn allocate(&self, end: u64) -> io::Result<()> {
+        let _g = self.gate.read();
         let mut d = self.ino.data.lock();
         if (d.current.len() as u64) < end {
             d.set_len(end);
@@ -447,6 +458,7 @@ impl Fs for SimFs {
             ino,
             write: mode.write,
             fs_fail: Arc::clone(&self.fail_syncs),
+            gate: Arc::clone(&self.gate),
         }))
     }
 

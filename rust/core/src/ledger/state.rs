@@ -29,15 +29,18 @@ use std::sync::Arc;
 /// First ledger id of a new managed ledger.
 pub(crate) const FIRST_LEDGER_ID: u64 = 1;
 
-/// Where an entry's record lives in the journal.
+/// Where an entry not yet written behind is: its journal record, or (a
+/// large entry) its record in the ledger file, written there directly.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Loc {
-    /// Journal offset of the record.
+    /// Journal offset of the record (`Entry` or `EntryRef`).
     pub at: u64,
     /// Payload length.
     pub len: u32,
     /// Payload checksum ([`journal::body_crc`]).
     pub crc: u32,
+    /// `.log` offset of its record, if it was written there directly.
+    pub direct: Option<u64>,
 }
 
 /// One ledger of a managed ledger.
@@ -94,7 +97,8 @@ pub(crate) enum FileOpen {
     Existing,
     /// The write-behind's files of a ledger with entries in them already.
     Create,
-    /// The write-behind's first write to a ledger: start the files over.
+    /// The first write to a ledger's files (write-behind, or a large entry
+    /// written directly): write their headers, whatever a crash left there.
     Fresh,
 }
 
@@ -197,8 +201,8 @@ impl StoreIo {
 
     /// Handles of ledger `ledger` of `ml`, opening its files if needed.
     /// `Create`: the write-behind's open; `Fresh`: the same, for a ledger
-    /// with no entry in its files yet, whose files (if any) hold nothing to
-    /// trust (a crash may have left a half-written header) and start over.
+    /// with no entry in its files yet, whose headers (if any) are not to be
+    /// trusted (a crash may have left them half-written) and are rewritten.
     pub fn ledger_files(&self, ml: &MlState, ledger: u64, how: FileOpen) -> Result<LedgerHandles> {
         if how != FileOpen::Fresh {
             if let Some(h) = self.files.lock().get((ml.id, ledger)) {
@@ -226,9 +230,12 @@ impl StoreIo {
                     Ok(f)
                 }
                 FileOpen::Fresh => {
+                    // Only the header is rewritten: bytes after it are
+                    // never read unless an index slot and their checksum
+                    // vouch for them, and large entries may already have
+                    // been written there directly.
                     let f = self.fs.open(path, OpenMode::CREATE).map_err(|e| ctx(&e))?;
-                    f.set_len(0)
-                        .and_then(|()| f.write_all_at(&ledger_file::encode_header(ledger, idx), 0))
+                    f.write_all_at(&ledger_file::encode_header(ledger, idx), 0)
                         .map_err(|e| ctx(&e))?;
                     Ok(f)
                 }
@@ -244,6 +251,40 @@ impl StoreIo {
         Ok(h)
     }
 
+    /// Reads a large entry's record where the writer put it in the ledger
+    /// file, verifying it.
+    pub fn read_direct(&self, ml: &MlState, pos: Position, off: u64, loc: &Loc) -> Result<Vec<u8>> {
+        let h = self.ledger_files(ml, pos.ledger_id, FileOpen::Existing)?;
+        let mut buf = vec![0u8; ledger_file::RECORD_HEADER_LEN + loc.len as usize];
+        h.log.read_exact_at(&mut buf, off).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                ledger_file::corrupt(
+                    &h.log_path,
+                    pos.ledger_id,
+                    pos.entry_id,
+                    off,
+                    "data file is shorter than a published entry",
+                )
+            } else {
+                Error::io(format!("reading {}", h.log_path.display()), &e)
+            }
+        })?;
+        let payload = buf.split_off(ledger_file::RECORD_HEADER_LEN);
+        let ok = journal::le_u32(&buf) == loc.len
+            && journal::le_u32(&buf[4..]) == loc.crc
+            && journal::body_crc(&payload) == loc.crc;
+        if !ok {
+            return Err(ledger_file::corrupt(
+                &h.log_path,
+                pos.ledger_id,
+                pos.entry_id,
+                off,
+                "record checksum mismatch on read",
+            ));
+        }
+        Ok(payload)
+    }
+
     /// Reads one journal record's body at `loc`, verifying it.
     fn read_journal(
         &self,
@@ -255,6 +296,12 @@ impl StoreIo {
         let segments = self.segments.read();
         let mut i = 0;
         while i < locs.len() {
+            if let Some(off) = locs[i].direct {
+                let pos = Position::new(p.ledger_id, p.entry_id + i as u64);
+                out.push(self.read_direct(ml, pos, off, &locs[i])?);
+                i += 1;
+                continue;
+            }
             let Some((&base, file)) = segments.range(..=locs[i].at).next_back() else {
                 return Ok(None);
             };
@@ -262,7 +309,7 @@ impl StoreIo {
             // A run of records back to back in one segment: one read.
             let mut j = i + 1;
             let mut end = locs[i].at + RECORD_HEADER_LEN as u64 + u64::from(locs[i].len);
-            while j < locs.len() && locs[j].at == end {
+            while j < locs.len() && locs[j].direct.is_none() && locs[j].at == end {
                 end += RECORD_HEADER_LEN as u64 + u64::from(locs[j].len);
                 j += 1;
             }
@@ -536,11 +583,23 @@ impl MlState {
         let mut m = self.meta.lock();
         let bad = |reason: String| corrupt_record(&self.io, at, head.position(), reason);
         match head.kind {
-            Kind::Entry => {
-                let loc = Loc {
-                    at,
-                    len: head.body_len,
-                    crc: head.body_crc,
+            Kind::Entry | Kind::EntryRef => {
+                let loc = if head.kind == Kind::Entry {
+                    Loc {
+                        at,
+                        len: head.body_len,
+                        crc: head.body_crc,
+                        direct: None,
+                    }
+                } else {
+                    let r = journal::EntryRef::decode(body)
+                        .ok_or_else(|| bad("malformed entry reference".to_owned()))?;
+                    Loc {
+                        at,
+                        len: r.len,
+                        crc: r.crc,
+                        direct: Some(r.offset),
+                    }
                 };
                 if let Some((id, n, l)) = m.replace.as_mut() {
                     if *id == head.a {

@@ -19,11 +19,14 @@
 //! per-ledger files, trimming is a file removal, a sealed ledger is a
 //! self-contained unit (for tiered offload and for Spark partitions), and
 //! the second write is off the append path (page cache, synced once per
-//! checkpoint for all the ledgers it touched).
+//! checkpoint for all the ledgers it touched). Large entries (from
+//! `direct_entry_bytes`) skip the second write altogether: the journal
+//! writer puts their record straight into the ledger file and journals a
+//! reference, both synced in the same group.
 //!
 //! # Threads (fixed per data directory, whatever the number of ledgers)
 //!
-//! - journal writer and journal sync ([`super::group_commit`]);
+//! - journal writer and journal sync (`group_commit`);
 //! - the flusher: writes published entries behind into ledger files, journals
 //!   dirty cursor states and trims, and checkpoints: syncs the ledger files
 //!   written since the last checkpoint, writes the CATALOG (checkpoint = the
@@ -33,9 +36,11 @@
 //! # Recovery
 //!
 //! Load the catalog, replay the journal from its checkpoint
-//! ([`MlState::apply`]), with the acknowledged-point rule of
+//! (`MlState::apply`), with the acknowledged-point rule of
 //! [`super::journal`] for damage; open costs the catalog plus the journal
 //! tail, never the bytes in sealed ledgers (they are verified on read).
+//!
+//! The flusher is in `flusher`, recovery in `recovery`.
 //!
 //! # Registry and fork
 //!
@@ -46,19 +51,21 @@
 
 use super::catalog::{self, read_catalog, write_catalog, CATALOG_FILE, CATALOG_FORMAT_VERSION};
 use super::cursor::CursorInner;
-use super::fault::{FaultInjector, FaultKind};
-use super::fs::{Fs, FsFile, LockGuard, OpenMode, RealFs};
+use super::fault::FaultInjector;
+use super::flusher::Signals;
+use super::fs::{Fs, LockGuard, OpenMode, RealFs};
 use super::group_commit::{
     self, Active, Command, Done, Journal, JournalOptions, MetaOp, Published, WriterThread,
 };
-use super::journal::{self, Kind, JOURNAL_DIR};
+use super::journal::{self, JOURNAL_DIR};
 use super::ledger_file;
 use super::options::LedgerOptions;
-use super::state::{Applied, FileCache, FileOpen, MlState, Rollover, StoreIo};
+use super::recovery::list_segments;
+use super::state::{FileCache, MlState, Rollover, StoreIo};
 use crate::error::{Error, Result};
 use crate::fork;
 use crate::position::Position;
-use crate::proto::{Catalog, ManagedLedgerState};
+use crate::proto::Catalog;
 use crossbeam_channel::Sender;
 use parking_lot::{Condvar, Mutex, RwLock};
 use prost::Message;
@@ -115,78 +122,25 @@ fn fs_id(fs: &Arc<dyn Fs>) -> usize {
 
 // ------------------------------------------------------------------ signals
 
-/// What the journal's threads tell the store (no reference back to it).
-#[derive(Debug, Default)]
-pub(crate) struct Signals {
-    flush: Mutex<FlushState>,
-    flush_cv: Condvar,
-    pending: Mutex<u64>,
-    pending_cv: Condvar,
-}
-
-#[derive(Debug, Default)]
-struct FlushState {
-    stop: bool,
-    /// Managed ledgers with entries still only in the journal.
-    dirty: HashSet<u64>,
-    /// Ledger files to remove once a catalog without them is durable.
-    deletes: Vec<(Arc<MlState>, u64)>,
-    /// A cursor changed somewhere (journal its state soon).
-    cursors: bool,
-    /// Someone waits for a checkpoint (sequence it must pass).
-    checkpoint_wanted: bool,
-}
-
-impl Published for Signals {
-    fn published(&self, _end: u64, applied: Vec<(Arc<MlState>, Applied)>) {
-        let mut f = self.flush.lock();
-        let mut wake = false;
-        for (ml, a) in applied {
-            if a.appended && f.dirty.insert(ml.id) {
-                wake = true;
-            }
-            if !a.dropped.is_empty() {
-                let mut cache = ml.io.files.lock();
-                for id in a.dropped {
-                    cache.evict((ml.id, id));
-                    f.deletes.push((Arc::clone(&ml), id));
-                }
-            }
-        }
-        if wake {
-            self.flush_cv.notify_one();
-        }
-    }
-
-    fn released(&self, bytes: u64) {
-        if bytes == 0 {
-            return;
-        }
-        let mut p = self.pending.lock();
-        *p = p.saturating_sub(bytes);
-        self.pending_cv.notify_all();
-    }
-}
-
 // ------------------------------------------------------------------ the store
 
 #[derive(Debug, Default)]
-struct Checkpoint {
+pub(super) struct Checkpoint {
     /// Journal offset of the last durable catalog.
-    at: u64,
-    sequence: u64,
+    pub(super) at: u64,
+    pub(super) sequence: u64,
     /// Journal offset up to which entries are written behind.
-    copied: u64,
+    pub(super) copied: u64,
     /// Ledger files written since the last checkpoint (to sync).
-    unsynced: HashSet<(u64, u64)>,
+    pub(super) unsynced: HashSet<(u64, u64)>,
     /// Directories with names created since the last checkpoint (to sync).
-    dirs: BTreeSet<PathBuf>,
-    when: Option<Instant>,
+    pub(super) dirs: BTreeSet<PathBuf>,
+    pub(super) when: Option<Instant>,
     /// Failures of background work (reported by stats, retried).
-    errors: u64,
-    last_error: Option<String>,
-    count: u64,
-    copied_entries: u64,
+    pub(super) errors: u64,
+    pub(super) last_error: Option<String>,
+    pub(super) count: u64,
+    pub(super) copied_entries: u64,
 }
 
 /// The storage engine of one data directory (see the module docs).
@@ -194,26 +148,26 @@ pub(crate) struct Store {
     pub io: Arc<StoreIo>,
     pub opts: LedgerOptions,
     pub generation: u64,
-    key: Key,
-    mls: RwLock<HashMap<u64, Arc<MlState>>>,
-    names: Mutex<HashMap<String, u64>>,
-    next_ml_id: AtomicU64,
-    journal: Option<Arc<Journal>>,
-    signals: Arc<Signals>,
-    tx: RwLock<Option<Sender<Command>>>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
-    lock: Mutex<Option<LockGuard>>,
-    ckpt: Mutex<Checkpoint>,
+    pub(super) key: Key,
+    pub(super) mls: RwLock<HashMap<u64, Arc<MlState>>>,
+    pub(super) names: Mutex<HashMap<String, u64>>,
+    pub(super) next_ml_id: AtomicU64,
+    pub(super) journal: Option<Arc<Journal>>,
+    pub(super) signals: Arc<Signals>,
+    pub(super) tx: RwLock<Option<Sender<Command>>>,
+    pub(super) threads: Mutex<Vec<JoinHandle<()>>>,
+    pub(super) lock: Mutex<Option<LockGuard>>,
+    pub(super) ckpt: Mutex<Checkpoint>,
     /// Read-only: journal offset scanned through, catalog sequence loaded.
-    ro: Mutex<(u64, u64)>,
-    handles: AtomicUsize,
-    closing: AtomicBool,
+    pub(super) ro: Mutex<(u64, u64)>,
+    pub(super) handles: AtomicUsize,
+    pub(super) closing: AtomicBool,
     /// Serialises checkpoints and write-behind (flusher, close, callers).
-    serial: Mutex<()>,
+    pub(super) serial: Mutex<()>,
     /// Ledger files found at open, by escaped managed-ledger name: (ledger
     /// id, is index). Checked against each managed ledger's state when it
     /// is first opened.
-    listing: Mutex<HashMap<String, Vec<(u64, bool)>>>,
+    pub(super) listing: Mutex<HashMap<String, Vec<(u64, bool)>>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -225,31 +179,14 @@ impl std::fmt::Debug for Store {
     }
 }
 
-fn io_err(what: impl Into<String>, e: &io::Error) -> Error {
+pub(super) fn io_err(what: impl Into<String>, e: &io::Error) -> Error {
     Error::io(what, e)
 }
 
 /// Creates `dir` and any missing parents, syncing each parent after a
 /// child is created in it (so the new names survive a power cut).
-fn create_dirs(fs: &dyn Fs, dir: &Path) -> Result<()> {
-    if fs.is_dir(dir) {
-        return Ok(());
-    }
-    let mut missing = Vec::new();
-    let mut p = Some(dir);
-    while let Some(d) = p.filter(|d| !d.as_os_str().is_empty()) {
-        if fs.is_dir(d) {
-            break;
-        }
-        missing.push(d.to_path_buf());
-        p = d.parent();
-    }
-    for d in missing.iter().rev() {
-        match fs.create_dir(d) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && fs.is_dir(d) => {}
-            Err(e) => return Err(io_err(format!("creating directory {}", d.display()), &e)),
-        }
+pub(super) fn create_dirs(fs: &dyn Fs, dir: &Path) -> Result<()> {
+    for d in super::fs::make_dirs(fs, dir)? {
         let parent = match d.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),
@@ -260,40 +197,11 @@ fn create_dirs(fs: &dyn Fs, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// The flusher writes published entries behind into ledger files once this
-/// many journal bytes are waiting, or this long after the last time.
-const WRITE_BEHIND_BYTES: u64 = 8 << 20;
-const WRITE_BEHIND_EVERY: Duration = Duration::from_millis(200);
-
-/// Past this many files and directories to sync, a checkpoint syncs the
-/// whole file system with one call instead.
-const SYNCFS_THRESHOLD: usize = 64;
-
-/// Creates `dir` and any missing parents without syncing (the caller syncs
-/// their parents before relying on them); returns the ones created.
-fn make_dirs(fs: &dyn Fs, dir: &Path) -> Result<Vec<PathBuf>> {
-    let mut missing = Vec::new();
-    let mut p = Some(dir);
-    while let Some(d) = p.filter(|d| !d.as_os_str().is_empty()) {
-        if fs.is_dir(d) {
-            break;
-        }
-        missing.push(d.to_path_buf());
-        p = d.parent();
-    }
-    missing.reverse();
-    for d in &missing {
-        match fs.create_dir(d) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::AlreadyExists && fs.is_dir(d) => {}
-            Err(e) => return Err(io_err(format!("creating directory {}", d.display()), &e)),
-        }
-    }
-    Ok(missing)
-}
-
 /// Ledger files in `<data_dir>/ledgers`, by escaped managed-ledger name.
-fn list_ledger_files(fs: &dyn Fs, data_dir: &Path) -> Result<HashMap<String, Vec<(u64, bool)>>> {
+pub(super) fn list_ledger_files(
+    fs: &dyn Fs,
+    data_dir: &Path,
+) -> Result<HashMap<String, Vec<(u64, bool)>>> {
     let dir = data_dir.join(LEDGERS_DIR);
     let names = match fs.read_dir(&dir) {
         Ok(n) => n,
@@ -309,22 +217,6 @@ fn list_ledger_files(fs: &dyn Fs, data_dir: &Path) -> Result<HashMap<String, Vec
     Ok(out)
 }
 
-/// Journal segments in `data_dir`, by base offset.
-fn list_segments(fs: &dyn Fs, data_dir: &Path) -> Result<Vec<u64>> {
-    let dir = data_dir.join(JOURNAL_DIR);
-    let names = match fs.read_dir(&dir) {
-        Ok(n) => n,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(io_err(format!("listing {}", dir.display()), &e)),
-    };
-    let mut out: Vec<u64> = names
-        .iter()
-        .filter_map(|n| n.to_str().and_then(journal::parse_segment_name))
-        .collect();
-    out.sort_unstable();
-    Ok(out)
-}
-
 /// Validates a data-directory argument before anything touches the disk.
 fn check_data_dir(data_dir: &Path) -> Result<()> {
     if data_dir.as_os_str().is_empty() {
@@ -336,21 +228,6 @@ fn check_data_dir(data_dir: &Path) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// A journal segment: base offset and open file.
-type Segment = (u64, Arc<dyn FsFile>);
-
-/// Write-behind work for one ledger: first entry id, the entries' bodies
-/// back to back, and each one's (length, checksum).
-type Batch = (u64, Vec<u8>, Vec<(u32, u32)>);
-
-/// What a journal scan from the checkpoint found.
-struct TailScan {
-    /// Journal offset just past the last valid record.
-    end: u64,
-    /// The segment holding `end` (if any segment exists).
-    last: Option<Segment>,
 }
 
 impl Store {
@@ -464,7 +341,7 @@ impl Store {
         result
     }
 
-    fn new_io(fs: Arc<dyn Fs>, data_dir: &Path, opts: &LedgerOptions) -> Arc<StoreIo> {
+    pub(super) fn new_io(fs: Arc<dyn Fs>, data_dir: &Path, opts: &LedgerOptions) -> Arc<StoreIo> {
         Arc::new(StoreIo {
             fs,
             data_dir: data_dir.to_path_buf(),
@@ -480,7 +357,7 @@ impl Store {
         })
     }
 
-    fn bare(
+    pub(super) fn bare(
         io: Arc<StoreIo>,
         opts: &LedgerOptions,
         key: Key,
@@ -509,284 +386,11 @@ impl Store {
         }
     }
 
-    fn rollover_default(opts: &LedgerOptions) -> Rollover {
+    pub(super) fn rollover_default(opts: &LedgerOptions) -> Rollover {
         Rollover {
             max_entries: opts.max_entries_per_ledger,
             max_bytes: opts.max_bytes_per_ledger,
         }
-    }
-
-    /// Loads a catalog into fresh managed-ledger states.
-    fn load_catalog(&self, cat: &Catalog) -> Result<()> {
-        let mut mls = self.mls.write();
-        let mut names = self.names.lock();
-        let existing: HashMap<u64, Arc<MlState>> = mls.drain().collect();
-        names.clear();
-        for s in &cat.ledgers {
-            let ml = match existing.get(&s.id) {
-                Some(ml) if ml.name == s.name => Arc::clone(ml),
-                _ => Arc::new(MlState::new(
-                    s.id,
-                    s.name.clone(),
-                    catalog::ledger_prefix(&self.io.data_dir, &s.name)?,
-                    Arc::clone(&self.io),
-                    Self::rollover_default(&self.opts),
-                )),
-            };
-            ml.load(s)?;
-            if names.insert(s.name.clone(), s.id).is_some() || s.id >= cat.next_ml_id {
-                return Err(Error::CorruptLedger {
-                    path: self.io.data_dir.join(CATALOG_FILE).display().to_string(),
-                    position: Position::default(),
-                    offset: 0,
-                    reason: format!(
-                        "managed ledger {:?} listed twice or with a bad id {}",
-                        s.name, s.id
-                    ),
-                });
-            }
-            mls.insert(s.id, ml);
-        }
-        // Managed ledgers gone from the catalog (deleted): mark their states.
-        for (id, ml) in existing {
-            if !mls.contains_key(&id) {
-                ml.meta.lock().deleted = true;
-                ml.ledgers.write().clear();
-            }
-        }
-        self.next_ml_id.store(cat.next_ml_id, Ordering::Release);
-        Ok(())
-    }
-
-    /// Applies one journal record during recovery or a read-only scan.
-    fn replay_record(&self, seen: &journal::Seen<'_>) -> Result<Vec<(Arc<MlState>, u64)>> {
-        let h = &seen.head;
-        let bad = |reason: String| Error::CorruptLedger {
-            path: journal::segment_path(&self.io.data_dir, 0)
-                .parent()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default(),
-            position: h.position(),
-            offset: seen.at,
-            reason,
-        };
-        match h.kind {
-            Kind::MlCreate => {
-                let name = std::str::from_utf8(seen.body)
-                    .map_err(|_| bad("managed ledger name is not UTF-8".to_owned()))?
-                    .to_owned();
-                let mut mls = self.mls.write();
-                if mls.contains_key(&h.ml) {
-                    return Ok(Vec::new());
-                }
-                let mut names = self.names.lock();
-                if let Some(old) = names.get(&name) {
-                    return Err(bad(format!(
-                        "managed ledger {name:?} created twice (ids {old} and {})",
-                        h.ml
-                    )));
-                }
-                let ml = Arc::new(MlState::new(
-                    h.ml,
-                    name.clone(),
-                    catalog::ledger_prefix(&self.io.data_dir, &name)?,
-                    Arc::clone(&self.io),
-                    Self::rollover_default(&self.opts),
-                ));
-                names.insert(name, h.ml);
-                mls.insert(h.ml, ml);
-                self.next_ml_id.fetch_max(h.ml + 1, Ordering::AcqRel);
-                Ok(Vec::new())
-            }
-            Kind::MlDelete => {
-                let ml = self.mls.write().remove(&h.ml);
-                let Some(ml) = ml else { return Ok(Vec::new()) };
-                self.names.lock().remove(&ml.name);
-                ml.meta.lock().deleted = true;
-                let ids: Vec<u64> = std::mem::take(&mut *ml.ledgers.write())
-                    .into_keys()
-                    .collect();
-                Ok(ids.into_iter().map(|id| (Arc::clone(&ml), id)).collect())
-            }
-            _ => {
-                let ml = self.mls.read().get(&h.ml).cloned();
-                let Some(ml) = ml else {
-                    if h.ml < self.next_ml_id.load(Ordering::Acquire) {
-                        return Ok(Vec::new()); // deleted since
-                    }
-                    return Err(bad(format!(
-                        "record of managed ledger id {} that was never created",
-                        h.ml
-                    )));
-                };
-                let a = ml.apply(seen.at, h, seen.body)?;
-                Ok(a.dropped
-                    .into_iter()
-                    .map(|id| (Arc::clone(&ml), id))
-                    .collect())
-            }
-        }
-    }
-
-    /// Replays the journal from `from` (read-write: cutting a torn tail;
-    /// read-only: up to `limit`). Returns where it ended.
-    fn replay_journal(&self, from: u64, limit: Option<u64>, repair: bool) -> Result<TailScan> {
-        let fs = &self.io.fs;
-        let data = &self.io.data_dir;
-        let bases = list_segments(fs.as_ref(), data)?;
-        // The segment holding `from`, and every one after it.
-        let start = bases.iter().rposition(|&b| b <= from);
-        let todo: Vec<u64> = match start {
-            Some(i) => bases[i..].to_vec(),
-            None => bases.clone(),
-        };
-        if repair {
-            // Segments wholly before the checkpoint are leftovers of a
-            // checkpoint that did not finish removing them.
-            for &b in bases.iter().take(start.unwrap_or(0)) {
-                let p = journal::segment_path(data, b);
-                fs.remove_file(&p)
-                    .map_err(|e| io_err(format!("removing {}", p.display()), &e))?;
-            }
-        }
-        let mut end = from;
-        let mut last: Option<Segment> = None;
-        let mut dropped = Vec::new();
-        // Where the valid journal stops early: (damage, index in `todo` of
-        // the first segment wholly after it, the damaged segment to cut).
-        let mut damage: Option<(journal::Damage, usize, Option<Segment>)> = None;
-        let mode = if repair {
-            OpenMode::WRITE
-        } else {
-            OpenMode::READ
-        };
-        for (i, &base) in todo.iter().enumerate() {
-            if limit.is_some_and(|l| base >= l) {
-                break;
-            }
-            if base > end {
-                let reason = format!("journal records {end}..{base} are missing");
-                damage = Some((
-                    journal::Damage {
-                        at: end,
-                        reason,
-                        head: None,
-                    },
-                    i,
-                    None,
-                ));
-                break;
-            }
-            let path = journal::segment_path(data, base);
-            let file = fs
-                .open(&path, mode)
-                .map_err(|e| io_err(format!("opening journal file {}", path.display()), &e))?;
-            if let Err(e) = journal::check_segment_header(file.as_ref(), &path, base) {
-                // A segment whose creation a crash cut short.
-                let d = journal::Damage {
-                    at: base,
-                    reason: e.to_string(),
-                    head: None,
-                };
-                damage = Some((d, i + 1, None));
-                // It goes with the torn tail (nothing was ever written to it).
-                if repair {
-                    fs.remove_file(&path)
-                        .map_err(|e| io_err(format!("removing {}", path.display()), &e))?;
-                }
-                break;
-            }
-            let scan =
-                journal::scan_segment(file.as_ref(), &path, base, end.max(base), limit, |seen| {
-                    dropped.extend(self.replay_record(&seen)?);
-                    Ok(())
-                })?;
-            end = scan.end;
-            self.io.segments.write().insert(base, Arc::clone(&file));
-            last = Some((base, Arc::clone(&file)));
-            if let Some(d) = scan.damage {
-                damage = Some((d, i + 1, Some((base, file))));
-                break;
-            }
-        }
-        if let Some((d, after, cut)) = damage {
-            // The durable point: the largest lac of any valid record after
-            // the damage, or the synced hint.
-            let hint = fs
-                .read_file(&journal::synced_path(data))
-                .ok()
-                .and_then(|b| journal::decode_synced(&b));
-            let mut durable = hint.unwrap_or(0);
-            if let Some((b, f)) = &cut {
-                let p = journal::segment_path(data, *b);
-                durable = durable.max(journal::max_lac_after(f.as_ref(), &p, *b, d.at)?);
-            }
-            for &later in &todo[after..] {
-                let p = journal::segment_path(data, later);
-                let Ok(f) = fs.open(&p, OpenMode::READ) else {
-                    continue;
-                };
-                if journal::check_segment_header(f.as_ref(), &p, later).is_err() {
-                    continue;
-                }
-                let s = journal::scan_segment(f.as_ref(), &p, later, later, None, |_| Ok(()))?;
-                durable = durable.max(s.max_lac);
-                if let Some(dd) = s.damage {
-                    durable = durable.max(journal::max_lac_after(f.as_ref(), &p, later, dd.at)?);
-                }
-            }
-            let (path, offset) = match &cut {
-                Some((b, _)) => (
-                    journal::segment_path(data, *b),
-                    journal::SEGMENT_HEADER_LEN + (d.at - b),
-                ),
-                None => (data.join(JOURNAL_DIR), d.at),
-            };
-            if d.at < durable {
-                let position = d.head.map(|h| h.position()).unwrap_or_default();
-                return Err(journal::corrupt(
-                    &path,
-                    offset,
-                    position,
-                    format!(
-                        "{} at journal offset {}, before the acknowledged point {durable}{}",
-                        d.reason,
-                        d.at,
-                        d.head
-                            .map(|h| format!(" (managed ledger id {}, {:?} record)", h.ml, h.kind))
-                            .unwrap_or_default()
-                    ),
-                ));
-            }
-            if !repair {
-                // A reader stops at the damage: the writer may be mid-write.
-                return Ok(TailScan { end, last });
-            }
-            // A torn tail: nothing acknowledged is there. Cut it (durably)
-            // and drop every later segment.
-            if let Some((_, f)) = &cut {
-                f.set_len(offset)
-                    .and_then(|()| f.sync_data())
-                    .map_err(|e| {
-                        io_err(format!("cutting the torn tail of {}", path.display()), &e)
-                    })?;
-            }
-            for &later in &todo[after..] {
-                let p = journal::segment_path(data, later);
-                match fs.remove_file(&p) {
-                    Ok(()) => {}
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-                    Err(e) => return Err(io_err(format!("removing {}", p.display()), &e)),
-                }
-            }
-            let jdir = data.join(JOURNAL_DIR);
-            fs.sync_dir(&jdir)
-                .map_err(|e| io_err(format!("syncing {}", jdir.display()), &e))?;
-        }
-        if repair {
-            self.signals.flush.lock().deletes.extend(dropped);
-        }
-        Ok(TailScan { end, last })
     }
 
     fn open_writer(
@@ -866,6 +470,7 @@ impl Store {
             segment_bytes: opts.journal_segment_bytes,
             preallocate_bytes: opts.preallocate_bytes,
             max_batch_bytes: opts.max_batch_bytes,
+            direct_min: opts.direct_entry_bytes,
         };
         let journal = Arc::new(Journal::new(
             Arc::clone(&io),
@@ -932,131 +537,6 @@ impl Store {
         let store = Self::bare(io, opts, key, None, Arc::new(Signals::default()));
         store.refresh()?;
         Ok(store)
-    }
-
-    /// Read-only stores: picks up what the writer made durable since.
-    pub fn refresh(&self) -> Result<()> {
-        if !self.io.read_only {
-            return Ok(());
-        }
-        let mut last_err = None;
-        for _ in 0..40 {
-            match self.refresh_once() {
-                Ok(()) => return Ok(()),
-                // A checkpoint may remove a segment between our catalog read
-                // and its open. (Below the synced hint every record is
-                // complete: damage there is real, reported at once.)
-                Err(
-                    e @ Error::Io {
-                        errno: Some(libc::ENOENT),
-                        ..
-                    },
-                ) => last_err = Some(e),
-                Err(e) => return Err(e),
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        Err(last_err.unwrap_or_else(|| Error::invalid("refresh failed")))
-    }
-
-    fn refresh_once(&self) -> Result<()> {
-        let fs = &self.io.fs;
-        let data = &self.io.data_dir;
-        let mut ro = self.ro.lock();
-        let cat = match read_catalog(fs.as_ref(), data)? {
-            Some(c) => c,
-            None => {
-                return Err(Error::Io {
-                    context: format!("opening data directory {} read-only", data.display()),
-                    errno: Some(libc::ENOENT),
-                    message: format!("no {CATALOG_FILE} in {}", data.display()),
-                })
-            }
-        };
-        let hint = fs
-            .read_file(&journal::synced_path(data))
-            .ok()
-            .and_then(|b| journal::decode_synced(&b));
-        let writer_alive = fs.is_locked(&data.join(LOCK_FILE)).unwrap_or(true);
-        let limit = match hint {
-            Some(h) => Some(h),
-            // No live writer: everything valid is what recovery would keep.
-            None if !writer_alive => None,
-            None => {
-                return Err(Error::Io {
-                    context: format!("reading {}", journal::synced_path(data).display()),
-                    errno: Some(libc::EAGAIN),
-                    message: "the journal's synced-end hint is unreadable while a writer runs"
-                        .to_owned(),
-                })
-            }
-        };
-        let (scanned, seq) = *ro;
-        if cat.sequence == seq && scanned != 0 && scanned >= cat.checkpoint {
-            let tail = self.replay_journal(scanned, limit, false)?;
-            *ro = (tail.end, seq);
-            return Ok(());
-        }
-        // A new checkpoint: load it and its journal tail on the side, then
-        // swap each managed ledger's state in at once, so that a reader
-        // never sees a log shorter than before (and old journal segments,
-        // now in ledger files, are let go).
-        let shadow_io = Arc::new(StoreIo {
-            fs: Arc::clone(&self.io.fs),
-            data_dir: self.io.data_dir.clone(),
-            read_only: true,
-            faults: Arc::clone(&self.io.faults),
-            segments: RwLock::new(BTreeMap::new()),
-            files: Mutex::new(FileCache::new(1)),
-            file_reads: AtomicU64::new(0),
-            journal_reads: AtomicU64::new(0),
-        });
-        let shadow = Self::bare(
-            shadow_io,
-            &self.opts,
-            self.key.clone(),
-            None,
-            Arc::new(Signals::default()),
-        );
-        shadow.load_catalog(&cat)?;
-        let tail = shadow.replay_journal(cat.checkpoint, limit, false)?;
-        self.adopt(&shadow);
-        *ro = (tail.end.max(cat.checkpoint), cat.sequence);
-        Ok(())
-    }
-
-    /// Takes over the managed-ledger states and journal segments of
-    /// `shadow` (a read-only reload), keeping the `MlState`s handles hold.
-    fn adopt(&self, shadow: &Store) {
-        let smls = shadow.mls.read();
-        let mut mls = self.mls.write();
-        let mut next: HashMap<u64, Arc<MlState>> = HashMap::new();
-        for (&id, s) in smls.iter() {
-            let live = match mls.get(&id) {
-                Some(m) if m.name == s.name => Arc::clone(m),
-                _ => Arc::new(MlState::new(
-                    id,
-                    s.name.clone(),
-                    s.prefix.clone(),
-                    Arc::clone(&self.io),
-                    Self::rollover_default(&self.opts),
-                )),
-            };
-            live.adopt(s);
-            next.insert(id, live);
-        }
-        // Segments first: the new states point into them.
-        *self.io.segments.write() = std::mem::take(&mut *shadow.io.segments.write());
-        for (id, m) in mls.drain() {
-            if !next.contains_key(&id) {
-                m.meta.lock().deleted = true;
-                m.ledgers.write().clear();
-            }
-        }
-        *mls = next;
-        *self.names.lock() = shadow.names.lock().clone();
-        self.next_ml_id
-            .store(shadow.next_ml_id.load(Ordering::Acquire), Ordering::Release);
     }
 
     // ------------------------------------------------------------- handles
@@ -1503,387 +983,9 @@ impl Store {
 
     // ------------------------------------------------------------- flusher
 
-    fn flusher_loop(&self) {
-        let tick = self
-            .opts
-            .cursor_flush_interval
-            .max(Duration::from_millis(1));
-        let mut last_cursor_flush = Instant::now();
-        let mut last_copy = Instant::now();
-        loop {
-            let (stop, cursors, dirty, want_ckpt) = {
-                let mut f = self.signals.flush.lock();
-                let wait = if f.cursors {
-                    tick
-                } else {
-                    WRITE_BEHIND_EVERY.min(tick.max(Duration::from_millis(50)))
-                };
-                if !f.stop && !f.checkpoint_wanted {
-                    self.signals.flush_cv.wait_for(&mut f, wait);
-                }
-                let cursors = f.cursors && last_cursor_flush.elapsed() >= tick;
-                if cursors {
-                    f.cursors = false;
-                }
-                (
-                    f.stop,
-                    cursors,
-                    !f.dirty.is_empty(),
-                    std::mem::take(&mut f.checkpoint_wanted),
-                )
-            };
-            if stop {
-                return;
-            }
-            if cursors {
-                last_cursor_flush = Instant::now();
-                let mls: Vec<Arc<MlState>> = self.mls.read().values().cloned().collect();
-                for ml in mls {
-                    if ml.cursors_dirty.load(Ordering::Acquire) {
-                        let _ = self.persist_cursors(&ml, false);
-                    }
-                }
-            }
-            let (due, behind) = {
-                let c = self.ckpt.lock();
-                let synced = self
-                    .journal
-                    .as_ref()
-                    .map_or(0, |j| j.synced.load(Ordering::Acquire));
-                let grown = synced.saturating_sub(c.at);
-                let due = grown >= self.opts.checkpoint_bytes
-                    || (grown > 0
-                        && c.when
-                            .is_some_and(|w| w.elapsed() >= self.opts.checkpoint_interval));
-                (due, synced.saturating_sub(c.copied))
-            };
-            // Write-behind in batches: every ledger written then gets many
-            // entries per write, whatever the number of ledgers.
-            let copy = dirty
-                && (behind >= WRITE_BEHIND_BYTES || last_copy.elapsed() >= WRITE_BEHIND_EVERY);
-            let r = {
-                let _g = self.serial.lock();
-                if due || want_ckpt {
-                    last_copy = Instant::now();
-                    self.checkpoint(false)
-                } else if copy {
-                    last_copy = Instant::now();
-                    self.copy_behind()
-                } else {
-                    Ok(())
-                }
-            };
-            if let Err(e) = r {
-                let mut c = self.ckpt.lock();
-                c.errors += 1;
-                c.last_error = Some(e.to_string());
-                drop(c);
-                // Back off; the work is retried.
-                std::thread::sleep(Duration::from_millis(50));
-            }
-        }
-    }
-
-    /// Writes every published entry still only in the journal into its
-    /// ledger's files (no sync: the next checkpoint syncs them).
-    fn copy_behind(&self) -> Result<()> {
-        let Some(j) = &self.journal else {
-            return Ok(());
-        };
-        let upto = j.synced.load(Ordering::Acquire);
-        let dirty: Vec<u64> = std::mem::take(&mut self.signals.flush.lock().dirty)
-            .into_iter()
-            .collect();
-        let from = self.ckpt.lock().copied;
-        if from >= upto {
-            return Ok(());
-        }
-        let result = self.copy_range(from, upto);
-        match &result {
-            Ok(()) => self.ckpt.lock().copied = upto,
-            Err(_) => self.signals.flush.lock().dirty.extend(dirty),
-        }
-        result
-    }
-
-    fn copy_range(&self, from: u64, upto: u64) -> Result<()> {
-        let mut batches: BTreeMap<(u64, u64), Batch> = BTreeMap::new();
-        let mut held = 0usize;
-        let segments: Vec<(u64, Arc<dyn FsFile>)> = self
-            .io
-            .segments
-            .read()
-            .iter()
-            .map(|(b, f)| (*b, Arc::clone(f)))
-            .collect();
-        let start = segments.iter().rposition(|(b, _)| *b <= from).unwrap_or(0);
-        for (base, file) in &segments[start..] {
-            if *base >= upto {
-                break;
-            }
-            let path = journal::segment_path(&self.io.data_dir, *base);
-            let scan = journal::scan_segment(
-                file.as_ref(),
-                &path,
-                *base,
-                from.max(*base),
-                Some(upto),
-                |seen| {
-                    if seen.head.kind != Kind::Entry {
-                        return Ok(());
-                    }
-                    let b = batches
-                        .entry((seen.head.ml, seen.head.a))
-                        .or_insert_with(|| (seen.head.b, Vec::new(), Vec::new()));
-                    if b.0 + b.2.len() as u64 != seen.head.b {
-                        return Err(journal::corrupt(
-                            &path,
-                            seen.at,
-                            seen.head.position(),
-                            "entries out of order in the journal",
-                        ));
-                    }
-                    b.1.extend_from_slice(seen.body);
-                    b.2.push((seen.head.body_len, seen.head.body_crc));
-                    held += seen.body.len();
-                    Ok(())
-                },
-            )?;
-            if let Some(d) = scan.damage {
-                if d.at < upto {
-                    return Err(journal::corrupt(
-                        &path,
-                        d.at,
-                        Position::default(),
-                        format!("{} in a synced journal range", d.reason),
-                    ));
-                }
-            }
-            if held > 16 << 20 {
-                self.write_batches(std::mem::take(&mut batches))?;
-                held = 0;
-            }
-        }
-        self.write_batches(batches)
-    }
-
-    fn write_batches(&self, batches: BTreeMap<(u64, u64), Batch>) -> Result<()> {
-        for ((ml_id, ledger), (first, bodies, lens)) in batches {
-            let Some(ml) = self.mls.read().get(&ml_id).cloned() else {
-                continue;
-            };
-            let (skip, file_bytes, fresh) = {
-                let ledgers = ml.ledgers.read();
-                let Some(l) = ledgers.get(&ledger) else {
-                    continue;
-                };
-                if l.file_entries < first {
-                    return Err(Error::invalid(format!(
-                        "write-behind of {}:{ledger} would leave a gap ({} in files, next {first})",
-                        ml.name, l.file_entries
-                    )));
-                }
-                (
-                    (l.file_entries - first) as usize,
-                    l.file_bytes,
-                    l.file_entries == 0,
-                )
-            };
-            if skip >= lens.len() {
-                continue;
-            }
-            let mut off = 0usize;
-            let mut records: Vec<(&[u8], u32)> = Vec::with_capacity(lens.len());
-            for &(len, crc) in &lens {
-                records.push((&bodies[off..off + len as usize], crc));
-                off += len as usize;
-            }
-            let records = &records[skip..];
-            if fresh {
-                // New names in `ledgers/` (maybe the directory itself): made
-                // durable by the checkpoint before a catalog refers to them.
-                let ldir = self.io.data_dir.join(LEDGERS_DIR);
-                let created = make_dirs(self.io.fs.as_ref(), &ldir)?;
-                let mut c = self.ckpt.lock();
-                c.dirs.insert(ldir);
-                if !created.is_empty() {
-                    c.dirs.insert(self.io.data_dir.clone());
-                }
-            }
-            let how = if fresh {
-                FileOpen::Fresh
-            } else {
-                FileOpen::Create
-            };
-            let h = self.io.ledger_files(&ml, ledger, how)?;
-            let first_new = first + skip as u64;
-            let end = ledger_file::append(&h.files(ledger), first_new, file_bytes, records)?;
-            self.ckpt.lock().unsynced.insert((ml_id, ledger));
-            let mut ledgers = ml.ledgers.write();
-            if let Some(l) = ledgers.get_mut(&ledger) {
-                if l.file_entries == first_new {
-                    let n = records.len().min(l.tail.len());
-                    l.file_entries += n as u64;
-                    l.file_bytes = end;
-                    l.tail.drain(..n);
-                    self.ckpt.lock().copied_entries += n as u64;
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Makes everything published durable in ledger files and the catalog,
-    /// then removes what no longer needs to exist. `closing`: the journal
-    /// is stopped; remove all of it.
-    fn checkpoint(&self, closing: bool) -> Result<()> {
-        let Some(j) = &self.journal else {
-            return Ok(());
-        };
-        let at = j.synced.load(Ordering::Acquire);
-        let from = self.ckpt.lock().copied;
-        if from < at {
-            self.copy_range(from, at)?;
-            self.ckpt.lock().copied = at;
-        }
-        let deletes = std::mem::take(&mut self.signals.flush.lock().deletes);
-        let (unsynced, dirs) = {
-            let mut c = self.ckpt.lock();
-            (std::mem::take(&mut c.unsynced), std::mem::take(&mut c.dirs))
-        };
-        let sync_result = if unsynced.len() + dirs.len() > SYNCFS_THRESHOLD {
-            // Thousands of files and directories: one syncfs beats
-            // thousands of fsyncs.
-            self.io.fs.sync_filesystem(&self.io.data_dir).map_err(|e| {
-                io_err(
-                    format!("syncing the file system of {}", self.io.data_dir.display()),
-                    &e,
-                )
-            })
-        } else {
-            self.sync_each(&unsynced, &dirs)
-        };
-        if let Err(e) = sync_result {
-            let mut c = self.ckpt.lock();
-            c.unsynced.extend(unsynced);
-            c.dirs.extend(dirs);
-            drop(c);
-            self.signals.flush.lock().deletes.extend(deletes);
-            return Err(e);
-        }
-        let sequence = self.ckpt.lock().sequence + 1;
-        let cat = Catalog {
-            format_version: CATALOG_FORMAT_VERSION,
-            checkpoint: at,
-            next_ml_id: self.next_ml_id.load(Ordering::Acquire),
-            ledgers: {
-                let mls = self.mls.read();
-                let mut v: Vec<ManagedLedgerState> = mls
-                    .values()
-                    .filter(|ml| !ml.meta.lock().deleted)
-                    .map(|ml| ml.snapshot())
-                    .collect();
-                v.sort_by_key(|s| s.id);
-                v
-            },
-            sequence,
-        };
-        let written = self
-            .io
-            .faults
-            .check(FaultKind::Meta)
-            .map_err(|e| {
-                io_err(
-                    format!("writing {}", self.io.data_dir.join(CATALOG_FILE).display()),
-                    &e,
-                )
-            })
-            .and_then(|()| write_catalog(self.io.fs.as_ref(), &self.io.data_dir, &cat));
-        if let Err(e) = written {
-            self.signals.flush.lock().deletes.extend(deletes);
-            return Err(e);
-        }
-        {
-            let mut c = self.ckpt.lock();
-            c.at = at;
-            c.sequence = sequence;
-            c.when = Some(Instant::now());
-            c.count += 1;
-        }
-        // Journal segments wholly before the checkpoint.
-        let bases: Vec<u64> = self.io.segments.read().keys().copied().collect();
-        for (i, &b) in bases.iter().enumerate() {
-            let next = bases.get(i + 1).copied();
-            let gone = match next {
-                Some(n) => n <= at,
-                None => closing,
-            };
-            if gone {
-                self.io.segments.write().remove(&b);
-                let p = journal::segment_path(&self.io.data_dir, b);
-                let _ = self.io.fs.remove_file(&p);
-            }
-        }
-        // Ledger files no catalog lists any more (a failure leaves a
-        // leftover that the next open removes).
-        for (ml, id) in deletes {
-            self.io.files.lock().evict((ml.id, id));
-            let _ = self
-                .io
-                .fs
-                .remove_file(&ledger_file::log_path(&ml.prefix, id));
-            let _ = self
-                .io
-                .fs
-                .remove_file(&ledger_file::idx_path(&ml.prefix, id));
-        }
-        Ok(())
-    }
-
-    /// True if ledger files wait for a checkpoint to be removed.
-    pub fn has_pending_deletes(&self) -> bool {
-        !self.signals.flush.lock().deletes.is_empty()
-    }
-
-    /// Syncs the given ledger files, then the given directories.
-    fn sync_each(&self, files: &HashSet<(u64, u64)>, dirs: &BTreeSet<PathBuf>) -> Result<()> {
-        for &(ml_id, ledger) in files {
-            let Some(ml) = self.mls.read().get(&ml_id).cloned() else {
-                continue;
-            };
-            if !ml.ledgers.read().contains_key(&ledger) {
-                continue;
-            }
-            let h = self.io.ledger_files(&ml, ledger, FileOpen::Existing)?;
-            h.log
-                .sync_data()
-                .and_then(|()| h.idx.sync_data())
-                .map_err(|e| io_err(format!("syncing {}", h.log_path.display()), &e))?;
-        }
-        for d in dirs {
-            self.io
-                .fs
-                .sync_dir(d)
-                .map_err(|e| io_err(format!("syncing {}", d.display()), &e))?;
-        }
-        Ok(())
-    }
-
-    /// Runs a checkpoint now (and waits for it).
-    pub fn checkpoint_now(&self) -> Result<()> {
-        self.check_live()?;
-        if self.io.read_only {
-            return Ok(());
-        }
-        self.barrier()?;
-        // Done on the caller's thread, serialised with the flusher's.
-        let _g = self.serial.lock();
-        self.checkpoint(false)
-    }
-
     /// Closes the store: journals cursor states, drains the journal, stops
     /// the threads, checkpoints everything and releases the lock.
-    fn shutdown(&self) -> Result<()> {
+    pub(super) fn shutdown(&self) -> Result<()> {
         if self.io.read_only {
             self.io.segments.write().clear();
             return Ok(());

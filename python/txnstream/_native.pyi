@@ -73,7 +73,6 @@ def ackset_is_empty_many(words: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]:
 def ackset_overlaps_many(
     a: npt.NDArray[np.int64], b: npt.NDArray[np.int64], batch_sizes: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.bool_]: ...
-
 def ackset_list_cardinality(
     offsets: npt.NDArray[np.int32], values: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.uint32]: ...
@@ -285,7 +284,6 @@ def replay_log(
     end: Position | TxnPosition | None = None,
     max_entries: int | None = None,
 ) -> dict[str, Any]: ...
-
 def scan_log(
     ml: ManagedLedger,
     kind: str,

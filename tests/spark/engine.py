@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from txnstream import BufferedWriter, ManagedLedger, TransactionCoordinator, TxnPosition
 from txnstream.coordinator import TxnID
@@ -117,7 +118,7 @@ class Participants:
 
 
 def open_coordinator(
-    directory: Path, participants: Participants, tc_id: int = 0, **settings: object
+    directory: Path, participants: Participants, tc_id: int = 0, **settings: Any
 ) -> TransactionCoordinator:
     """A coordinator on ``directory`` whose subscriptions are ``participants``' logs."""
     return TransactionCoordinator.open(

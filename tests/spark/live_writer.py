@@ -25,7 +25,9 @@ def main(directory: str, stop_file: str) -> None:
         while not stop.exists() and time.monotonic() < deadline:
             ids = tc.new_transactions(16, timeout_ms=600_000, client_name="live")
             tc.add_produced_partitions_many([(t, ["out"]) for t in ids])
-            tc.end_transactions([(t, "abort" if i % 4 == 0 else "commit") for i, t in enumerate(ids)])
+            tc.end_transactions(
+                [(t, "abort" if i % 4 == 0 else "commit") for i, t in enumerate(ids)]
+            )
             done += len(ids)
             print(done, flush=True)
             time.sleep(0.01)  # a steady writer, not a flood: the test reads the whole log

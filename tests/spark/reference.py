@@ -81,8 +81,7 @@ def python_rows(directory: Path, log: str, kind: str) -> list[Row]:
             records = frame.decode_entry(entry)
             for i, rec in enumerate(records):
                 deleted = bool(cursors) and all(
-                    c.is_deleted(pos)
-                    or ((s := c.batch_ack_set(pos)) is not None and not s.get(i))
+                    c.is_deleted(pos) or ((s := c.batch_ack_set(pos)) is not None and not s.get(i))
                     for c in cursors
                 )
                 fields = _txn_fields(rec) if kind == "txn" else _ack_fields(rec)
@@ -107,4 +106,6 @@ def python_rows(directory: Path, log: str, kind: str) -> list[Row]:
 def spark_rows(df: Any) -> list[Row]:
     """Rows of a DataFrame as plain dicts, in log order."""
     rows = [r.asDict(recursive=True) for r in df.collect()]
-    return sorted(rows, key=lambda r: (r["log"], r["ledger_id"], r["entry_id"], r["batch_index"] or 0))
+    return sorted(
+        rows, key=lambda r: (r["log"], r["ledger_id"], r["entry_id"], r["batch_index"] or 0)
+    )

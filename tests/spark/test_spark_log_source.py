@@ -1,11 +1,11 @@
-"""Data source ``txnstream-log``: the same rows as the Python API, on closed and live directories."""
+"""Data source ``txnstream-log``: the same rows as the Python API, closed and live directories."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import DataFrame, SparkSession
@@ -95,7 +95,9 @@ def test_partitions_are_ledgers(spark: SparkSession, tmp_path: Path) -> None:
     assert df.rdd.getNumPartitions() == len(ledgers)
     split = read(spark, tmp_path, allCoordinators="true", maxEntriesPerPartition="7")
     assert split.rdd.getNumPartitions() > len(ledgers)
-    assert spark_rows(split) == spark_rows(df) == python_rows(tmp_path, "__transaction_log_0", "txn")
+    assert (
+        spark_rows(split) == spark_rows(df) == python_rows(tmp_path, "__transaction_log_0", "txn")
+    )
     small = read(spark, tmp_path, allCoordinators="true", maxRowsPerBatch="3")
     assert spark_rows(small) == spark_rows(df)
 
@@ -121,7 +123,9 @@ def test_all_coordinators_and_entries_mode(spark: SparkSession, tmp_path: Path) 
     ]
 
 
-def test_malformed_entries_give_null_fields_and_an_error(spark: SparkSession, tmp_path: Path) -> None:
+def test_malformed_entries_give_null_fields_and_an_error(
+    spark: SparkSession, tmp_path: Path
+) -> None:
     good = frame.decode_entry(
         frame.encode_batch([b"\x08\x00\x10\x01\x18\x00\x6a\x01c", b"\x08\x03\x10\x01"])
     )
@@ -150,7 +154,7 @@ def test_malformed_entries_give_null_fields_and_an_error(spark: SparkSession, tm
     assert not any(b"CORRUPT-ME-XYZ" in s.read_bytes() for s in (tmp_path / "journal").glob("*"))
 
     rows = spark_rows(read(spark, tmp_path, log=log, kind="txn"))
-    by_entry: dict[int, list[dict[str, object]]] = {}
+    by_entry: dict[int, list[dict[str, Any]]] = {}
     for r in rows:
         by_entry.setdefault(r["entry_id"], []).append(r)
     assert [len(by_entry[e]) for e in range(7)] == [2, 1, 1, 3, 1, 1, 1]

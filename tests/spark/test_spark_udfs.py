@@ -75,7 +75,9 @@ def test_decode_txn_log_entry_equals_the_data_source(spark: SparkSession, tmp_pa
             key=lambda r: (r["ledger_id"], r["entry_id"], r["batch_index"]),
         )
         drop = ("log", "entry_size", "batched", "deleted")
-        want = [{k: v for k, v in r.items() if k not in drop} for r in python_rows(tmp_path, log, kind)]
+        want = [
+            {k: v for k, v in r.items() if k not in drop} for r in python_rows(tmp_path, log, kind)
+        ]
         assert got == want
         assert len(got) > 40
 

@@ -130,9 +130,20 @@ class AuditContext:
 class Check(Protocol):
     """One audit check: a name, the tables it needs, violations it finds."""
 
-    name: str
-    description: str
-    requires: tuple[str, ...]
+    @property
+    def name(self) -> str:
+        """The check's name (in ``summary.json`` and the report)."""
+        ...
+
+    @property
+    def description(self) -> str:
+        """What the check verifies, in one line."""
+        ...
+
+    @property
+    def requires(self) -> tuple[str, ...]:
+        """Tables the check reads; it is skipped when one is missing."""
+        ...
 
     def run(self, ctx: AuditContext) -> DataFrame:
         """Return the violations found (rows of :data:`VIOLATION_SCHEMA`)."""
@@ -300,7 +311,8 @@ class PendingAckOutcomes:
                 "liveness",
                 (F.col("status") == "ABORTED") & (n("acks") > 0) & (n("aborts") == 0),
                 F.concat(F.col("acks"), final),
-                "aborted transaction %s acked in %s but the log has no ABORT: the messages stay held",
+                "aborted transaction %s acked in %s but the log has no ABORT:"
+                " the messages stay held",
             ),
             (
                 "unregistered_subscription",
@@ -340,7 +352,9 @@ class DoubleAck:
 
     def run(self, ctx: AuditContext) -> DataFrame:
         """Return one violation per pair of committed transactions acking the same message."""
-        committed = ctx.table("transactions").filter(F.col("status") == "COMMITTED").select(*TXN_KEY)
+        committed = (
+            ctx.table("transactions").filter(F.col("status") == "COMMITTED").select(*TXN_KEY)
+        )
         acks = (
             ctx.table("pending_ack_records")
             .filter((F.col("op") == "ACK") & (F.col("ack_type") == "Individual"))
@@ -372,7 +386,10 @@ class DoubleAck:
                 < F.struct(F.col("b.txnid_most_bits"), F.col("b.txnid_least_bits"))
             ),
         )
-        whole = lambda side: F.coalesce(F.col(f"{side}.m_size"), F.lit(1)) <= 1  # noqa: E731
+
+        def whole(side: str) -> Column:
+            return F.coalesce(F.col(f"{side}.m_size"), F.lit(1)) <= 1
+
         same_size = F.col("a.m_size") == F.col("b.m_size")
         overlap = (
             whole("a")
@@ -418,9 +435,7 @@ CHECKS: list[Check] = [CorruptRecords(), StateMachine(), PendingAckOutcomes(), D
 def _stuck(ctx: AuditContext) -> DataFrame:
     now = F.lit(ctx.reference_time_ms)
     t = ctx.table("transactions")
-    open_late = (F.col("status") == "OPEN") & (
-        F.col("start_time") + F.col("timeout_ms") < now
-    )
+    open_late = (F.col("status") == "OPEN") & (F.col("start_time") + F.col("timeout_ms") < now)
     since = F.coalesce(F.col("decision_time"), F.col("start_time"))
     ending_late = F.col("status").isin("COMMITTING", "ABORTING") & (
         now - since > F.lit(ctx.options.stuck_after_ms)
@@ -470,8 +485,9 @@ def _batching(ctx: AuditContext, entries: DataFrame) -> list[dict[str, Any]]:
         F.sum("batched").alias("batched_entries"),
         F.max("records").alias("max_batch"),
         F.sum("all_deleted").alias("freed"),
-        F.sum(F.when((F.col("any_deleted") == 1) & (F.col("all_deleted") == 0), 1).otherwise(0))
-        .alias("partially_deleted"),
+        F.sum(
+            F.when((F.col("any_deleted") == 1) & (F.col("all_deleted") == 0), 1).otherwise(0)
+        ).alias("partially_deleted"),
     )
     logs = {r["log"]: r.asDict() for r in per_log.collect()}
     sizes = entries.groupBy("log", "records", "batched").count().collect()
@@ -631,11 +647,11 @@ def run_audit(
 
     # Coordinator logs strictly before pending-ack logs (see the module docs).
     step(f"reading {len(coordinator_logs)} coordinator log(s)")
-    txn_records = _load(
-        spark, data, COORDINATOR_LOG_PREFIX + "*", "txn", out, "txn_log_records"
-    )
+    txn_records = _load(spark, data, COORDINATOR_LOG_PREFIX + "*", "txn", out, "txn_log_records")
     step(f"reading {len(pending_logs)} pending-ack log(s)")
-    pending = _load(spark, data, "*" + PENDING_ACK_LOG_SUFFIX, "pending_ack", out, "pending_ack_records")
+    pending = _load(
+        spark, data, "*" + PENDING_ACK_LOG_SUFFIX, "pending_ack", out, "pending_ack_records"
+    )
     ctx.tables["txn_log_records"] = txn_records
     ctx.tables["pending_ack_records"] = pending
 

@@ -246,9 +246,7 @@ def txn_log_arrays(d: Columns, valid: Mask) -> list[pa.Array]:
         fixed_array(d["txnid_least_bits"], i64, i64t, valid),
         _enum_array(d["expected_status"], _TXN_STATUS, valid),
         _enum_array(d["new_status"], _TXN_STATUS, valid),
-        list_array(
-            _field_type(TXN_LOG_FIELDS, "partitions"), d["partition_offsets"], parts, valid
-        ),
+        list_array(_field_type(TXN_LOG_FIELDS, "partitions"), d["partition_offsets"], parts, valid),
         list_array(
             _field_type(TXN_LOG_FIELDS, "subscriptions"), d["subscription_offsets"], subs, valid
         ),

@@ -18,8 +18,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
+import matplotlib.pyplot as plt
+from matplotlib.figure import Figure
 
 __all__ = ["charts", "render", "write_report"]
 
@@ -51,7 +51,9 @@ def _status_chart(summary: Mapping[str, Any]) -> str:
     fig, ax = plt.subplots(figsize=(5.5, 3.2))
     if counts:
         names = sorted(counts, key=lambda s: -counts[s])
-        ax.bar(names, [counts[n] for n in names], color=[_STATUS_COLORS.get(n, "#777") for n in names])
+        ax.bar(
+            names, [counts[n] for n in names], color=[_STATUS_COLORS.get(n, "#777") for n in names]
+        )
         for i, n in enumerate(names):
             ax.annotate(str(counts[n]), (i, counts[n]), ha="center", va="bottom", fontsize=8)
         ax.set_ylabel("transactions")
@@ -106,7 +108,9 @@ def _batch_chart(summary: Mapping[str, Any]) -> str:
                 [i + k * width for i in range(len(labels))],
                 [t.get(label, 0) for label in labels],
                 width=width,
-                label={"txn": "coordinator logs", "pending_ack": "pending-ack logs"}.get(kind, kind),
+                label={"txn": "coordinator logs", "pending_ack": "pending-ack logs"}.get(
+                    kind, kind
+                ),
             )
         ax.set_xticks([i + 0.4 - width / 2 for i in range(len(labels))], labels)
         ax.set_xlabel("records in the entry")
@@ -190,13 +194,13 @@ def _e(v: object) -> str:
     return html.escape("" if v is None else str(v))
 
 
-def _positions(ps: Sequence[Mapping[str, Any]] | None) -> str:
-    if not ps:
-        return ""
+def _positions(ps: Sequence[Mapping[str, Any] | None] | None) -> str:
+    """Positions as HTML lines; missing ones (an OPEN transaction has no final record) skipped."""
     return "<br>".join(
         f"{_e(p.get('role'))}: <code>{_e(p.get('log'))} @ {_e(p.get('ledger_id'))}:"
         f"{_e(p.get('entry_id'))}#{_e(p.get('batch_index'))}</code>"
-        for p in ps
+        for p in ps or ()
+        if p
     )
 
 
@@ -279,8 +283,18 @@ def render(
         "No stuck transaction.",
     )
     btable = _table(
-        ["log", "kind", "entries", "records", "records/entry", "max batch", "saved", "freed",
-         "bytes", "flush triggers (inferred)"],
+        [
+            "log",
+            "kind",
+            "entries",
+            "records",
+            "records/entry",
+            "max batch",
+            "saved",
+            "freed",
+            "bytes",
+            "flush triggers (inferred)",
+        ],
         [
             [
                 f"<code>{_e(b['log'])}</code>",

@@ -51,7 +51,7 @@ _ORDER = ["ledger_id", "entry_id", "batch_index"]
 
 
 def position(role: str | Column | None = None) -> Column:
-    """A record's position as a struct (``log``, ledger, entry, batch index, ``role``)."""
+    """Return a record's position as a struct (``log``, ledger, entry, batch index, ``role``)."""
     role_col = F.lit(role) if role is None or isinstance(role, str) else role
     return F.struct(
         F.col("log"),
@@ -131,9 +131,7 @@ def final_states(records: DataFrame) -> DataFrame:
     adds = good.groupBy(*TXN_KEY).agg(
         F.array_distinct(
             F.flatten(
-                F.collect_list(
-                    F.when(F.col("metadata_op") == "ADD_PARTITION", F.col("partitions"))
-                )
+                F.collect_list(F.when(F.col("metadata_op") == "ADD_PARTITION", F.col("partitions")))
             )
         ).alias("partitions"),
         F.array_distinct(

@@ -24,13 +24,13 @@ a failed task.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import numpy.typing as npt
 import pyarrow as pa
-from pyspark.sql import SparkSession
-from pyspark.sql.functions import arrow_udf
+from pyspark.sql import Column, SparkSession
+from pyspark.sql.pandas.functions import arrow_udf
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
@@ -70,7 +70,10 @@ __all__ = [
     "register_udfs",
 ]
 
-_BATCH_FIELDS = [StructField("batch_size", IntegerType()), StructField("batch_index", IntegerType())]
+_BATCH_FIELDS = [
+    StructField("batch_size", IntegerType()),
+    StructField("batch_index", IntegerType()),
+]
 #: Element type of :func:`decode_txn_log_entry`'s result.
 TXN_LOG_RECORD = StructType([*_BATCH_FIELDS, *TXN_LOG_FIELDS])
 #: Element type of :func:`decode_pending_ack_entry`'s result.
@@ -225,9 +228,13 @@ def _ack_set_overlaps(a: pa.Array, b: pa.Array, batch_size: pa.Array) -> pa.Arra
     return bool_array(hits, valid)
 
 
-def _udf(fn: Callable[..., pa.Array], return_type: DataType) -> Any:
-    # The function's ``pa.Array`` hints make it a scalar Arrow UDF.
-    return arrow_udf(fn, return_type)
+def _udf(fn: Callable[..., pa.Array], return_type: DataType) -> Callable[..., Column]:
+    # The function's ``pa.Array`` hints make it a scalar Arrow UDF (what PySpark
+    # prefers at run time; its stubs only know the form naming ArrowUDFType).
+    make: Callable[[Callable[..., pa.Array], DataType], Callable[..., Column]] = cast(
+        Any, arrow_udf
+    )
+    return make(fn, return_type)
 
 
 decode_entry = _udf(_decode_entry, ArrayType(BinaryType()))
@@ -240,7 +247,7 @@ ack_set_and = _udf(_ack_set_and, ArrayType(LongType()))
 ack_set_overlaps = _udf(_ack_set_overlaps, BooleanType())
 
 #: Every UDF by its name.
-UDFS: dict[str, Any] = {
+UDFS: dict[str, Callable[..., Column]] = {
     "decode_entry": decode_entry,
     "is_batched": is_batched,
     "decode_txn_log_entry": decode_txn_log_entry,

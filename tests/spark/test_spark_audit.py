@@ -19,13 +19,17 @@ from pyspark.sql import SparkSession
 
 from tests.spark.engine import Participants, Plant, open_coordinator, workload
 from txnstream import ManagedLedger, frame
-from txnstream._native import encode_txn_update
+from txnstream._native import (
+    encode_txn_add_partitions,
+    encode_txn_new,
+    encode_txn_update,
+)
 from txnstream.cli import main
 from txnstream.coordinator import TxnID
 from txnstream.spark.audit import AuditOptions, AuditResult, run_audit, violation_rows
 
 PENDING = "in-sub__transaction_pending_ack"
-COMMITTED, ABORTED = 2, 4
+OPEN, COMMITTING, COMMITTED, ABORTED = 0, 1, 2, 4
 
 
 @dataclass
@@ -96,6 +100,14 @@ def planted(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Pl
     tc.end_transaction(t, "commit")
     outcome[t] = "COMMITTED"
     expected |= {("unregistered_subscription", t), ("missing_pending_ack_commit", t)}
+    # An ack after the transaction's COMMIT in the same log: never resolved.
+    t = txn([("in", "sub")])
+    log.ack(t, [(9, 5, 1, 0)])
+    tc.end_transaction(t, "commit")
+    late = log.ack(t, [(9, 6, 1, 0)])
+    positions["late_ack"] = (PENDING, late.ledger_id, late.entry_id, late.batch_index)
+    outcome[t] = "COMMITTED"
+    expected.add(("ack_after_end", t))
     tc.close()
     parts.close()
 
@@ -114,6 +126,29 @@ def planted(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Pl
     # ... so by the log the victim ended ABORTED while its acks were committed.
     expected |= {("aborted_ack_committed", victim), ("missing_pending_ack_abort", victim)}
     outcome[victim] = "ABORTED"  # the last record wins; the audit says it is invalid
+    # Coordinator-log records a correct coordinator never writes, appended as
+    # its storage would: an id begun a second time, a partition added after
+    # the commit, and a transaction whose COMMITTED record was lost (it stays
+    # COMMITTING: stuck, not a violation, since recovery finishes it).
+    reused, added = [t for t, s in outcome.items() if s == "COMMITTED"][1:3]
+    stuck = TxnID(0, 10_000)
+    t0 = int(time.time() * 1000)
+    ml = ManagedLedger.open(d, "__transaction_log_0")
+    again = ml.append(encode_txn_new(reused.most_bits, reused.least_bits, t0, 600_000, "again"))
+    late_add = ml.append(
+        frame.encode_batch(
+            [
+                encode_txn_add_partitions(added.most_bits, added.least_bits, t0, ["late"]),
+                encode_txn_new(stuck.most_bits, stuck.least_bits, t0, 600_000, "stuck"),
+                encode_txn_update(stuck.most_bits, stuck.least_bits, t0 + 1, OPEN, COMMITTING),
+            ]
+        )
+    )
+    ml.close()
+    positions["again"] = ("__transaction_log_0", again.ledger_id, again.entry_id, 0)
+    positions["late_add"] = ("__transaction_log_0", late_add.ledger_id, late_add.entry_id, 0)
+    expected |= {("reused_transaction_id", reused), ("added_after_decision", added)}
+    outcome[stuck] = "COMMITTING"
 
     # Far enough in the future that every OPEN transaction is past its timeout.
     now = int(time.time() * 1000) + 3_600_000
@@ -144,6 +179,12 @@ def test_each_violation_names_its_positions(planted: Planted) -> None:
     assert all({p["role"] for p in v["positions"]} == {"ACK", "COMMITTED"} for v in missing)
     assert at("corrupt_record") == [planted.positions["corrupt"]]
     assert at("invalid_transition") == [planted.positions["flip"]]
+    end, late = at("ack_after_end")
+    assert late == planted.positions["late_ack"] and end < late
+    again = at("reused_transaction_id")
+    assert len(again) == 2 and again[1] == planted.positions["again"]
+    decided, added = at("added_after_decision")
+    assert added == planted.positions["late_add"] and decided < added
     (double,) = [v for v in planted.violations if v["kind"] == "double_ack"]
     assert "message 9:2" in double["detail"]
     assert [p["role"] for p in double["positions"]] == ["ACK", "ACK"]
@@ -155,7 +196,13 @@ def test_audit_summary_matches_the_engine(planted: Planted, spark: SparkSession)
     for status in planted.outcome.values():
         want[status] = want.get(status, 0) + 1
     assert s["transactions"]["by_status"] == want
-    assert s["stuck"]["count"] == want["OPEN"]
+    # Stuck: every OPEN one (past its timeout at the reference time) and the
+    # one whose COMMITTED record was lost.
+    assert s["stuck"]["count"] == want["OPEN"] + 1
+    stuck = spark.read.parquet(str(planted.result.out_dir / "stuck_transactions")).collect()
+    assert {(r["txnid_least_bits"], r["reason"]) for r in stuck if r["status"] != "OPEN"} == {
+        (10_000, "decided but not finished")
+    }
     # Entries and records: what the ledgers hold.
     entries = records = 0
     for name in ("__transaction_log_0", PENDING, "in-other__transaction_pending_ack"):
@@ -170,7 +217,7 @@ def test_audit_summary_matches_the_engine(planted: Planted, spark: SparkSession)
     # The Parquet tables are there and agree with the summary.
     out = planted.result.out_dir
     assert spark.read.parquet(str(out / "transactions")).count() == len(planted.outcome)
-    assert spark.read.parquet(str(out / "stuck_transactions")).count() == want["OPEN"]
+    assert spark.read.parquet(str(out / "stuck_transactions")).count() == want["OPEN"] + 1
     assert json.loads((out / "summary.json").read_text())["verdict"] == "FAIL"
 
 

@@ -204,14 +204,21 @@ class CorruptRecords:
 
 @dataclass(frozen=True)
 class StateMachine:
-    """Status changes follow the coordinator's state machine; one log per transaction."""
+    """Coordinator logs follow the state machine.
+
+    Every UPDATE is an allowed status change; a transaction lives in one
+    coordinator log and begins once (one NEW: an id is never handed out
+    twice); partitions and subscriptions are added before the decision.
+    """
 
     name: str = "state_machine"
-    description: str = "every UPDATE is an allowed transition; each transaction in one log"
+    description: str = (
+        "allowed status changes; one log and one NEW per transaction; no add after the decision"
+    )
     requires: tuple[str, ...] = ("txn_log_records", "transactions")
 
     def run(self, ctx: AuditContext) -> DataFrame:
-        """Return invalid transitions and transactions found in several logs."""
+        """Return invalid transitions, split or reused transactions, late adds."""
         bad = invalid_transitions(ctx.table("txn_log_records"))
         v1 = _violations(
             bad,
@@ -230,7 +237,77 @@ class StateMachine:
             F.array(F.col("first_position"), F.col("final_position")),
             F.format_string("transaction %s appears in %d coordinator logs", _txn(), F.col("logs")),
         )
-        return v1.unionByName(v2)
+        return v1.unionByName(v2).unionByName(_reused_ids(ctx)).unionByName(_late_adds(ctx))
+
+
+def _at() -> Column:
+    """Return a record's place in its log, comparable (ledger, entry, batch index)."""
+    return F.struct("ledger_id", "entry_id", "batch_index")
+
+
+def _reused_ids(ctx: AuditContext) -> DataFrame:
+    """Transactions begun twice (two NEW records): a coordinator handed an id out again."""
+    news = (
+        ctx.table("txn_log_records")
+        .filter(F.col("metadata_op") == "NEW")
+        .groupBy("log", *TXN_KEY)
+        .agg(
+            F.sort_array(
+                F.collect_list(F.struct(_at().alias("k"), position("NEW").alias("p")))
+            ).alias("ps")
+        )
+        .filter(F.size("ps") > 1)
+    )
+    return _violations(
+        news,
+        "reused_transaction_id",
+        "safety",
+        F.transform("ps", lambda x: x["p"]),
+        F.format_string(
+            "transaction id %s begun %d times in %s: two transactions share it",
+            _txn(),
+            F.size("ps"),
+            F.col("log"),
+        ),
+    )
+
+
+def _late_adds(ctx: AuditContext) -> DataFrame:
+    """Partitions or subscriptions added after the transaction was decided.
+
+    The coordinator sends the end to the participants it knows when it
+    decides; one added later never hears of it (Pulsar refuses the add).
+    """
+    records = ctx.table("txn_log_records").filter(F.col("error").isNull())
+    decided = (
+        records.filter((F.col("metadata_op") == "UPDATE") & (F.col("new_status") != F.lit("OPEN")))
+        .groupBy("log", *TXN_KEY)
+        .agg(F.min(F.struct(_at().alias("k"), position("DECISION").alias("p"))).alias("d"))
+    )
+    adds = records.filter(F.col("metadata_op").isin("ADD_PARTITION", "ADD_SUBSCRIPTION"))
+    late = adds.join(decided, ["log", *TXN_KEY], "inner").filter(_at() > F.col("d.k"))
+    return _violations(
+        late,
+        "added_after_decision",
+        "safety",
+        F.array(F.col("d.p"), position(F.col("metadata_op"))),
+        F.format_string(
+            "transaction %s: %s %s after its decision (%s): that participant never gets the end",
+            _txn(),
+            F.col("metadata_op"),
+            F.array_join(
+                F.concat(
+                    F.coalesce(F.col("partitions"), F.array().cast("array<string>")),
+                    F.transform(
+                        F.coalesce(F.col("subscriptions"), F.array()),
+                        lambda x: F.concat(x["topic"], F.lit("/"), x["subscription"]),
+                    ),
+                ),
+                ",",
+            ),
+            F.col("d.p.role"),
+        ),
+    )
 
 
 def _pending_by_txn(pending: DataFrame) -> DataFrame:
@@ -317,7 +394,8 @@ class PendingAckOutcomes:
             (
                 "unregistered_subscription",
                 "liveness",
-                F.col("status").isNotNull()
+                # Decided only: an OPEN one may still register it (live directory).
+                F.col("status").isin("COMMITTING", "COMMITTED", "ABORTING", "ABORTED")
                 & (n("acks") > 0)
                 & ~F.array_contains(_expected_logs(), F.col("log")),
                 F.col("acks"),
@@ -336,6 +414,46 @@ class PendingAckOutcomes:
             out = v if out is None else out.unionByName(v)
         assert out is not None
         return out
+
+
+@dataclass(frozen=True)
+class PendingAckOrder:
+    """No transaction acks in a subscription after its end there.
+
+    An ACK record after the transaction's COMMIT or ABORT record in the same
+    pending-ack log is never resolved: the message stays held by a
+    transaction that is over (Pulsar's pending-ack handle refuses it).
+    """
+
+    name: str = "pending_ack_order"
+    description: str = "no pending-ack ACK after the transaction's COMMIT/ABORT in that log"
+    requires: tuple[str, ...] = ("pending_ack_records",)
+
+    def run(self, ctx: AuditContext) -> DataFrame:
+        """Return one violation per ACK record that follows its transaction's end."""
+        good = ctx.table("pending_ack_records").filter(F.col("op").isNotNull())
+        ends = (
+            good.filter(F.col("op").isin("COMMIT", "ABORT"))
+            .groupBy("log", *TXN_KEY)
+            .agg(F.min(F.struct(_at().alias("k"), position(F.col("op")).alias("p"))).alias("e"))
+        )
+        late = (
+            good.filter(F.col("op") == "ACK")
+            .join(ends, ["log", *TXN_KEY], "inner")
+            .filter(_at() > F.col("e.k"))
+        )
+        return _violations(
+            late,
+            "ack_after_end",
+            "safety",
+            F.array(F.col("e.p"), position("ACK")),
+            F.format_string(
+                "transaction %s acks in %s after its %s there: the ack is never resolved",
+                _txn(),
+                F.col("log"),
+                F.col("e.p.role"),
+            ),
+        )
 
 
 @dataclass(frozen=True)
@@ -426,7 +544,13 @@ class DoubleAck:
 
 
 #: The checks a default audit runs, in order.
-CHECKS: list[Check] = [CorruptRecords(), StateMachine(), PendingAckOutcomes(), DoubleAck()]
+CHECKS: list[Check] = [
+    CorruptRecords(),
+    StateMachine(),
+    PendingAckOutcomes(),
+    PendingAckOrder(),
+    DoubleAck(),
+]
 
 
 # ------------------------------------------------------------------ measures

@@ -28,7 +28,8 @@ LAYERS = [
     {"spark.udfs", "spark.log_source"},
     {"spark.session", "spark.report"},
     {"spark.audit", "spark"},
-    {"workload", "demo", "cli", "testing"},
+    {"workload", "demo", "admin", "bench", "testing"},
+    {"cli"},
 ]
 
 

@@ -132,5 +132,69 @@ def _print_audit(summary: dict[str, Any], console: Any) -> None:
     console.print(f"report: {Path(summary['out_dir']) / 'report.html'}")
 
 
+@main.group()
+def admin() -> None:
+    """Inspect a data directory (read-only: it may be live)."""
+
+
+@admin.command("logs")
+@click.argument(
+    "data_dir", type=click.Path(exists=True, file_okay=False, dir_okay=True, path_type=Path)
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the logs as JSON.")
+def admin_logs(data_dir: Path, as_json: bool) -> None:
+    """List the managed ledgers of DATA_DIR: kind, ledgers, entries, cursors."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from txnstream.admin import describe_logs
+
+    logs = describe_logs(data_dir)
+    if as_json:
+        click.echo(json.dumps(logs, indent=2))
+        return
+    t = Table(title=f"logs in {data_dir}")
+    t.add_column("name", no_wrap=True)
+    for h in ("kind", "ledgers", "entries", "first", "last", "cursors (mark-delete)"):
+        t.add_column(h)
+    for log in logs:
+        t.add_row(
+            log["name"],
+            log["kind"],
+            str(log["ledgers"]),
+            str(log["entries"]),
+            str(log["first"]),
+            str(log["last"]),
+            ", ".join(f"{c} @ {p}" for c, p in log["cursors"].items()),
+        )
+    Console().print(t)
+
+
+@main.command()
+@click.option("--txns", default=20_000, show_default=True, type=click.IntRange(min=1))
+@click.option("--threads", default=4, show_default=True, type=click.IntRange(min=1, max=256))
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+def bench(txns: int, threads: int, as_json: bool) -> None:
+    """Measure this machine: transactions/s and log scan rate (temporary directory).
+
+    The benchmark suite with baselines side by side is `make bench` (benches/).
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    from txnstream.bench import run
+
+    console = Console(stderr=True)
+    with console.status(f"{txns} transactions on {threads} thread(s)"):
+        figures = run(txns, threads)
+    if as_json:
+        click.echo(json.dumps(figures, indent=2))
+        return
+    t = Table(title="txnstream bench", show_header=False)
+    for k, v in figures.items():
+        t.add_row(k.replace("_", " "), f"{v:,}" if isinstance(v, int | float) else str(v))
+    Console().print(t)
+
+
 if __name__ == "__main__":
     main()

@@ -28,7 +28,7 @@ LAYERS = [
     {"spark.udfs", "spark.log_source"},
     {"spark.session", "spark.report"},
     {"spark.audit", "spark"},
-    {"workload", "demo", "admin", "bench", "testing"},
+    {"workload", "demo", "datadir", "bench", "testing"},
     {"cli"},
 ]
 

@@ -147,7 +147,7 @@ def admin_logs(data_dir: Path, as_json: bool) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from txnstream.admin import describe_logs
+    from txnstream.datadir import describe_logs
 
     logs = describe_logs(data_dir)
     if as_json:

@@ -1,4 +1,4 @@
-"""Administration of a data directory (``txnstream admin``): what it holds, read-only.
+"""What a data directory holds (``txnstream admin logs``), read from its files.
 
 Everything here opens the directory read-only, from its files alone, so it
 works on a closed directory and on a live one whose writer keeps running.

@@ -64,3 +64,12 @@ def test_bench_reports_what_it_ran() -> None:
     assert figures["transactions_per_second"] > 0 and figures["scan_records_per_second"] > 0
     bad = CliRunner().invoke(main, ["bench", "--txns", "0"])
     assert bad.exit_code == 2 and "--txns" in bad.output
+
+
+def test_audit_of_a_directory_without_logs_is_an_error_not_a_verdict(tmp_path: Path) -> None:
+    # Fails before Spark starts: no SparkSession is needed to see it.
+    (tmp_path / "data").mkdir()
+    res = CliRunner().invoke(main, ["audit", str(tmp_path / "data"), "--out", str(tmp_path / "o")])
+    assert res.exit_code == 2, res.output
+    assert "StorageError" in res.output and "no CATALOG" in res.output
+    assert not (tmp_path / "o").exists()

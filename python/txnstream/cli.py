@@ -32,6 +32,12 @@ def demo(data: str, txns: int, threads: int, kill_at: float) -> None:
     raise SystemExit(job.main(data, txns, threads, kill_at))
 
 
+class _AuditError(click.ClickException):
+    """The audit could not run (status 2; 1 means it ran and found violations)."""
+
+    exit_code = 2
+
+
 @main.command()
 @click.argument(
     "data_dir", type=click.Path(exists=True, file_okay=False, dir_okay=True, path_type=Path)
@@ -82,7 +88,7 @@ def audit(
     try:
         from txnstream.spark.audit import AuditOptions, run_audit
     except ImportError as e:  # pragma: no cover - depends on the install
-        raise click.ClickException(
+        raise _AuditError(
             f"the audit needs the Spark extra (pip install 'txnstream[spark]'): {e}"
         ) from e
     out_dir = out or data_dir.resolve().with_name(data_dir.resolve().name + "-audit")
@@ -91,13 +97,16 @@ def audit(
     console = Console(stderr=True)
     options = AuditOptions(stuck_after_ms=stuck_after_ms, now_ms=now_ms, max_records=max_records)
     with console.status("starting Spark") as status:
-        result = run_audit(
-            data_dir,
-            out_dir,
-            master=master,
-            options=options,
-            progress=lambda step: status.update(step),
-        )
+        try:
+            result = run_audit(
+                data_dir,
+                out_dir,
+                master=master,
+                options=options,
+                progress=lambda step: status.update(step),
+            )
+        except Exception as e:  # the CLI boundary: any failure is exit status 2, not 1
+            raise _AuditError(f"{type(e).__name__}: {e}") from e
     if as_json:
         click.echo(json.dumps(result.summary, indent=2, sort_keys=True))
     else:

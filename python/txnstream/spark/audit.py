@@ -760,11 +760,11 @@ def run_audit(
     opts = options or AuditOptions()
     data = str(Path(data_dir))
     out = Path(out_dir)
+    names = ManagedLedger.names(data)  # before Spark starts: not a data directory fails fast
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
     spark = spark or session(master)
-    names = ManagedLedger.names(data)
     coordinator_logs = sorted(n for n in names if log_kind(n) == "txn")
     pending_logs = sorted(n for n in names if log_kind(n) == "pending_ack")
     ctx = AuditContext(spark, data, out, opts)

@@ -23,6 +23,10 @@ LAYERS = [
     {"coordinator.aio"},
     {"coordinator.coordinator"},
     {"coordinator"},
+    {"tiered.remote"},
+    {"tiered.metadata", "tiered.txn_index"},
+    {"tiered.offload", "tiered.reader"},
+    {"tiered"},
     # The Spark pipeline reads storage files; nothing below imports it.
     {"spark.columns", "spark.transactions"},
     {"spark.udfs", "spark.log_source"},

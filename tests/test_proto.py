@@ -93,3 +93,49 @@ def test_spec_field_numbers() -> None:
     ]
     assert (proto.ACK, proto.COMMIT, proto.ABORT) == (1, 2, 3)
     assert (proto.Individual, proto.Cumulative) == (0, 1)
+
+
+def test_pulsar_message_metadata_field_numbers() -> None:
+    """Topic entries keep Pulsar's PulsarApi.proto / PulsarMarkers.proto numbers."""
+    want = {
+        "producer_name": 1,
+        "sequence_id": 2,
+        "publish_time": 3,
+        "properties": 4,
+        "replicated_from": 5,
+        "partition_key": 6,
+        "replicate_to": 7,
+        "compression": 8,
+        "uncompressed_size": 9,
+        "num_messages_in_batch": 11,
+        "event_time": 12,
+        "partition_key_b64_encoded": 17,
+        "ordering_key": 18,
+        "deliver_at_time": 19,
+        "marker_type": 20,
+        "txnid_least_bits": 22,
+        "txnid_most_bits": 23,
+        "highest_sequence_id": 24,
+        "null_value": 25,
+        "uuid": 26,
+        "num_chunks_from_msg": 27,
+        "total_chunk_msg_size": 28,
+        "chunk_id": 29,
+        "null_partition_key": 30,
+    }
+    assert fields(proto.MessageMetadata) == want
+    assert fields(proto.SingleMessageMetadata) == {
+        "properties": 1,
+        "partition_key": 2,
+        "payload_size": 3,
+        "compacted_out": 4,
+        "event_time": 5,
+        "partition_key_b64_encoded": 6,
+        "ordering_key": 7,
+        "sequence_id": 8,
+        "null_value": 9,
+        "null_partition_key": 10,
+    }
+    assert fields(proto.KeyValue) == {"key": 1, "value": 2}
+    assert (proto.TXN_COMMITTING, proto.TXN_COMMIT, proto.TXN_ABORT) == (20, 21, 22)
+    assert proto.MarkerType.Value("UNKNOWN_MARKER") == 0

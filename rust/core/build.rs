@@ -11,6 +11,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "tb_snapshot.proto",
         "ledger.proto",
         "terminated.proto",
+        "pulsar_api.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={}", root.join(f).display());

@@ -26,6 +26,17 @@ from txnstream.proto.pending_ack_pb2 import (
     PendingAckMetadataEntry,
     PendingAckOp,
 )
+from txnstream.proto.pulsar_api_pb2 import (
+    TXN_ABORT,
+    TXN_COMMIT,
+    TXN_COMMITTING,
+    CompressionType,
+    KeyValue,
+    MarkerType,
+    MessageMetadata,
+    SingleMessageMetadata,
+)
+from txnstream.proto.remote_log_pb2 import RemoteLogSegmentMetadata
 from txnstream.proto.tb_snapshot_pb2 import AbortTxnMetadata, TransactionBufferSnapshot
 from txnstream.proto.terminated_pb2 import TerminatedTxn, TerminatedTxnState
 from txnstream.proto.txn_log_pb2 import (
@@ -49,6 +60,9 @@ __all__ = [
     "COMMITTED",
     "COMMITTING",
     "OPEN",
+    "TXN_ABORT",
+    "TXN_COMMIT",
+    "TXN_COMMITTING",
     "AbortTxnMetadata",
     "AckType",
     "BatchDeletion",
@@ -56,15 +70,21 @@ __all__ = [
     "BatchedTransactionMetadataEntry",
     "Catalog",
     "CompactedRecord",
+    "CompressionType",
     "Cumulative",
     "CursorState",
     "DeletedRange",
     "Individual",
+    "KeyValue",
     "LedgerInfo",
     "ManagedLedgerState",
+    "MarkerType",
+    "MessageMetadata",
     "PendingAckMetadata",
     "PendingAckMetadataEntry",
     "PendingAckOp",
+    "RemoteLogSegmentMetadata",
+    "SingleMessageMetadata",
     "Subscription",
     "TerminatedTxn",
     "TerminatedTxnState",

@@ -5,6 +5,9 @@
 //! - [`columns`]: bulk columnar decode of transaction and pending-ack logs.
 //! - [`proto`]: prost types for every storage format.
 //! - [`ledger`]: durable managed ledgers with cursors and compacted topics.
+//! - [`message`]: topic entries in Pulsar's format (metadata, batches,
+//!   transaction markers).
+//! - [`tiered`]: the aborted-transaction index and remote segment offset index.
 //! - [`writer`]: the PIP-160 `BufferedWriter` (batched log writes).
 //! - [`replay`]: live records of a mixed batched/unbatched log, columnar.
 //! - [`log_scan`]: every stored record of a log range with deleted flags and
@@ -19,10 +22,12 @@ pub mod fork;
 pub mod frame;
 pub mod ledger;
 pub mod log_scan;
+pub mod message;
 pub mod position;
 pub mod proto;
 pub mod replay;
 pub mod sink;
+pub mod tiered;
 pub mod txnlog_fold;
 pub mod txnlog_record;
 pub mod wire;

@@ -11,10 +11,12 @@ mod errors;
 mod frame;
 mod ledger;
 mod log_scan;
+mod message;
 mod position;
 mod replay;
 #[cfg(feature = "testing")]
 mod testing;
+mod tiered;
 mod txnlog;
 mod writer;
 
@@ -58,6 +60,16 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(txnlog::encode_txn_update, m)?)?;
     m.add_function(wrap_pyfunction!(replay::fold_txn_log, m)?)?;
     m.add_function(wrap_pyfunction!(txnlog::fold_txn_entries, m)?)?;
+    m.add_function(wrap_pyfunction!(message::encode_message, m)?)?;
+    m.add_function(wrap_pyfunction!(message::encode_batch_message, m)?)?;
+    m.add_function(wrap_pyfunction!(message::encode_marker, m)?)?;
+    m.add_function(wrap_pyfunction!(message::decode_topic_entry, m)?)?;
+    m.add_function(wrap_pyfunction!(message::read_messages, m)?)?;
+    m.add_function(wrap_pyfunction!(message::scan_topic, m)?)?;
+    m.add_class::<tiered::PyAbortedTxnIndex>()?;
+    m.add_class::<tiered::PySegmentIndex>()?;
+    m.add_function(wrap_pyfunction!(tiered::export_segment, m)?)?;
+    m.add_function(wrap_pyfunction!(tiered::decode_segment, m)?)?;
     #[cfg(feature = "testing")]
     testing::register(m)?;
     Ok(())

@@ -15,12 +15,14 @@ PYSRC   := python tests benches scripts
 $(PY):
 	python3 -m venv $(VENV)
 
-# Dependencies come from pyproject.toml (runtime + dev extra), installed once per change.
+# Dependencies come from pyproject.toml (runtime + dev and spark extras: PySpark is large,
+# ~450 MB), installed once per change.
 $(DEPS): pyproject.toml | $(PY)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb')); \
 	  print('\n'.join(p['build-system']['requires'] + p['project']['dependencies'] \
-	  + p['project']['optional-dependencies']['dev']))" > $(VENV)/requirements.txt
+	  + p['project']['optional-dependencies']['dev'] \
+	  + p['project']['optional-dependencies']['spark']))" > $(VENV)/requirements.txt
 	$(PY) -m pip install -q -r $(VENV)/requirements.txt
 	touch $(DEPS)
 

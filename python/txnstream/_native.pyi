@@ -13,6 +13,7 @@ from txnstream.frame import PendingAckColumns, TxnLogColumns
 
 MAGIC: int
 VERSION: int
+MAX_BATCH_SIZE: int
 
 def encode_batch(records: Sequence[Buffer]) -> bytes: ...
 def decode_entry(entry: bytes) -> list[bytes]: ...
@@ -28,6 +29,20 @@ def decode_entries(
 ]: ...
 def decode_txn_log_columns(entries: Sequence[bytes]) -> TxnLogColumns: ...
 def decode_pending_ack_columns(entries: Sequence[bytes]) -> PendingAckColumns: ...
+
+# Arrow-batched decoding (Spark UDFs): an Arrow binary array by its buffers.
+def arrow_is_batched(
+    offsets: Buffer, data: Buffer, offset_width: int, offset: int, length: int
+) -> npt.NDArray[np.bool_]: ...
+def arrow_decode_entries(
+    offsets: Buffer, data: Buffer, offset_width: int, offset: int, length: int
+) -> dict[str, Any]: ...
+def arrow_txn_log_columns(
+    offsets: Buffer, data: Buffer, offset_width: int, offset: int, length: int
+) -> dict[str, Any]: ...
+def arrow_pending_ack_columns(
+    offsets: Buffer, data: Buffer, offset_width: int, offset: int, length: int
+) -> dict[str, Any]: ...
 
 class AckSet:
     def __init__(self, batch_size: int) -> None: ...
@@ -57,6 +72,25 @@ def ackset_cardinality_many(words: npt.NDArray[np.int64]) -> npt.NDArray[np.uint
 def ackset_is_empty_many(words: npt.NDArray[np.int64]) -> npt.NDArray[np.bool_]: ...
 def ackset_overlaps_many(
     a: npt.NDArray[np.int64], b: npt.NDArray[np.int64], batch_sizes: npt.NDArray[np.int64]
+) -> npt.NDArray[np.bool_]: ...
+def ackset_list_cardinality(
+    offsets: npt.NDArray[np.int32], values: npt.NDArray[np.int64]
+) -> npt.NDArray[np.uint32]: ...
+def ackset_list_is_empty(
+    offsets: npt.NDArray[np.int32], values: npt.NDArray[np.int64]
+) -> npt.NDArray[np.bool_]: ...
+def ackset_list_and(
+    a_offsets: npt.NDArray[np.int32],
+    a_values: npt.NDArray[np.int64],
+    b_offsets: npt.NDArray[np.int32],
+    b_values: npt.NDArray[np.int64],
+) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.int64]]: ...
+def ackset_list_overlaps(
+    a_offsets: npt.NDArray[np.int32],
+    a_values: npt.NDArray[np.int64],
+    b_offsets: npt.NDArray[np.int32],
+    b_values: npt.NDArray[np.int64],
+    batch_sizes: npt.NDArray[np.int64],
 ) -> npt.NDArray[np.bool_]: ...
 
 class Position:
@@ -250,6 +284,15 @@ def replay_log(
     end: Position | TxnPosition | None = None,
     max_entries: int | None = None,
 ) -> dict[str, Any]: ...
+def scan_log(
+    ml: ManagedLedger,
+    kind: str,
+    ledger_id: int,
+    first_entry: int,
+    last_entry: int,
+    cursors: Sequence[str] | None = None,
+    max_rows: int | None = None,
+) -> dict[str, Any]: ...  # log_scan.rs
 
 # Coordinator transaction-log records and recovery fold (rust/py/src/txnlog.rs).
 def encode_txn_new(

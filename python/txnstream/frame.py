@@ -104,6 +104,7 @@ class TxnLogColumns(TypedDict):
     start_time: U64
     last_modification_time: U64
     max_local_txn_id: U64
+    timed_out: I8
     owner_data: bytes
     owner_offsets: I32
     client_name_data: bytes

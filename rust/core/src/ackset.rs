@@ -305,3 +305,176 @@ pub mod rows {
         Ok(out)
     }
 }
+
+/// Operations over ragged lists of ack-set words in Arrow `list<int64>`
+/// layout — list `i` is `values[offsets[i]..offsets[i + 1]]` — as Spark
+/// hands a column of ack sets to an Arrow UDF. Words follow Java
+/// `BitSet.toLongArray()`: trailing all-zero words may be missing, so a
+/// missing word reads as zero (every record in it deleted).
+pub mod lists {
+    use super::MAX_BATCH_SIZE;
+    use crate::error::{Error, Result};
+
+    /// The lists as slices of `values`; bad offsets are an error naming the list.
+    pub fn split<'a>(offsets: &[i32], values: &'a [i64]) -> Result<Vec<&'a [i64]>> {
+        let mut out = Vec::with_capacity(offsets.len().saturating_sub(1));
+        for (i, w) in offsets.windows(2).enumerate() {
+            let (a, b) = (w[0], w[1]);
+            if a < 0 || b < a || b as usize > values.len() {
+                return Err(Error::invalid(format!(
+                    "ack-set list {i}: offsets [{a}, {b}) are out of order or beyond the {} \
+                     words given",
+                    values.len()
+                )));
+            }
+            out.push(&values[a as usize..b as usize]);
+        }
+        Ok(out)
+    }
+
+    /// Records still present in each list.
+    pub fn cardinality(offsets: &[i32], values: &[i64]) -> Result<Vec<u32>> {
+        Ok(split(offsets, values)?
+            .iter()
+            .map(|l| l.iter().map(|w| w.count_ones()).sum())
+            .collect())
+    }
+
+    /// Whether each list has every record deleted.
+    pub fn is_empty(offsets: &[i32], values: &[i64]) -> Result<Vec<bool>> {
+        Ok(split(offsets, values)?
+            .iter()
+            .map(|l| l.iter().all(|&w| w == 0))
+            .collect())
+    }
+
+    /// Row-wise AND (deletions merged) as a new list column: `(offsets,
+    /// values)`, trailing zero words dropped as `toLongArray()` does.
+    pub fn and(
+        a_offsets: &[i32],
+        a_values: &[i64],
+        b_offsets: &[i32],
+        b_values: &[i64],
+    ) -> Result<(Vec<i32>, Vec<i64>)> {
+        let (a, b) = (split(a_offsets, a_values)?, split(b_offsets, b_values)?);
+        if a.len() != b.len() {
+            return Err(Error::invalid(format!(
+                "and: {} lists vs {} lists",
+                a.len(),
+                b.len()
+            )));
+        }
+        let mut offsets = Vec::with_capacity(a.len() + 1);
+        let mut values = Vec::new();
+        offsets.push(0);
+        for (x, y) in a.iter().zip(&b) {
+            let start = values.len();
+            values.extend(x.iter().zip(y.iter()).map(|(p, q)| p & q));
+            while values.len() > start && values.last() == Some(&0) {
+                values.pop();
+            }
+            offsets.push(
+                i32::try_from(values.len())
+                    .map_err(|_| Error::invalid("and: result exceeds 2^31 words"))?,
+            );
+        }
+        Ok((offsets, values))
+    }
+
+    /// Whether lists `a[i]` and `b[i]` both delete some index below
+    /// `batch_sizes[i]` (the pending-ack conflict rule for batch indexes).
+    pub fn overlaps(
+        a_offsets: &[i32],
+        a_values: &[i64],
+        b_offsets: &[i32],
+        b_values: &[i64],
+        batch_sizes: &[i64],
+    ) -> Result<Vec<bool>> {
+        let (a, b) = (split(a_offsets, a_values)?, split(b_offsets, b_values)?);
+        if a.len() != b.len() || a.len() != batch_sizes.len() {
+            return Err(Error::invalid(format!(
+                "overlaps: {} lists, {} lists and {} batch sizes",
+                a.len(),
+                b.len(),
+                batch_sizes.len()
+            )));
+        }
+        let mut out = Vec::with_capacity(a.len());
+        for (i, ((x, y), &size)) in a.iter().zip(&b).zip(batch_sizes).enumerate() {
+            if size < 1 || size > i64::from(MAX_BATCH_SIZE) {
+                return Err(Error::invalid(format!(
+                    "overlaps: batch size {size} of row {i} is not in 1..={MAX_BATCH_SIZE}"
+                )));
+            }
+            let words = (size as usize).div_ceil(64);
+            let hit = (0..words).any(|w| {
+                let lo = w as i64 * 64;
+                let valid = if size - lo >= 64 {
+                    u64::MAX
+                } else {
+                    (1u64 << (size - lo)) - 1
+                };
+                let p = x.get(w).map_or(0, |&v| v as u64);
+                let q = y.get(w).map_or(0, |&v| v as u64);
+                !p & !q & valid != 0
+            });
+            out.push(hit);
+        }
+        Ok(out)
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+        use crate::ackset::AckSet;
+
+        #[test]
+        fn lists_match_single_sets() {
+            let a = AckSet::single_deleted(70, 3).unwrap();
+            let mut b = AckSet::single_deleted(70, 65).unwrap();
+            let (aw, bw) = (a.to_words(), b.to_words());
+            let mut values = aw.clone();
+            values.extend(&bw);
+            let offs = [0, aw.len() as i32, (aw.len() + bw.len()) as i32];
+            assert_eq!(
+                cardinality(&offs, &values).unwrap(),
+                vec![a.cardinality(), b.cardinality()]
+            );
+            let (o, v) = and(&offs[..2], &aw, &[0, bw.len() as i32], &bw).unwrap();
+            b.and_assign(&a).unwrap();
+            assert_eq!(&v[o[0] as usize..o[1] as usize], b.to_words().as_slice());
+            assert_eq!(
+                overlaps(&offs[..2], &aw, &[0, aw.len() as i32], &aw, &[70]).unwrap(),
+                vec![true]
+            );
+            assert_eq!(
+                overlaps(&offs[..2], &aw, &[0, bw.len() as i32], &bw, &[70]).unwrap(),
+                vec![false]
+            );
+        }
+
+        #[test]
+        fn missing_words_are_deleted_records() {
+            // Batch of 2, all deleted: toLongArray() gives no word at all.
+            assert_eq!(is_empty(&[0, 0], &[]).unwrap(), vec![true]);
+            assert_eq!(cardinality(&[0, 0], &[]).unwrap(), vec![0]);
+            assert_eq!(
+                overlaps(&[0, 0], &[], &[0, 1], &[0b01], &[2]).unwrap(),
+                vec![true]
+            );
+            // AND that clears the top word drops it.
+            let (o, v) = and(&[0, 2], &[-1, 1], &[0, 2], &[-1, 2]).unwrap();
+            assert_eq!((o, v), (vec![0, 1], vec![-1]));
+        }
+
+        #[test]
+        fn bad_input_is_an_error() {
+            assert!(split(&[0, 3], &[1, 2]).is_err());
+            assert!(split(&[2, 1], &[1, 2]).is_err());
+            assert!(split(&[-1, 0], &[]).is_err());
+            assert!(overlaps(&[0, 0], &[], &[0, 0], &[], &[0]).is_err());
+            assert!(overlaps(&[0, 0], &[], &[0, 0], &[], &[]).is_err());
+            assert!(and(&[0, 0], &[], &[0, 0, 0], &[]).is_err());
+        }
+    }
+}

@@ -237,6 +237,62 @@ pub fn decode_entries<E: AsRef<[u8]>>(entries: &[E]) -> Result<FlatRecords> {
     Ok(out)
 }
 
+/// The records of a column of entries, for a UDF returning one list per
+/// entry: entry `i` holds records `entry_offsets[i]..entry_offsets[i + 1]`
+/// of `flat` (record indexes); a malformed entry holds none and has
+/// `failed[i]` set, so one bad entry does not fail the others.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryLists {
+    /// Every record of every good entry.
+    pub flat: FlatRecords,
+    /// `n + 1` offsets into the records (Arrow `list` layout, int32).
+    pub entry_offsets: Vec<i32>,
+    /// Entries that could not be split into records.
+    pub failed: Vec<bool>,
+}
+
+/// Splits every entry into its records (see [`EntryLists`]).
+pub fn decode_entry_lists<E: AsRef<[u8]>>(entries: &[E]) -> Result<EntryLists> {
+    let total: usize = entries.iter().map(|e| e.as_ref().len()).sum();
+    let mut flat = FlatRecords {
+        data: Vec::with_capacity(total),
+        offsets: Vec::with_capacity(entries.len() + 1),
+        ..Default::default()
+    };
+    flat.offsets.push(0);
+    let mut entry_offsets = Vec::with_capacity(entries.len() + 1);
+    entry_offsets.push(0i32);
+    let mut failed = Vec::with_capacity(entries.len());
+    for (idx, e) in entries.iter().enumerate() {
+        let (data_len, records) = (flat.data.len(), flat.offsets.len());
+        let r = for_each_record(e.as_ref(), |r| {
+            flat.data.extend_from_slice(r);
+            flat.offsets.push(flat.data.len() as i64);
+        });
+        match r {
+            Ok(n) => {
+                flat.origin.push_entry(idx, n)?;
+                failed.push(false);
+            }
+            Err(_) => {
+                // Drop what the entry yielded before its damage showed.
+                flat.data.truncate(data_len);
+                flat.offsets.truncate(records);
+                failed.push(true);
+            }
+        }
+        entry_offsets.push(
+            i32::try_from(flat.len())
+                .map_err(|_| Error::invalid("more than 2^31 records in one call"))?,
+        );
+    }
+    Ok(EntryLists {
+        flat,
+        entry_offsets,
+        failed,
+    })
+}
+
 /// Prefixes a `CorruptEntry` reason with the entry's index in a bulk call.
 pub(crate) fn with_entry_index(err: Error, idx: usize) -> Error {
     match err {
@@ -316,6 +372,21 @@ mod tests {
         e.extend_from_slice(&[0; 4]);
         e.extend_from_slice(&[0x0A, 0x01, 0x08]);
         assert_eq!(decode_entry(&e).unwrap(), vec![b"\x08".as_slice()]);
+    }
+
+    #[test]
+    fn entry_lists_skip_only_the_bad_entry() {
+        let good = encode_batch(&[b"x".as_slice(), b"yy"]);
+        // Two records, then a truncated third one.
+        let mut bad = encode_batch(&[b"p".as_slice(), b"q"]);
+        bad.extend_from_slice(b"\x0a\x05ab");
+        let l = decode_entry_lists(&[good.as_slice(), &bad, b"\x08\x02"]).unwrap();
+        assert_eq!(l.failed, vec![false, true, false]);
+        assert_eq!(l.entry_offsets, vec![0, 2, 2, 3]);
+        assert_eq!(l.flat.len(), 3);
+        assert_eq!(l.flat.record(1), b"yy");
+        assert_eq!(l.flat.record(2), b"\x08\x02");
+        assert_eq!(l.flat.origin.entry_index, vec![0, 0, 2]);
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //! - [`tiered`]: the aborted-transaction index and remote segment offset index.
 //! - [`writer`]: the PIP-160 `BufferedWriter` (batched log writes).
 //! - [`replay`]: live records of a mixed batched/unbatched log, columnar.
+//! - [`log_scan`]: every stored record of a log range with deleted flags and
+//!   error rows instead of failures (what Spark reads).
 //! - [`txnlog_record`], [`txnlog_fold`]: coordinator log records encoded from
 //!   arguments, and the recovery fold of a whole log into live transactions.
 
@@ -19,6 +21,7 @@ pub mod error;
 pub mod fork;
 pub mod frame;
 pub mod ledger;
+pub mod log_scan;
 pub mod message;
 pub mod position;
 pub mod proto;

@@ -7,7 +7,7 @@ use numpy::{
     PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
-use txnstream_core::ackset::{self, rows};
+use txnstream_core::ackset::{self, lists, rows};
 
 /// Present/deleted state of the records of one batched entry (bit = 1:
 /// present). Words are Java ``BitSet.toLongArray()`` compatible.
@@ -190,5 +190,75 @@ pub fn ackset_overlaps_many<'py>(
     }
     Ok(py
         .detach(|| rows::overlaps(&wa, &wb, width, &sizes))?
+        .into_pyarray(py))
+}
+
+// ---------------------------------------------- Arrow list<int64> columns
+
+fn i32s(a: &PyReadonlyArray1<'_, i32>) -> Vec<i32> {
+    a.as_array().to_vec()
+}
+
+fn i64s(a: &PyReadonlyArray1<'_, i64>) -> Vec<i64> {
+    a.as_array().to_vec()
+}
+
+/// Records still present in each ack set of an Arrow ``list<int64>`` column
+/// given as ``offsets`` (int32, n+1) and ``values`` (int64 words).
+#[pyfunction]
+pub fn ackset_list_cardinality<'py>(
+    py: Python<'py>,
+    offsets: PyReadonlyArray1<'py, i32>,
+    values: PyReadonlyArray1<'py, i64>,
+) -> BindResult<Bound<'py, PyArray1<u32>>> {
+    let (o, v) = (i32s(&offsets), i64s(&values));
+    Ok(py.detach(|| lists::cardinality(&o, &v))?.into_pyarray(py))
+}
+
+/// Whether each ack set of a ``list<int64>`` column has every record deleted.
+#[pyfunction]
+pub fn ackset_list_is_empty<'py>(
+    py: Python<'py>,
+    offsets: PyReadonlyArray1<'py, i32>,
+    values: PyReadonlyArray1<'py, i64>,
+) -> BindResult<Bound<'py, PyArray1<bool>>> {
+    let (o, v) = (i32s(&offsets), i64s(&values));
+    Ok(py.detach(|| lists::is_empty(&o, &v))?.into_pyarray(py))
+}
+
+/// A ``list<int64>`` column: int32 offsets and int64 values.
+type ListColumn<'py> = (Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i64>>);
+
+/// Row-wise AND of two ``list<int64>`` ack-set columns: ``(offsets, values)``.
+#[pyfunction]
+pub fn ackset_list_and<'py>(
+    py: Python<'py>,
+    a_offsets: PyReadonlyArray1<'py, i32>,
+    a_values: PyReadonlyArray1<'py, i64>,
+    b_offsets: PyReadonlyArray1<'py, i32>,
+    b_values: PyReadonlyArray1<'py, i64>,
+) -> BindResult<ListColumn<'py>> {
+    let (ao, av) = (i32s(&a_offsets), i64s(&a_values));
+    let (bo, bv) = (i32s(&b_offsets), i64s(&b_values));
+    let (o, v) = py.detach(|| lists::and(&ao, &av, &bo, &bv))?;
+    Ok((o.into_pyarray(py), v.into_pyarray(py)))
+}
+
+/// Whether ack sets ``a[i]`` and ``b[i]`` both delete an index below
+/// ``batch_sizes[i]``.
+#[pyfunction]
+pub fn ackset_list_overlaps<'py>(
+    py: Python<'py>,
+    a_offsets: PyReadonlyArray1<'py, i32>,
+    a_values: PyReadonlyArray1<'py, i64>,
+    b_offsets: PyReadonlyArray1<'py, i32>,
+    b_values: PyReadonlyArray1<'py, i64>,
+    batch_sizes: PyReadonlyArray1<'py, i64>,
+) -> BindResult<Bound<'py, PyArray1<bool>>> {
+    let (ao, av) = (i32s(&a_offsets), i64s(&a_values));
+    let (bo, bv) = (i32s(&b_offsets), i64s(&b_values));
+    let sizes = i64s(&batch_sizes);
+    Ok(py
+        .detach(|| lists::overlaps(&ao, &av, &bo, &bv, &sizes))?
         .into_pyarray(py))
 }

@@ -1,8 +1,10 @@
 //! `txnstream.frame` and the bulk log decoders.
 
+use crate::args::i64_arg;
 use crate::buffers::{bytes_list, with_slices};
 use crate::errors::BindResult;
 use numpy::{IntoPyArray, PyArray1};
+use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use txnstream_core::columns::{self, Utf8Column};
@@ -94,16 +96,12 @@ pub fn decode_entries<'py>(
     ))
 }
 
-/// Decodes transaction-log entries into numpy columns.
-#[pyfunction]
-pub fn decode_txn_log_columns<'py>(
+/// Puts the transaction-log columns into `d` (names of ``TxnLogColumns``).
+pub(crate) fn txn_columns_into<'py>(
     py: Python<'py>,
-    entries: &Bound<'py, PyAny>,
-) -> BindResult<Bound<'py, PyDict>> {
-    let entries = bytes_list(entries, "entries")?;
-    let slices = with_slices(&entries)?;
-    let c = py.detach(|| columns::decode_txn_log(&slices))?;
-    let d = PyDict::new(py);
+    d: &Bound<'py, PyDict>,
+    c: columns::TxnLogColumns,
+) -> PyResult<()> {
     d.set_item("entry_index", c.origin.entry_index.into_pyarray(py))?;
     d.set_item("batch_index", c.origin.batch_index.into_pyarray(py))?;
     d.set_item("batch_size", c.origin.batch_size.into_pyarray(py))?;
@@ -119,29 +117,26 @@ pub fn decode_txn_log_columns<'py>(
         c.last_modification_time.into_pyarray(py),
     )?;
     d.set_item("max_local_txn_id", c.max_local_txn_id.into_pyarray(py))?;
-    utf8(py, &d, "owner", c.owner)?;
-    utf8(py, &d, "client_name", c.client_name)?;
+    d.set_item("timed_out", c.timed_out.into_pyarray(py))?;
+    utf8(py, d, "owner", c.owner)?;
+    utf8(py, d, "client_name", c.client_name)?;
     d.set_item("partition_offsets", c.partition_offsets.into_pyarray(py))?;
-    utf8(py, &d, "partitions", c.partitions)?;
+    utf8(py, d, "partitions", c.partitions)?;
     d.set_item(
         "subscription_offsets",
         c.subscription_offsets.into_pyarray(py),
     )?;
-    utf8(py, &d, "subscription_topics", c.subscription_topics)?;
-    utf8(py, &d, "subscription_names", c.subscription_names)?;
-    Ok(d)
+    utf8(py, d, "subscription_topics", c.subscription_topics)?;
+    utf8(py, d, "subscription_names", c.subscription_names)?;
+    Ok(())
 }
 
-/// Decodes pending-ack log entries into numpy columns.
-#[pyfunction]
-pub fn decode_pending_ack_columns<'py>(
+/// Puts the pending-ack columns into `d` (names of ``PendingAckColumns``).
+pub(crate) fn pending_ack_columns_into<'py>(
     py: Python<'py>,
-    entries: &Bound<'py, PyAny>,
-) -> BindResult<Bound<'py, PyDict>> {
-    let entries = bytes_list(entries, "entries")?;
-    let slices = with_slices(&entries)?;
-    let c = py.detach(|| columns::decode_pending_ack_log(&slices))?;
-    let d = PyDict::new(py);
+    d: &Bound<'py, PyDict>,
+    c: columns::PendingAckColumns,
+) -> PyResult<()> {
     d.set_item("entry_index", c.origin.entry_index.into_pyarray(py))?;
     d.set_item("batch_index", c.origin.batch_index.into_pyarray(py))?;
     d.set_item("batch_size", c.origin.batch_size.into_pyarray(py))?;
@@ -155,5 +150,258 @@ pub fn decode_pending_ack_columns<'py>(
     d.set_item("position_batch_size", c.batch_size.into_pyarray(py))?;
     d.set_item("ack_set_offsets", c.ack_set_offsets.into_pyarray(py))?;
     d.set_item("ack_set_words", c.ack_set_words.into_pyarray(py))?;
+    Ok(())
+}
+
+/// Decodes transaction-log entries into numpy columns.
+#[pyfunction]
+pub fn decode_txn_log_columns<'py>(
+    py: Python<'py>,
+    entries: &Bound<'py, PyAny>,
+) -> BindResult<Bound<'py, PyDict>> {
+    let entries = bytes_list(entries, "entries")?;
+    let slices = with_slices(&entries)?;
+    let c = py.detach(|| columns::decode_txn_log(&slices))?;
+    let d = PyDict::new(py);
+    txn_columns_into(py, &d, c)?;
     Ok(d)
+}
+
+/// Decodes pending-ack log entries into numpy columns.
+#[pyfunction]
+pub fn decode_pending_ack_columns<'py>(
+    py: Python<'py>,
+    entries: &Bound<'py, PyAny>,
+) -> BindResult<Bound<'py, PyDict>> {
+    let entries = bytes_list(entries, "entries")?;
+    let slices = with_slices(&entries)?;
+    let c = py.detach(|| columns::decode_pending_ack_log(&slices))?;
+    let d = PyDict::new(py);
+    pending_ack_columns_into(py, &d, c)?;
+    Ok(d)
+}
+
+// ------------------------------------------------- Arrow-batched (Spark UDFs)
+
+/// The bytes of a buffer object (``bytes``, a ``pyarrow.Buffer``, a
+/// memoryview, a numpy array...). A read-only buffer is used in place; a
+/// writable one is copied once while the GIL is held, since it could change
+/// under work done with the GIL released (as `buffers.rs` does for records).
+pub(crate) enum RawBytes {
+    /// A read-only exporter's memory, kept alive by the buffer view.
+    Unsigned(PyBuffer<u8>),
+    /// Same, for exporters that describe their bytes as signed chars (Arrow).
+    Signed(PyBuffer<i8>),
+    /// A copy of a writable buffer.
+    Owned(Vec<u8>),
+}
+
+impl RawBytes {
+    /// Takes the buffer of `obj`; `what` names the argument in errors.
+    pub(crate) fn of(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<Self> {
+        let not_buffer = || {
+            txnstream_core::Error::invalid(format!(
+                "{what} must be a C-contiguous buffer of bytes (bytes, pyarrow.Buffer, \
+                 memoryview), not {}",
+                obj.get_type()
+                    .name()
+                    .map_or_else(|_| "?".to_owned(), |n| n.to_string())
+            ))
+        };
+        let raw = match PyBuffer::<u8>::get(obj) {
+            Ok(b) => Self::Unsigned(b),
+            Err(_) => Self::Signed(PyBuffer::<i8>::get(obj).map_err(|_| not_buffer())?),
+        };
+        let (contiguous, readonly) = match &raw {
+            Self::Unsigned(b) => (b.is_c_contiguous(), b.readonly()),
+            Self::Signed(b) => (b.is_c_contiguous(), b.readonly()),
+            Self::Owned(_) => (true, true),
+        };
+        if !contiguous {
+            return Err(not_buffer().into());
+        }
+        if readonly {
+            return Ok(raw);
+        }
+        let copy = match &raw {
+            Self::Unsigned(b) => b.to_vec(obj.py())?,
+            Self::Signed(b) => b.to_vec(obj.py())?.into_iter().map(|v| v as u8).collect(),
+            Self::Owned(v) => v.clone(),
+        };
+        Ok(Self::Owned(copy))
+    }
+
+    /// The bytes.
+    pub(crate) fn as_slice(&self) -> &[u8] {
+        match self {
+            // SAFETY: the view is C-contiguous (checked in `of`) and spans
+            // `len_bytes()` bytes from `buf_ptr()`; the PyBuffer keeps its
+            // exporter alive for as long as `self` lives. It is read-only:
+            // such exporters (bytes, Arrow buffers read from IPC) never change
+            // their memory, so reading it with the GIL released is sound.
+            Self::Unsigned(b) => unsafe {
+                std::slice::from_raw_parts(b.buf_ptr() as *const u8, b.len_bytes())
+            },
+            // SAFETY: as above; i8 and u8 have the same size and layout.
+            Self::Signed(b) => unsafe {
+                std::slice::from_raw_parts(b.buf_ptr() as *const u8, b.len_bytes())
+            },
+            Self::Owned(v) => v,
+        }
+    }
+}
+
+/// An Arrow ``binary``/``large_binary`` array given by its buffers.
+struct ArrowBinary {
+    offsets: RawBytes,
+    data: RawBytes,
+    width: usize,
+    start: usize,
+    len: usize,
+}
+
+impl ArrowBinary {
+    fn of(
+        offsets: &Bound<'_, PyAny>,
+        data: &Bound<'_, PyAny>,
+        offset_width: &Bound<'_, PyAny>,
+        start: &Bound<'_, PyAny>,
+        length: &Bound<'_, PyAny>,
+    ) -> BindResult<Self> {
+        let count = |obj: &Bound<'_, PyAny>, what: &str| -> BindResult<usize> {
+            let v = i64_arg(obj, what)?;
+            usize::try_from(v).map_err(|_| {
+                txnstream_core::Error::invalid(format!("{what} must be >= 0, got {v}")).into()
+            })
+        };
+        Ok(Self {
+            offsets: RawBytes::of(offsets, "offsets")?,
+            data: RawBytes::of(data, "data")?,
+            width: count(offset_width, "offset_width")?,
+            start: count(start, "offset")?,
+            len: count(length, "length")?,
+        })
+    }
+
+    fn values(&self) -> txnstream_core::Result<Vec<&[u8]>> {
+        columns::arrow_binary_values(
+            self.offsets.as_slice(),
+            self.width,
+            self.start,
+            self.len,
+            self.data.as_slice(),
+        )
+    }
+}
+
+/// Puts a lenient decode's row status, origin and errors into `d`.
+pub(crate) fn lenient_into<'py, C>(
+    py: Python<'py>,
+    d: &Bound<'py, PyDict>,
+    l: &mut columns::Lenient<C>,
+) -> PyResult<()> {
+    d.set_item("status", std::mem::take(&mut l.status).into_pyarray(py))?;
+    utf8(py, d, "error", std::mem::take(&mut l.error))?;
+    Ok(())
+}
+
+/// Lenient transaction-log columns of a lenient decode as a dict.
+pub(crate) fn lenient_txn_dict<'py>(
+    py: Python<'py>,
+    mut l: columns::Lenient<columns::TxnLogColumns>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    lenient_into(py, &d, &mut l)?;
+    let mut c = l.columns;
+    c.origin = l.origin;
+    txn_columns_into(py, &d, c)?;
+    Ok(d)
+}
+
+/// Lenient pending-ack columns of a lenient decode as a dict.
+pub(crate) fn lenient_pending_ack_dict<'py>(
+    py: Python<'py>,
+    mut l: columns::Lenient<columns::PendingAckColumns>,
+) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    lenient_into(py, &d, &mut l)?;
+    let mut c = l.columns;
+    c.origin = l.origin;
+    pending_ack_columns_into(py, &d, c)?;
+    Ok(d)
+}
+
+/// Whether each value of an Arrow binary array (given by its ``offsets``
+/// and ``data`` buffers, ``offset_width`` 4 or 8, slice ``offset`` and
+/// ``length``) is a batched entry.
+#[pyfunction]
+pub fn arrow_is_batched<'py>(
+    py: Python<'py>,
+    offsets: &Bound<'py, PyAny>,
+    data: &Bound<'py, PyAny>,
+    offset_width: &Bound<'py, PyAny>,
+    offset: &Bound<'py, PyAny>,
+    length: &Bound<'py, PyAny>,
+) -> BindResult<Bound<'py, PyArray1<bool>>> {
+    let a = ArrowBinary::of(offsets, data, offset_width, offset, length)?;
+    let out = py.detach(|| -> txnstream_core::Result<Vec<bool>> {
+        Ok(a.values()?.iter().map(|e| frame::is_batched(e)).collect())
+    })?;
+    Ok(out.into_pyarray(py))
+}
+
+/// Splits every entry of an Arrow binary array into its records: a dict of
+/// ``data`` (bytes) + ``offsets`` (int64, n+1) of the records,
+/// ``entry_offsets`` (int32, one list per entry) and ``failed`` (bool per
+/// entry: malformed, no records).
+#[pyfunction]
+pub fn arrow_decode_entries<'py>(
+    py: Python<'py>,
+    offsets: &Bound<'py, PyAny>,
+    data: &Bound<'py, PyAny>,
+    offset_width: &Bound<'py, PyAny>,
+    offset: &Bound<'py, PyAny>,
+    length: &Bound<'py, PyAny>,
+) -> BindResult<Bound<'py, PyDict>> {
+    let a = ArrowBinary::of(offsets, data, offset_width, offset, length)?;
+    let l = py.detach(|| frame::decode_entry_lists(&a.values()?))?;
+    let d = PyDict::new(py);
+    d.set_item("data", PyBytes::new(py, &l.flat.data))?;
+    d.set_item("offsets", l.flat.offsets.into_pyarray(py))?;
+    d.set_item("entry_offsets", l.entry_offsets.into_pyarray(py))?;
+    d.set_item("failed", l.failed.into_pyarray(py))?;
+    Ok(d)
+}
+
+/// Decodes the transaction-log entries of an Arrow binary array leniently:
+/// the columns of ``decode_txn_log_columns`` plus ``status`` (0 ok, 1 bad
+/// record, 2 bad entry) and an ``error`` string column, one row per record
+/// (one per malformed entry); ``entry_index`` maps rows to array values.
+#[pyfunction]
+pub fn arrow_txn_log_columns<'py>(
+    py: Python<'py>,
+    offsets: &Bound<'py, PyAny>,
+    data: &Bound<'py, PyAny>,
+    offset_width: &Bound<'py, PyAny>,
+    offset: &Bound<'py, PyAny>,
+    length: &Bound<'py, PyAny>,
+) -> BindResult<Bound<'py, PyDict>> {
+    let a = ArrowBinary::of(offsets, data, offset_width, offset, length)?;
+    let l = py.detach(|| columns::decode_lenient::<columns::TxnLogColumns>(&a.values()?))?;
+    Ok(lenient_txn_dict(py, l)?)
+}
+
+/// The pending-ack counterpart of ``arrow_txn_log_columns``.
+#[pyfunction]
+pub fn arrow_pending_ack_columns<'py>(
+    py: Python<'py>,
+    offsets: &Bound<'py, PyAny>,
+    data: &Bound<'py, PyAny>,
+    offset_width: &Bound<'py, PyAny>,
+    offset: &Bound<'py, PyAny>,
+    length: &Bound<'py, PyAny>,
+) -> BindResult<Bound<'py, PyDict>> {
+    let a = ArrowBinary::of(offsets, data, offset_width, offset, length)?;
+    let l = py.detach(|| columns::decode_lenient::<columns::PendingAckColumns>(&a.values()?))?;
+    Ok(lenient_pending_ack_dict(py, l)?)
 }

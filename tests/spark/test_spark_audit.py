@@ -1,0 +1,286 @@
+"""The audit job: reports every planted violation (and nothing else), passes a clean run,
+and its HTML report renders in a real browser."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from PIL import Image
+from pyspark.sql import SparkSession
+
+from tests.spark.engine import Participants, Plant, open_coordinator, workload
+from txnstream import ManagedLedger, frame
+from txnstream._native import (
+    encode_txn_add_partitions,
+    encode_txn_new,
+    encode_txn_update,
+)
+from txnstream.cli import main
+from txnstream.coordinator import TxnID
+from txnstream.spark.audit import AuditOptions, AuditResult, run_audit, violation_rows
+
+PENDING = "in-sub__transaction_pending_ack"
+OPEN, COMMITTING, COMMITTED, ABORTED = 0, 1, 2, 4
+
+
+@dataclass
+class Planted:
+    """A data directory with violations planted, what the audit must say, and its result."""
+
+    data: Path
+    expected: set[tuple[str, TxnID | None]]
+    positions: dict[str, tuple[str, int, int, int]]
+    outcome: dict[TxnID, str]
+    result: AuditResult
+    violations: list[dict[str, Any]]
+
+
+def _txn(v: dict[str, Any]) -> TxnID | None:
+    """The violation's transaction; None for a record too damaged to name one."""
+    if v["txnid_most_bits"] is None:
+        return None
+    return TxnID(v["txnid_most_bits"], v["txnid_least_bits"])
+
+
+@pytest.fixture(scope="module")
+def planted(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Planted:
+    d = tmp_path_factory.mktemp("planted")
+    plant = Plant()
+    parts = Participants(d, plant)
+    tc = open_coordinator(d, parts, batched_write_enabled=True, batched_write_max_records=16)
+    outcome = workload(tc, parts, 40)  # a clean background the audit must not flag
+    log = parts.subscription("in", "sub")
+    expected: set[tuple[str, TxnID | None]] = set()
+    positions: dict[str, tuple[str, int, int, int]] = {}
+
+    def txn(subs: list[tuple[str, str]]) -> TxnID:
+        t = tc.new_transaction(timeout_ms=600_000)
+        if subs:
+            tc.add_acked_subscriptions(t, subs)
+        return t
+
+    # A COMMITTED transaction whose pending-ack COMMIT record is missing.
+    t = txn([("in", "sub")])
+    p = log.ack(t, [(9, 0, 1, 0)])
+    positions["missing_commit_ack"] = (PENDING, p.ledger_id, p.entry_id, p.batch_index)
+    plant.skip_commit.add(t)
+    tc.end_transaction(t, "commit")
+    outcome[t] = "COMMITTED"
+    expected.add(("missing_pending_ack_commit", t))
+    # An aborted transaction whose acks were applied (COMMIT instead of ABORT).
+    t = txn([("in", "sub")])
+    log.ack(t, [(9, 1, 1, 0)])
+    plant.commit_on_abort.add(t)
+    tc.end_transaction(t, "abort")
+    outcome[t] = "ABORTED"
+    expected |= {("aborted_ack_committed", t), ("missing_pending_ack_abort", t)}
+    # Two committed transactions ack the same batch index of one message (consumed twice)...
+    a, b = txn([("in", "sub")]), txn([("in", "sub")])
+    log.ack(a, [(9, 2, 8, 3)])
+    log.ack(b, [(9, 2, 8, 3)])
+    # ... while two others ack different indexes of another message: not a double ack.
+    c, e = txn([("in", "sub")]), txn([("in", "sub")])
+    log.ack(c, [(9, 3, 8, 4)])
+    log.ack(e, [(9, 3, 8, 5)])
+    tc.end_transactions([(x, "commit") for x in (a, b, c, e)])
+    outcome.update({x: "COMMITTED" for x in (a, b, c, e)})
+    expected.add(("double_ack", a))
+    # Acks in a subscription the coordinator was never told about: nobody ends them.
+    t = txn([])
+    parts.subscription("in", "other").ack(t, [(9, 4, 1, 0)])
+    tc.end_transaction(t, "commit")
+    outcome[t] = "COMMITTED"
+    expected |= {("unregistered_subscription", t), ("missing_pending_ack_commit", t)}
+    # An ack after the transaction's COMMIT in the same log: never resolved.
+    t = txn([("in", "sub")])
+    log.ack(t, [(9, 5, 1, 0)])
+    tc.end_transaction(t, "commit")
+    late = log.ack(t, [(9, 6, 1, 0)])
+    positions["late_ack"] = (PENDING, late.ledger_id, late.entry_id, late.batch_index)
+    outcome[t] = "COMMITTED"
+    expected.add(("ack_after_end", t))
+    tc.close()
+    parts.close()
+
+    # A damaged record in the pending-ack log, and a commit that turns into an abort.
+    ml = ManagedLedger.open(d, PENDING)
+    bad = ml.append(frame.encode_batch([b"\x08\x01\x18\x00\x20\x05", b"\x08\x01\x2a\xff"]))
+    ml.close()
+    positions["corrupt"] = (PENDING, bad.ledger_id, bad.entry_id, 1)
+    expected.add(("corrupt_record", None))
+    victim = next(t for t, s in outcome.items() if s == "COMMITTED")
+    ml = ManagedLedger.open(d, "__transaction_log_0")
+    flip = ml.append(encode_txn_update(victim.most_bits, victim.least_bits, 1, COMMITTED, ABORTED))
+    ml.close()
+    positions["flip"] = ("__transaction_log_0", flip.ledger_id, flip.entry_id, 0)
+    expected.add(("invalid_transition", victim))
+    # ... so by the log the victim ended ABORTED while its acks were committed.
+    expected |= {("aborted_ack_committed", victim), ("missing_pending_ack_abort", victim)}
+    outcome[victim] = "ABORTED"  # the last record wins; the audit says it is invalid
+    # Coordinator-log records a correct coordinator never writes, appended as
+    # its storage would: an id begun a second time, a partition added after
+    # the commit, and a transaction whose COMMITTED record was lost (it stays
+    # COMMITTING: stuck, not a violation, since recovery finishes it).
+    reused, added = [t for t, s in outcome.items() if s == "COMMITTED"][1:3]
+    stuck = TxnID(0, 10_000)
+    t0 = int(time.time() * 1000)
+    ml = ManagedLedger.open(d, "__transaction_log_0")
+    again = ml.append(encode_txn_new(reused.most_bits, reused.least_bits, t0, 600_000, "again"))
+    late_add = ml.append(
+        frame.encode_batch(
+            [
+                encode_txn_add_partitions(added.most_bits, added.least_bits, t0, ["late"]),
+                encode_txn_new(stuck.most_bits, stuck.least_bits, t0, 600_000, "stuck"),
+                encode_txn_update(stuck.most_bits, stuck.least_bits, t0 + 1, OPEN, COMMITTING),
+            ]
+        )
+    )
+    ml.close()
+    positions["again"] = ("__transaction_log_0", again.ledger_id, again.entry_id, 0)
+    positions["late_add"] = ("__transaction_log_0", late_add.ledger_id, late_add.entry_id, 0)
+    expected |= {("reused_transaction_id", reused), ("added_after_decision", added)}
+    outcome[stuck] = "COMMITTING"
+
+    # Far enough in the future that every OPEN transaction is past its timeout.
+    now = int(time.time() * 1000) + 3_600_000
+    result = run_audit(
+        d, tmp_path_factory.mktemp("planted-audit"), spark=spark, options=AuditOptions(now_ms=now)
+    )
+    return Planted(d, expected, positions, outcome, result, violation_rows(result, spark))
+
+
+def test_audit_reports_each_planted_violation_and_nothing_else(planted: Planted) -> None:
+    found = {(v["kind"], _txn(v)) for v in planted.violations}
+    assert found == planted.expected
+    assert planted.result.verdict == "FAIL"
+    assert planted.result.summary["violations"]["total"] == len(planted.violations)
+
+
+def test_each_violation_names_its_positions(planted: Planted) -> None:
+    def at(kind: str) -> list[tuple[str, int, int, int]]:
+        (v,) = [v for v in planted.violations if v["kind"] == kind]
+        return [(p["log"], p["ledger_id"], p["entry_id"], p["batch_index"]) for p in v["positions"]]
+
+    missing = [v for v in planted.violations if v["kind"] == "missing_pending_ack_commit"]
+    assert any(
+        planted.positions["missing_commit_ack"]
+        in [(p["log"], p["ledger_id"], p["entry_id"], p["batch_index"]) for p in v["positions"]]
+        for v in missing
+    )
+    assert all({p["role"] for p in v["positions"]} == {"ACK", "COMMITTED"} for v in missing)
+    assert at("corrupt_record") == [planted.positions["corrupt"]]
+    assert at("invalid_transition") == [planted.positions["flip"]]
+    end, late = at("ack_after_end")
+    assert late == planted.positions["late_ack"] and end < late
+    again = at("reused_transaction_id")
+    assert len(again) == 2 and again[1] == planted.positions["again"]
+    decided, added = at("added_after_decision")
+    assert added == planted.positions["late_add"] and decided < added
+    (double,) = [v for v in planted.violations if v["kind"] == "double_ack"]
+    assert "message 9:2" in double["detail"]
+    assert [p["role"] for p in double["positions"]] == ["ACK", "ACK"]
+
+
+def test_audit_summary_matches_the_engine(planted: Planted, spark: SparkSession) -> None:
+    s = planted.result.summary
+    want: dict[str, int] = {}
+    for status in planted.outcome.values():
+        want[status] = want.get(status, 0) + 1
+    assert s["transactions"]["by_status"] == want
+    # Stuck: every OPEN one (past its timeout at the reference time) and the
+    # one whose COMMITTED record was lost.
+    assert s["stuck"]["count"] == want["OPEN"] + 1
+    stuck = spark.read.parquet(str(planted.result.out_dir / "stuck_transactions")).collect()
+    assert {(r["txnid_least_bits"], r["reason"]) for r in stuck if r["status"] != "OPEN"} == {
+        (10_000, "decided but not finished")
+    }
+    # Entries and records: what the ledgers hold.
+    entries = records = 0
+    for name in ("__transaction_log_0", PENDING, "in-other__transaction_pending_ack"):
+        ml = ManagedLedger.open(planted.data, name, read_only=True)
+        stored = ml.read_range(ml.first_position, ml.last_position)  # type: ignore[arg-type]
+        ml.close()
+        entries += len(stored)
+        records += sum(len(frame.decode_entry(e)) for _, e in stored)
+    assert (s["entries"]["total"], s["entries"]["records"]) == (entries, records)
+    assert s["entries"]["saved_by_batching"] == records - entries > 0
+    assert s["exactly_once"]["verdict"] == "not_checked"
+    # The Parquet tables are there and agree with the summary.
+    out = planted.result.out_dir
+    assert spark.read.parquet(str(out / "transactions")).count() == len(planted.outcome)
+    assert spark.read.parquet(str(out / "stuck_transactions")).count() == want["OPEN"] + 1
+    assert json.loads((out / "summary.json").read_text())["verdict"] == "FAIL"
+
+
+def test_clean_directory_passes_and_cli_prints_json(spark: SparkSession, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    parts = Participants(data)
+    tc = open_coordinator(data, parts, batched_write_enabled=True, batched_write_max_records=16)
+    outcome = workload(tc, parts, 30)
+    tc.close()
+    parts.close()
+    res = CliRunner().invoke(main, ["audit", str(data), "--out", str(tmp_path / "a"), "--json"])
+    assert res.exit_code == 0, res.output
+    summary = json.loads(res.stdout)
+    assert summary["verdict"] == "PASS"
+    assert summary["violations"]["total"] == 0
+    committed = sum(1 for s in outcome.values() if s == "COMMITTED")
+    assert summary["transactions"]["by_status"]["COMMITTED"] == committed
+    assert summary["latency_ms"]["by_status"]["COMMITTED"]["count"] == committed
+    assert (tmp_path / "a" / "report.html").is_file()
+    bad = CliRunner().invoke(main, ["audit", str(data), "--out", str(data / "x")])
+    assert bad.exit_code == 2 and "inside DATA_DIR" in bad.output
+
+
+def _browser() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if path := shutil.which(name):
+            return path
+    return None
+
+
+def test_report_renders_with_charts_in_headless_chromium(planted: Planted, tmp_path: Path) -> None:
+    browser = _browser()
+    if browser is None:
+        pytest.skip(
+            "no headless browser: install Debian's chromium (.ci/run does) to check that "
+            "report.html renders with its charts"
+        )
+    shot = tmp_path / "report.png"
+    subprocess.run(
+        [
+            browser,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--window-size=1400,2600",
+            f"--screenshot={shot}",
+            planted.result.report.as_uri(),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    img = np.asarray(Image.open(shot).convert("RGB")).astype(int)
+    assert img.shape[:2] == (2600, 1400)
+
+    def pixels(rgb: tuple[int, int, int]) -> int:
+        return int((np.abs(img - np.array(rgb)).sum(axis=2) < 30).sum())
+
+    # The red FAIL banner, the COMMITTED bars (green), the pending-ack bars
+    # (matplotlib blue) and the freed-entries bars (grey) are all on screen.
+    assert pixels((0xC6, 0x28, 0x28)) > 20_000
+    assert pixels((0x2E, 0x7D, 0x32)) > 5_000
+    assert pixels((0x1F, 0x77, 0xB4)) > 2_000
+    assert pixels((0x9E, 0x9E, 0x9E)) > 2_000
+    assert len(np.unique(img.reshape(-1, 3), axis=0)) > 200  # charts, not a blank page

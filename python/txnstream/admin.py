@@ -13,7 +13,9 @@ What users of Pulsar and Kafka transactions ask for, built in:
   ``txnstream_topic_read_committed_lag``; lag tools that use the log end
   misreport READ_COMMITTED consumers);
 - topic creation and stats, batched-log switches for the coordinators and
-  the pending-ack stores, coordinator stats.
+  the pending-ack stores, coordinator stats;
+- tiered storage: :meth:`Admin.offload` on demand, :meth:`Admin.offloaded_segments`,
+  :meth:`Admin.tiered_stats` (every remote call counted by kind).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from txnstream.broker.topic_name import TopicName
 from txnstream.coordinator import TransactionInfo, TxnID, TxnStatus
 from txnstream.errors import InvalidArgumentError
+from txnstream.tiered import SegmentInfo
 
 if TYPE_CHECKING:
     from txnstream.broker.broker import Broker
@@ -149,6 +152,38 @@ class Admin:
         for tn in self._broker.partition_names(topic):
             out[tn.full] = self._broker.topic(tn).tb.lag()
         return out
+
+    # ------------------------------------------------------------ tiered storage
+
+    def offload(self, topic: str) -> list[SegmentInfo]:
+        """Offload every closed ledger of ``topic``'s partitions now (on demand).
+
+        Returns the uploaded segments' metadata (ledgers offloaded before
+        included). See SPEC §4.8 and :mod:`txnstream.tiered.offload`.
+        """
+        TopicName.parse(topic)
+        tiered = self._broker.tiered
+        out: list[SegmentInfo] = []
+        for tn in self._broker.partition_names(topic):
+            ml = self._broker.topic(tn).ml
+            for lid, n, sealed in ml.ledgers():
+                if sealed and n:
+                    out.append(tiered.offloader.offload(ml, lid))
+        return out
+
+    def offloaded_segments(self, topic: str) -> dict[str, list[SegmentInfo]]:
+        """Per partition of ``topic``: its readable remote segments, in ledger order."""
+        TopicName.parse(topic)
+        meta = self._broker.tiered.metadata
+        return {tn.full: meta.segments(tn.full) for tn in self._broker.partition_names(topic)}
+
+    def tiered_stats(self) -> dict[str, Any]:
+        """Return remote calls and bytes by kind, and offloader counts.
+
+        Kinds: segment data, offset index, txn index, metadata; offloader:
+        segments and bytes offloaded, indexes rebuilt, interrupted uploads cleaned.
+        """
+        return self._broker.tiered.stats()
 
 
 __all__ = ["Admin"]

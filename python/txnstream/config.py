@@ -102,6 +102,12 @@ def _as_int(key: str, value: object) -> int:
     raise _error(key, value, "expected an integer")
 
 
+def _as_str(key: str, value: object) -> str:
+    if isinstance(value, str) and value.isprintable():
+        return value.strip()
+    raise _error(key, value, "expected a printable string")
+
+
 def _as_millis(key: str, value: object) -> float:
     if isinstance(value, bool):
         raise _error(key, value, "expected a number of milliseconds")
@@ -154,6 +160,9 @@ BROKER_SETTINGS: Final[dict[str, tuple[str, Any, int | None, int | None]]] = {
     "allowAutoTopicCreation": ("allow_auto_topic_creation", _as_bool, None, None),
     "allowAutoTopicCreationType": ("auto_topic_creation_type", _as_partition_type, None, None),
     "defaultNumPartitions": ("default_num_partitions", _as_int, 1, 10_000),
+    "managedLedgerOffloadThresholdInBytes": ("offload_threshold_bytes", _as_int, -1, 1 << 50),
+    "managedLedgerOffloadThresholdMs": ("offload_threshold_ms", _as_int, -1, 1 << 50),
+    "fileSystemURI": ("tiered_storage_location", _as_str, None, None),
 }
 _SETTING_KEY: Final = {attr: key for key, (attr, _, _, _) in BROKER_SETTINGS.items()}
 
@@ -258,6 +267,14 @@ class BrokerConfig:
     #: ``non-partitioned`` or ``partitioned`` (with ``default_num_partitions``).
     auto_topic_creation_type: str = "non-partitioned"
     default_num_partitions: int = 1
+    #: Tiered storage (SPEC §4.8): closed ledgers of a topic partition are
+    #: offloaded by the broker's maintenance once the partition holds more
+    #: than this many bytes of closed ledgers locally (-1: never by size).
+    offload_threshold_bytes: int = -1
+    #: ... or once a closed ledger's newest message is older than this (-1: never by age).
+    offload_threshold_ms: int = -1
+    #: Where offloaded segments go: a directory or an fsspec URL ("": ``<data>/remote``).
+    tiered_storage_location: str = ""
 
     def __post_init__(self) -> None:
         """Validate every section under its Pulsar key names."""

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from prometheus_client.registry import REGISTRY, CollectorRegistry
 
-from txnstream._native import BufferedWriter, CompactedTopic, ManagedLedger
+from txnstream._native import BufferedWriter, CompactedTopic, ManagedLedger, Position
 from txnstream.broker.topic import Topic
 from txnstream.broker.topic_name import MAX_PARTITIONS, TopicName
 from txnstream.buffer import TxnOutcomes
@@ -73,6 +73,14 @@ from txnstream.metrics import (
     unregister_broker,
     unregister_writer,
 )
+from txnstream.tiered import (
+    METADATA_LEDGER,
+    Offloader,
+    RemoteLogMetadataManager,
+    RemoteStorage,
+    TieredReader,
+    TopicTxnIndexes,
+)
 from txnstream.timer import Clock, TimerHandle, TimerService, clock_arg
 
 if TYPE_CHECKING:
@@ -85,6 +93,36 @@ log = logging.getLogger(__name__)
 TOPICS_REGISTRY = "__txnstream_topics"
 #: Idempotent end is on through the broker: ends remembered per client name.
 DEFAULT_PERSIST_COUNT = 1000
+
+
+class Tiered:
+    """A broker's tiered storage (SPEC §4.8): what :attr:`Broker.tiered` wires together."""
+
+    def __init__(
+        self,
+        remote: RemoteStorage,
+        metadata: RemoteLogMetadataManager,
+        offloader: Offloader,
+        metadata_ml: ManagedLedger,
+    ) -> None:
+        self.remote = remote
+        self.metadata = metadata
+        self.offloader = offloader
+        self.metadata_ml = metadata_ml
+        self.collector: Any = None
+
+    def reader(self) -> TieredReader:
+        """Return a new reader of local-or-remote topic data (its own caches)."""
+        return TieredReader(self.remote, self.metadata)
+
+    def stats(self) -> dict[str, Any]:
+        """Remote calls and bytes by kind, and what the offloader did."""
+        return {
+            "location": self.remote.location,
+            "calls": self.remote.calls(),
+            "bytes_read": self.remote.bytes_read(),
+            "offloader": dict(self.offloader.stats),
+        }
 
 
 class Broker:
@@ -123,6 +161,10 @@ class Broker:
             "max_bytes_per_ledger": config.max_size_per_ledger_mb << 20,
         }
         self.recovery: dict[str, Any] = {}
+        #: Aborted-transaction indexes of topic ledgers, written as aborts happen.
+        self.txn_indexes = TopicTxnIndexes(path)
+        self._tiered: Tiered | None = None
+        self._tiered_lock = threading.Lock()
 
     @classmethod
     def open(
@@ -412,6 +454,57 @@ class Broker:
             max_bytes_per_ledger=self.config.max_size_per_ledger_mb << 20,
         )
 
+    def record_abort(
+        self,
+        partition: str,
+        txn: tuple[int, int],
+        first: Position,
+        last: Position,
+        last_stable: Position,
+    ) -> None:
+        """Record an aborted transaction in ``partition``'s aborted-txn index."""
+        self.txn_indexes.append(partition, txn, first, last, last_stable)
+
+    @property
+    def tiered(self) -> Tiered:
+        """Tiered storage of this broker (opened on first use: remote store and metadata)."""
+        self._check_open()
+        with self._tiered_lock:
+            if self._tiered is None:
+                location = self.config.tiered_storage_location or os.path.join(self.path, "remote")
+                remote = RemoteStorage(location)
+                log_ml = self.open_ledger(METADATA_LEDGER)
+                try:
+                    metadata = RemoteLogMetadataManager(log_ml, remote)
+                    offloader = Offloader(remote, metadata, self.txn_indexes)
+                    offloader.clean_up()
+                except BaseException:
+                    log_ml.close()
+                    raise
+                self._tiered = Tiered(remote, metadata, offloader, log_ml)
+                if self._registry is not None:
+                    collector = remote.collector()
+                    # Another broker of this process already exports its own
+                    # remote calls under these names: this one is in admin stats.
+                    with contextlib.suppress(ValueError):
+                        self._registry.register(collector)
+                        self._tiered.collector = collector
+            return self._tiered
+
+    def _offload_by_policy(self) -> None:
+        cfg = self.config
+        if cfg.offload_threshold_bytes < 0 and cfg.offload_threshold_ms < 0:
+            return
+        tiered = self.tiered
+        for t in self.loaded_topics():
+            tiered.offloader.offload_by_policy(
+                t.ml,
+                threshold_bytes=None
+                if cfg.offload_threshold_bytes < 0
+                else cfg.offload_threshold_bytes,
+                min_age_ms=None if cfg.offload_threshold_ms < 0 else cfg.offload_threshold_ms,
+            )
+
     def pending_ack_writer(self, ml: ManagedLedger, name: str) -> BufferedWriter:
         """Return a BufferedWriter for pending-ack log ``ml`` (pending-ack store metrics)."""
         writer = BufferedWriter(ml, **self.config.pending_ack_batched_write.writer_kwargs())
@@ -492,6 +585,7 @@ class Broker:
         try:
             for t in self.loaded_topics():
                 t.trim()
+            self._offload_by_policy()
         except Exception:
             if not self._closed:
                 log.exception("broker maintenance")
@@ -499,9 +593,10 @@ class Broker:
             self._schedule_maintenance()
 
     def maintain_now(self) -> None:
-        """Run maintenance (pending-ack trimming) now, in this thread."""
+        """Run maintenance (pending-ack trimming, offload by policy) now, in this thread."""
         for t in self.loaded_topics():
             t.trim()
+        self._offload_by_policy()
 
     # ------------------------------------------------------------ metrics
 
@@ -584,6 +679,12 @@ class Broker:
             self._topics.clear()
         if self._registry is not None:
             unregister_broker(self._label or "broker", self, self._registry)
+        tiered, self._tiered = self._tiered, None
+        if tiered is not None:
+            if self._registry is not None and tiered.collector is not None:
+                with contextlib.suppress(KeyError):
+                    self._registry.unregister(tiered.collector)
+            tiered.metadata_ml.close()
         if self._registry_topic is not None:
             self._registry_topic.close()
             self._registry_topic = None

@@ -68,6 +68,16 @@ class TopicContext(Protocol):
     def release_writer(self, name: str, writer: BufferedWriter) -> None:
         """Stop exporting a pending-ack writer's metrics."""
 
+    def record_abort(
+        self,
+        partition: str,
+        txn: tuple[int, int],
+        first: Position,
+        last: Position,
+        last_stable: Position,
+    ) -> None:
+        """Record an aborted transaction in the partition's aborted-txn index (tiered)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Publish:
@@ -88,7 +98,12 @@ class Topic:
         self._ctx = ctx
         cfg = ctx.config
         self.tb = TransactionBuffer(
-            self.full, ml, ctx.outcomes, on_change=self._changed, wall_ms=ctx.wall_ms
+            self.full,
+            ml,
+            ctx.outcomes,
+            on_change=self._changed,
+            wall_ms=ctx.wall_ms,
+            on_abort=functools.partial(ctx.record_abort, self.full),
         )
         self.lock = self.tb.lock
         self.dedup = Deduplication(cfg.deduplication_window, cfg.deduplication_max_producers)

@@ -62,6 +62,9 @@ TXN_COMMIT = 21
 TXN_ABORT = 22
 
 TxnKey = tuple[int, int]
+#: Called after an ABORT marker is durable (the tiered aborted-txn index):
+#: ``(txn, first position here, marker position, read limit before the abort)``.
+AbortHook = Callable[[TxnKey, Position, Position, Position], None]
 #: Called for every non-marker entry during replay (deduplication state):
 #: ``(position, producer_name, sequence_ids, txn or None)``.
 EntryHook = Callable[[Position, str, list[int], TxnKey | None], None]
@@ -97,8 +100,10 @@ class TransactionBuffer:
         *,
         on_change: Callable[[], None] = lambda: None,
         wall_ms: Callable[[], int] = lambda: time.time_ns() // 1_000_000,
+        on_abort: AbortHook | None = None,
     ) -> None:
         self.partition = partition
+        self._on_abort = on_abort
         self.lock = threading.Lock()
         self._ml = ml
         self._outcomes = outcomes
@@ -270,7 +275,8 @@ class TransactionBuffer:
             if exc is not None:
                 return  # the coordinator retries; the transaction stays ongoing
             pos = fut.result()
-            self.ongoing.pop(txn_id, None)
+            first = self.ongoing.pop(txn_id, None) or self._fences.get(txn_id)
+            stable = self._limit
             self._fences.pop(txn_id, None)
             if not commit:
                 self.aborted[(txn_id.most_bits, txn_id.least_bits)] = pos
@@ -280,6 +286,14 @@ class TransactionBuffer:
                 self._last_durable = pos
             self._recompute()
         self._on_change()
+        if not commit and self._on_abort is not None:
+            # Unknown bounds are the lowest position: the index stays conservative.
+            zero = Position(0, 0)
+            key = (txn_id.most_bits, txn_id.least_bits)
+            try:
+                self._on_abort(key, first or zero, pos, min(stable or zero, pos))
+            except Exception:  # derived data: checked against the markers before use
+                log.exception("%s: recording aborted transaction %s", self.partition, txn_id)
 
     def _remember_ended(self, txn_id: TxnID) -> None:
         # Under the lock: refuse its late appends; forget what the LWM covers.
@@ -391,4 +405,4 @@ class TransactionBuffer:
         return out
 
 
-__all__ = ["TXN_ABORT", "TXN_COMMIT", "TransactionBuffer", "TxnOutcomes", "after"]
+__all__ = ["TXN_ABORT", "TXN_COMMIT", "AbortHook", "TransactionBuffer", "TxnOutcomes", "after"]

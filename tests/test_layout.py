@@ -27,7 +27,7 @@ LAYERS = [
     {"tiered.metadata", "tiered.txn_index"},
     {"tiered.offload", "tiered.reader"},
     {"tiered"},
-    {"buffer.transaction_buffer"},
+    {"buffer.transaction_buffer", "buffer.snapshot_reader"},
     {"buffer"},
     {"pendingack.cursor_acks"},
     {"pendingack.store"},

@@ -1,0 +1,232 @@
+"""Shared snapshot readers (SPEC §4.6, seed 003): one reader per namespace.
+
+Transaction-buffer snapshots of every topic of a namespace live in one
+compacted topic, ``<tenant>/<namespace>/__transaction_buffer_snapshot``,
+keyed by topic. When many topics recover at once (a broker opening a data
+directory with thousands of topics), one reader per topic would read that
+whole topic once per topic: n·x entry reads. Here the topics of a namespace
+share one :class:`SharedSnapshotReader` whose Rust
+:class:`~txnstream._native.SnapshotDemux` reads forward once and routes each
+record to its topic: x reads (see ``rust/core/src/demux.rs`` for the rules:
+newest record per topic, snapshots written during recovery seen, deleted
+topics answer none).
+
+Lifetime: :meth:`SnapshotReaders.acquire` gives the namespace's reader and
+counts a user; :meth:`SharedSnapshotReader.release` uncounts it, and the last
+release closes the reader (its ledger handle and routed records). A reader
+that nobody read from for ``idle_timeout_ms`` (default 60 s, as Pulsar's
+TableView cache) is closed even while held; a holder that reads again gets
+a new one transparently. Every wait is bounded: reads hold the reader's
+lock only while the demux reads (no callbacks run under it).
+"""
+
+from __future__ import annotations
+
+import errno
+import threading
+from collections.abc import Callable
+
+from txnstream._native import ManagedLedger, SnapshotDemux
+from txnstream.errors import AlreadyClosedError, InvalidArgumentError, StorageError
+from txnstream.proto import TransactionBufferSnapshot
+from txnstream.timer import Clock, TimerHandle, TimerScope
+
+#: Default idle time after which an unused reader is closed (Pulsar's TableView cache).
+DEFAULT_IDLE_TIMEOUT_MS = 60_000
+#: Name of a namespace's snapshot topic (SPEC §2).
+SNAPSHOT_TOPIC = "__transaction_buffer_snapshot"
+
+
+def snapshot_topic(namespace: str) -> str:
+    """Return the managed-ledger name of ``namespace``'s snapshot topic."""
+    if not isinstance(namespace, str) or namespace.count("/") != 1 or "" in namespace.split("/"):
+        raise InvalidArgumentError(
+            f"namespace must be 'tenant/namespace', got {namespace!r}",
+            argument="namespace",
+            value=namespace,
+        )
+    return f"{namespace}/{SNAPSHOT_TOPIC}"
+
+
+class SharedSnapshotReader:
+    """The snapshot reader of one namespace, shared by the topics that recover."""
+
+    def __init__(self, owner: SnapshotReaders, namespace: str) -> None:
+        self.namespace = namespace
+        self._owner = owner
+        self._lock = threading.Lock()
+        self._ml: ManagedLedger | None = None
+        self._demux: SnapshotDemux | None = None
+        self.users = 0
+        self.opened = 0  # times its ledger was opened (1 unless closed by idleness)
+        self._last_used_ms = owner.clock.monotonic_ms()
+        self._idle_timer: TimerHandle | None = None
+        self._stats: dict[str, int] = {}
+
+    def read(self, topic: str) -> TransactionBufferSnapshot | None:
+        """Return ``topic``'s newest snapshot (None: it has none); one answer per topic."""
+        if not isinstance(topic, str) or not topic:
+            raise InvalidArgumentError(
+                f"topic must be a non-empty str, got {topic!r}", argument="topic", value=topic
+            )
+        with self._lock:
+            if self.users <= 0:
+                raise AlreadyClosedError(
+                    f"snapshot reader of {self.namespace} was released", what="snapshot reader"
+                )
+            if self._demux is None or self._ml is None:
+                try:
+                    self._ml = self._owner.open_ledger(snapshot_topic(self.namespace))
+                except StorageError as e:
+                    if e.errno != errno.ENOENT:
+                        raise
+                    return None  # no snapshot written in this namespace yet
+                self._demux = SnapshotDemux()
+                self.opened += 1
+            if self._ml.read_only:
+                self._ml.refresh()  # see snapshots synced since (writers in this process too)
+            got = self._demux.take(self._ml, topic)
+            self._last_used_ms = self._owner.clock.monotonic_ms()
+            self._arm_idle_timer()
+        if got is None:
+            return None
+        snap = TransactionBufferSnapshot()
+        snap.ParseFromString(got[1])
+        return snap
+
+    def forget(self, topic: str) -> None:
+        """Forget ``topic`` (deleted while recovery runs)."""
+        with self._lock:
+            if self._demux is not None:
+                self._demux.forget(topic)
+
+    def stats(self) -> dict[str, int]:
+        """Return demux counters (entries_read, reads, routed, dropped, answered), all openings."""
+        with self._lock:
+            out = dict(self._stats)
+            if self._demux is not None:
+                for k, v in self._demux.stats().items():
+                    out[k] = out.get(k, 0) + v
+            return out
+
+    @property
+    def is_open(self) -> bool:
+        """True while the reader holds its ledger handle and routed records."""
+        with self._lock:
+            return self._ml is not None
+
+    def release(self) -> None:
+        """Stop using the reader; the last user's release closes it."""
+        self._owner._release(self)
+
+    # ------------------------------------------------------------ internals
+
+    def _arm_idle_timer(self) -> None:
+        # Under the lock.
+        if self._idle_timer is not None:
+            self._owner.scope.cancel(self._idle_timer)
+        due = self._last_used_ms + self._owner.idle_timeout_ms
+        self._idle_timer = self._owner.scope.schedule(due, self._idle_check)
+
+    def _idle_check(self) -> None:
+        with self._lock:
+            self._idle_timer = None
+            if self._ml is None:
+                return
+            if self._owner.clock.monotonic_ms() - self._last_used_ms < self._owner.idle_timeout_ms:
+                self._arm_idle_timer()
+                return
+            self._close_locked()
+
+    def _close_locked(self) -> None:
+        if self._demux is not None:
+            for k, v in self._demux.stats().items():
+                self._stats[k] = self._stats.get(k, 0) + v
+        if self._idle_timer is not None:
+            self._owner.scope.cancel(self._idle_timer)
+            self._idle_timer = None
+        ml, self._ml, self._demux = self._ml, None, None
+        if ml is not None:
+            ml.close()
+
+
+class SnapshotReaders:
+    """The shared snapshot readers of one broker: one per namespace, reference counted.
+
+    ``open_ledger`` opens a managed ledger of the broker's data directory
+    read-only (the broker owns ledgers; the snapshot topic's writer may be
+    open in the same process); ``scope`` runs the idle timers.
+    """
+
+    def __init__(
+        self,
+        open_ledger: Callable[[str], ManagedLedger],
+        scope: TimerScope,
+        clock: Clock,
+        *,
+        idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS,
+    ) -> None:
+        if (
+            isinstance(idle_timeout_ms, bool)
+            or not isinstance(idle_timeout_ms, int)
+            or idle_timeout_ms < 1
+        ):
+            raise InvalidArgumentError(
+                f"idle_timeout_ms must be an int >= 1, got {idle_timeout_ms!r}",
+                argument="idle_timeout_ms",
+                value=idle_timeout_ms,
+            )
+        self.open_ledger = open_ledger
+        self.scope = scope
+        self.clock = clock
+        self.idle_timeout_ms = idle_timeout_ms
+        self._lock = threading.Lock()
+        self._readers: dict[str, SharedSnapshotReader] = {}
+        self._closed = False
+
+    def acquire(self, namespace: str) -> SharedSnapshotReader:
+        """Return ``namespace``'s shared reader, counting one more user."""
+        snapshot_topic(namespace)
+        with self._lock:
+            if self._closed:
+                raise AlreadyClosedError("snapshot readers are closed", what="snapshot readers")
+            reader = self._readers.get(namespace)
+            if reader is None:
+                reader = self._readers[namespace] = SharedSnapshotReader(self, namespace)
+            with reader._lock:
+                reader.users += 1
+            return reader
+
+    def _release(self, reader: SharedSnapshotReader) -> None:
+        with self._lock, reader._lock:
+            if reader.users <= 0:
+                return
+            reader.users -= 1
+            if reader.users == 0:
+                reader._close_locked()
+                if self._readers.get(reader.namespace) is reader:
+                    del self._readers[reader.namespace]
+
+    def namespaces(self) -> list[str]:
+        """Namespaces with a reader in use."""
+        with self._lock:
+            return sorted(self._readers)
+
+    def close(self) -> None:
+        """Close every reader (a broker closing: recovery is cancelled)."""
+        with self._lock:
+            self._closed = True
+            readers, self._readers = list(self._readers.values()), {}
+        for r in readers:
+            with r._lock:
+                r.users = 0
+                r._close_locked()
+
+
+__all__ = [
+    "DEFAULT_IDLE_TIMEOUT_MS",
+    "SNAPSHOT_TOPIC",
+    "SharedSnapshotReader",
+    "SnapshotReaders",
+    "snapshot_topic",
+]

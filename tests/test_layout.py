@@ -23,6 +23,10 @@ LAYERS = [
     {"coordinator.aio"},
     {"coordinator.coordinator"},
     {"coordinator"},
+    {"tiered.remote"},
+    {"tiered.metadata", "tiered.txn_index"},
+    {"tiered.offload", "tiered.reader"},
+    {"tiered"},
     {"buffer.transaction_buffer"},
     {"buffer"},
     {"pendingack.cursor_acks"},
@@ -98,7 +102,7 @@ MODULES = [
     ),
     *(
         PKG / pkg / "__init__.py"
-        for pkg in ("coordinator", "buffer", "pendingack", "broker", "client")
+        for pkg in ("coordinator", "tiered", "buffer", "pendingack", "broker", "client")
     ),
 ]
 

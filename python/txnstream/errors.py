@@ -66,6 +66,18 @@ class CorruptLedgerError(TxnStreamError, ValueError):
     offset: int
 
 
+class CorruptIndexError(TxnStreamError, ValueError):
+    """An index is damaged or of an unknown version.
+
+    The aborted-transaction index or a remote segment's offset index;
+    txnstream rebuilds or refetches it. ``kind`` names the index, ``offset``
+    the byte offset of the damage.
+    """
+
+    kind: str
+    offset: int
+
+
 class ConfigError(TxnStreamError, ValueError):
     """A configuration value was rejected; ``key`` and ``value`` name it."""
 
@@ -202,6 +214,7 @@ __all__ = [
     "ConfigError",
     "CoordinatorNotFound",
     "CorruptEntryError",
+    "CorruptIndexError",
     "CorruptLedgerError",
     "DuplicateSequenceError",
     "InvalidArgumentError",

@@ -510,3 +510,29 @@ __all__ = [
     "wait_fault_held",
     "wait_until",
 ]
+
+
+# ---------------------------------------------------------------- tiered storage
+
+
+def set_remote_call_hook(remote: Any, hook: Callable[[str, str], None] | None) -> None:
+    """Call ``hook(kind, op)`` before every call of a ``RemoteStorage``.
+
+    The hook may sleep (a per-call latency standing in for object storage)
+    or raise (a remote failure at that call). ``None`` removes it.
+    """
+    remote._before_call = hook
+
+
+def remote_latency(ms: float) -> Callable[[str, str], None]:
+    """Return a remote-call hook that sleeps ``ms`` milliseconds per remote call.
+
+    ``metadata`` calls are served from the local ``__remote_log_metadata``
+    ledger, so they are counted but not delayed.
+    """
+
+    def sleep(kind: str, op: str) -> None:
+        if kind != "metadata":
+            time.sleep(ms / 1000)
+
+    return sleep

@@ -36,6 +36,7 @@ from txnstream.proto.pulsar_api_pb2 import (
     MessageMetadata,
     SingleMessageMetadata,
 )
+from txnstream.proto.remote_log_pb2 import RemoteLogSegmentMetadata
 from txnstream.proto.tb_snapshot_pb2 import AbortTxnMetadata, TransactionBufferSnapshot
 from txnstream.proto.terminated_pb2 import TerminatedTxn, TerminatedTxnState
 from txnstream.proto.txn_log_pb2 import (
@@ -82,6 +83,7 @@ __all__ = [
     "PendingAckMetadata",
     "PendingAckMetadataEntry",
     "PendingAckOp",
+    "RemoteLogSegmentMetadata",
     "SingleMessageMetadata",
     "Subscription",
     "TerminatedTxn",

@@ -34,6 +34,17 @@ pub enum Error {
         /// What was wrong.
         reason: String,
     },
+    /// An index file (aborted-transaction index, segment offset index) is
+    /// damaged or of an unknown version; the caller rebuilds or refetches it.
+    #[error("corrupt {kind}: {reason} at byte offset {offset}")]
+    CorruptIndex {
+        /// Which index.
+        kind: String,
+        /// Byte offset where the damage was found.
+        offset: usize,
+        /// What was wrong.
+        reason: String,
+    },
     /// A configuration value is out of range.
     #[error("invalid configuration {key}={value}: {reason}")]
     Config {

@@ -7,6 +7,7 @@
 //! - [`ledger`]: durable managed ledgers with cursors and compacted topics.
 //! - [`message`]: topic entries in Pulsar's format (metadata, batches,
 //!   transaction markers).
+//! - [`tiered`]: the aborted-transaction index and remote segment offset index.
 //! - [`writer`]: the PIP-160 `BufferedWriter` (batched log writes).
 //! - [`replay`]: live records of a mixed batched/unbatched log, columnar.
 //! - [`txnlog_record`], [`txnlog_fold`]: coordinator log records encoded from
@@ -23,6 +24,7 @@ pub mod position;
 pub mod proto;
 pub mod replay;
 pub mod sink;
+pub mod tiered;
 pub mod txnlog_fold;
 pub mod txnlog_record;
 pub mod wire;

@@ -73,6 +73,11 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
             details.set_item("offset", offset)?;
             "CorruptLedgerError"
         }
+        Error::CorruptIndex { kind, offset, .. } => {
+            details.set_item("kind", kind)?;
+            details.set_item("offset", offset)?;
+            "CorruptIndexError"
+        }
         Error::Config { key, value, .. } => {
             details.set_item("key", key)?;
             details.set_item("value", value)?;

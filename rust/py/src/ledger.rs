@@ -42,7 +42,7 @@ fn entries<'py>(py: Python<'py>, es: Vec<(Position, Vec<u8>)>) -> PyResult<Bound
 
 // ---------------------------------------------------------------- arguments
 
-fn id_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<u64> {
+pub(crate) fn id_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<u64> {
     if let Ok(v) = obj.extract::<u64>() {
         return Ok(v);
     }
@@ -55,7 +55,7 @@ fn id_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<u64> {
 }
 
 /// A `Position`, a `TxnPosition` or a `(ledger_id, entry_id)` tuple.
-fn pos_arg(obj: &Bound<'_, PyAny>, arg: &str) -> BindResult<Position> {
+pub(crate) fn pos_arg(obj: &Bound<'_, PyAny>, arg: &str) -> BindResult<Position> {
     if let Some(p) = position_of(obj) {
         return Ok(p);
     }

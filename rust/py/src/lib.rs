@@ -15,6 +15,7 @@ mod position;
 mod replay;
 #[cfg(feature = "testing")]
 mod testing;
+mod tiered;
 mod txnlog;
 mod writer;
 
@@ -54,6 +55,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(message::decode_topic_entry, m)?)?;
     m.add_function(wrap_pyfunction!(message::read_messages, m)?)?;
     m.add_function(wrap_pyfunction!(message::scan_topic, m)?)?;
+    m.add_class::<tiered::PyAbortedTxnIndex>()?;
+    m.add_class::<tiered::PySegmentIndex>()?;
+    m.add_function(wrap_pyfunction!(tiered::export_segment, m)?)?;
+    m.add_function(wrap_pyfunction!(tiered::decode_segment, m)?)?;
     #[cfg(feature = "testing")]
     testing::register(m)?;
     Ok(())

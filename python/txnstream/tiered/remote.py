@@ -1,0 +1,194 @@
+"""Remote storage for offloaded segments: a directory by default, any fsspec URL.
+
+Every call is counted by kind (``segment``, ``offset_index``, ``txn_index``,
+``metadata``) so tests and benchmarks can show exactly how many remote calls
+a read made, and admin stats and Prometheus export the same counts.
+
+Objects of one upload are named ``<topic>/<ledger_id>-<segment_id>.<suffix>``.
+A directory remote writes each object to a temporary name, syncs it and
+renames it into place, then syncs the directory: an object that exists is
+complete. fsspec URLs rely on the store's own atomic put (object stores are).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import urllib.parse
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, Final
+
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
+
+from txnstream.errors import InvalidArgumentError, StorageError
+
+#: Kinds of remote calls, as counted and exported.
+KINDS: Final = ("segment", "offset_index", "txn_index", "metadata")
+#: Object-name suffix of each kind of uploaded object.
+SUFFIX: Final = {"segment": "data", "offset_index": "offsets", "txn_index": "txnidx"}
+
+
+def object_name(topic: str, ledger_id: int, segment_id: str, kind: str) -> str:
+    """Return the remote object name of one part of an upload."""
+    if kind not in SUFFIX:
+        raise InvalidArgumentError(f"kind must be one of {sorted(SUFFIX)}, got {kind!r}")
+    return f"{urllib.parse.quote(topic, safe='')}/{ledger_id}-{segment_id}.{SUFFIX[kind]}"
+
+
+class RemoteStorage:
+    """A remote store of segment objects, with every call counted by kind.
+
+    ``location`` is a directory path or an fsspec URL (``memory://bucket``,
+    ``s3://...`` with the matching fsspec backend installed).
+    """
+
+    def __init__(self, location: str | os.PathLike[str]) -> None:
+        text = os.fspath(location)
+        if not isinstance(text, str) or not text:
+            raise InvalidArgumentError(
+                f"remote location must be a non-empty path or URL, got {location!r}"
+            )
+        self._lock = threading.Lock()
+        self._calls: Counter[str] = Counter()
+        self._bytes: Counter[str] = Counter()
+        #: Test hook (``txnstream.testing``): called before every remote call
+        #: with its kind and operation; may sleep (latency) or raise (faults).
+        self._before_call: Callable[[str, str], None] | None = None
+        self._fs: Any = None
+        if "://" in text and not text.startswith("file://"):
+            try:
+                import fsspec  # type: ignore[import-untyped]
+            except ImportError as e:  # pragma: no cover - fsspec is a dependency
+                raise InvalidArgumentError(f"remote URL {text!r} needs fsspec installed") from e
+            self._fs, root = fsspec.core.url_to_fs(text)
+            self._root = str(root).rstrip("/")
+        else:
+            path = Path(text.removeprefix("file://"))
+            self._root = str(path)
+            path.mkdir(parents=True, exist_ok=True)
+        self.location = text
+
+    # ------------------------------------------------------------ counting
+
+    def calls(self) -> dict[str, int]:
+        """Remote calls made so far, by kind (every kind present)."""
+        with self._lock:
+            return {k: self._calls[k] for k in KINDS}
+
+    def bytes_read(self) -> dict[str, int]:
+        """Bytes fetched so far, by kind."""
+        with self._lock:
+            return {k: self._bytes[k] for k in KINDS}
+
+    def collector(self) -> Collector:
+        """Return a Prometheus collector of this store's calls and bytes by kind.
+
+        Metrics: ``txnstream_tiered_remote_calls_total{kind}`` and
+        ``txnstream_tiered_remote_read_bytes_total{kind}``, labelled with
+        ``remote`` = the location. Register it with a registry of your choice.
+        """
+        return _RemoteCollector(self)
+
+    def _count(self, kind: str, op: str, nbytes: int = 0) -> None:
+        hook = self._before_call
+        if hook is not None:
+            hook(kind, op)
+        with self._lock:
+            self._calls[kind] += 1
+            self._bytes[kind] += nbytes
+
+    # ------------------------------------------------------------ objects
+
+    def _path(self, name: str) -> str:
+        return f"{self._root}/{name}"
+
+    def put(self, name: str, data: bytes, kind: str) -> None:
+        """Upload one object (complete or not at all)."""
+        path = self._path(name)
+        try:
+            self._count(kind, "put")
+            if self._fs is not None:
+                self._fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+                self._fs.pipe_file(path, data)
+                return
+            _atomic_write(Path(path), data)
+        except OSError as e:
+            raise StorageError(f"remote put of {name} failed: {e}", errno=e.errno) from e
+
+    def get(self, name: str, kind: str, start: int | None = None, end: int | None = None) -> bytes:
+        """Fetch one object, or the byte range ``[start, end)`` of it."""
+        try:
+            if self._fs is not None:
+                data = bytes(self._fs.cat_file(self._path(name), start=start, end=end))
+            else:
+                with open(self._path(name), "rb") as f:
+                    if start:
+                        f.seek(start)
+                    data = f.read(-1 if end is None else end - (start or 0))
+        except FileNotFoundError as e:
+            self._count(kind, "get")
+            raise StorageError(f"remote object {name} is missing", errno=e.errno) from e
+        except OSError as e:
+            self._count(kind, "get")
+            raise StorageError(f"remote get of {name} failed: {e}", errno=e.errno) from e
+        self._count(kind, "get", len(data))
+        return data
+
+    def delete(self, name: str, kind: str) -> None:
+        """Delete one object; a missing object is not an error."""
+        try:
+            self._count(kind, "delete")
+            if self._fs is not None:
+                if self._fs.exists(self._path(name)):
+                    self._fs.rm_file(self._path(name))
+            else:
+                Path(self._path(name)).unlink(missing_ok=True)
+        except OSError as e:
+            raise StorageError(f"remote delete of {name} failed: {e}", errno=e.errno) from e
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+class _RemoteCollector(Collector):
+    def __init__(self, remote: RemoteStorage) -> None:
+        self._remote = remote
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        calls = CounterMetricFamily(
+            "txnstream_tiered_remote_calls",
+            "Remote storage calls by kind",
+            labels=["remote", "kind"],
+        )
+        read = CounterMetricFamily(
+            "txnstream_tiered_remote_read_bytes",
+            "Bytes fetched from remote storage by kind",
+            labels=["remote", "kind"],
+        )
+        loc = self._remote.location
+        for kind, n in self._remote.calls().items():
+            calls.add_metric([loc, kind], n)
+        for kind, n in self._remote.bytes_read().items():
+            read.add_metric([loc, kind], n)
+        yield calls
+        yield read

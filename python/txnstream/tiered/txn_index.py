@@ -1,0 +1,83 @@
+"""Local aborted-transaction indexes of topic ledgers, written as aborts happen.
+
+One file per (topic, ledger) under ``<data dir>/txnidx/``: the index header,
+then one 68-byte record per ABORT marker (SPEC §3.4; format in
+``rust/core/src/tiered/aborted_index.rs``). The transaction buffer appends a
+record when it writes an ABORT marker, with the exact first position of the
+transaction and the last-stable position at that moment. Appends are not
+synced: the index is derived data. It is never trusted blindly: the
+offloader checks it against the ABORT markers actually in the ledger and
+rebuilds it from them when it is missing, damaged or stale.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import urllib.parse
+from pathlib import Path
+
+from txnstream._native import AbortedTxnIndex, Position
+from txnstream.errors import CorruptIndexError, StorageError
+
+#: Directory of the index files inside a data directory.
+INDEX_DIR = "txnidx"
+
+
+class TopicTxnIndexes:
+    """The local aborted-transaction index files of a data directory."""
+
+    def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+        self._dir = Path(data_dir) / INDEX_DIR
+        self._lock = threading.Lock()
+        self._open: dict[tuple[str, int], AbortedTxnIndex] = {}
+
+    def path(self, topic: str, ledger_id: int) -> Path:
+        """Return the index file of one topic ledger."""
+        return self._dir / f"{urllib.parse.quote(topic, safe='')}@{ledger_id}.txnidx"
+
+    def append(
+        self,
+        topic: str,
+        txn: tuple[int, int],
+        first: Position,
+        last: Position,
+        last_stable: Position,
+    ) -> None:
+        """Record an aborted transaction whose ABORT marker is at ``last``."""
+        key = (topic, last.ledger_id)
+        with self._lock:
+            index = self._open.get(key)
+            path = self.path(topic, last.ledger_id)
+            if index is None:
+                index = self._load_or_new(path, last.ledger_id)
+                self._open[key] = index
+            record = index.append(txn, first, last, last_stable)
+            try:
+                with open(path, "ab") as f:
+                    f.write(record)
+            except OSError as e:
+                raise StorageError(f"append to {path} failed: {e}", errno=e.errno) from e
+
+    def _load_or_new(self, path: Path, ledger_id: int) -> AbortedTxnIndex:
+        try:
+            return AbortedTxnIndex.decode(path.read_bytes())
+        except (FileNotFoundError, CorruptIndexError):
+            pass
+        self._dir.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(AbortedTxnIndex.encode_header(ledger_id))
+        return AbortedTxnIndex(ledger_id)
+
+    def load(self, topic: str, ledger_id: int) -> AbortedTxnIndex | None:
+        """Return the index of one ledger, or None when it is missing or damaged."""
+        with self._lock:
+            try:
+                return AbortedTxnIndex.decode(self.path(topic, ledger_id).read_bytes())
+            except (FileNotFoundError, CorruptIndexError):
+                return None
+
+    def remove(self, topic: str, ledger_id: int) -> None:
+        """Forgets one ledger's index (after the ledger is deleted)."""
+        with self._lock:
+            self._open.pop((topic, ledger_id), None)
+            self.path(topic, ledger_id).unlink(missing_ok=True)

@@ -1,0 +1,518 @@
+"""Tiered storage: aborted-txn indexes, offload, remote READ_COMMITTED (SPEC §3.4, §4.8)."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from txnstream import CorruptIndexError, InvalidArgumentError, ManagedLedger, Position, StorageError
+from txnstream._native import AbortedTxnIndex, SegmentIndex, encode_marker, encode_message
+from txnstream.testing import set_remote_call_hook
+from txnstream.tiered import (
+    METADATA_LEDGER,
+    Offloader,
+    RemoteLogMetadataManager,
+    RemoteStorage,
+    TieredReader,
+    TopicTxnIndexes,
+    object_name,
+)
+
+TOPIC = "persistent://public/default/orders"
+
+
+# ------------------------------------------------------------------ a topic writer
+
+
+@dataclass
+class TopicWriter:
+    """Writes a topic's entries as the broker does: messages (some in
+    transactions), COMMIT/ABORT markers, and the local aborted-txn index
+    records with exact first and last-stable positions."""
+
+    ml: ManagedLedger
+    indexes: TopicTxnIndexes
+    seq: int = 0
+    first: dict[tuple[int, int], Position] = field(default_factory=dict)
+    aborted: set[tuple[int, int]] = field(default_factory=set)
+
+    def send(self, value: bytes, txn: tuple[int, int] | None = None) -> Position:
+        self.seq += 1
+        pos = self.ml.append(encode_message(value, "p1", self.seq, 1_000, txn=txn))
+        if txn is not None:
+            self.first.setdefault(txn, pos)
+        return pos
+
+    def end(self, txn: tuple[int, int], commit: bool) -> Position:
+        pos = self.ml.append(encode_marker(commit, txn[0], txn[1], 1_000))
+        first = self.first.pop(txn, pos)
+        if not commit:
+            lso = min([first, *self.first.values()])
+            self.indexes.append(self.ml.name, txn, first, pos, lso)
+            self.aborted.add(txn)
+        return pos
+
+
+def open_topic(tmp: Path, per_ledger: int = 8) -> ManagedLedger:
+    return ManagedLedger.open(tmp / "data", TOPIC, max_entries_per_ledger=per_ledger)
+
+
+@pytest.fixture
+def stack(
+    tmp_path: Path,
+) -> Iterator[tuple[ManagedLedger, RemoteStorage, RemoteLogMetadataManager]]:
+    ml = open_topic(tmp_path)
+    meta_log = ManagedLedger.open(tmp_path / "data", METADATA_LEDGER)
+    remote = RemoteStorage(tmp_path / "remote")
+    rlmm = RemoteLogMetadataManager(meta_log, remote)
+    yield ml, remote, rlmm
+    ml.close()
+    meta_log.close()
+
+
+def write_segments(w: TopicWriter, segments: int, abort_in: set[int], per_ledger: int = 8) -> None:
+    """Fill `segments` ledgers of `per_ledger` entries; ledger k (1-based
+    order) holds an aborted transaction when k is in `abort_in`."""
+    for k in range(1, segments + 1):
+        t = (7, k)
+        w.send(f"k{k}-a".encode(), t)
+        w.send(f"k{k}-plain".encode())
+        w.send(f"k{k}-b".encode(), t)
+        w.end(t, commit=k not in abort_in)
+        while (w.ml.last_position or Position(0, 0)).entry_id < per_ledger - 1:
+            w.send(f"k{k}-fill".encode())
+    w.send(b"tail")  # rolls to a new ledger: every written ledger is now closed
+
+
+def offload_all(ml: ManagedLedger, off: Offloader) -> None:
+    for lid, n, sealed in ml.ledgers():
+        if sealed and n:
+            off.offload(ml, lid)
+
+
+def local_read_committed(ml: ManagedLedger) -> list[tuple[Position, bytes]]:
+    reader = TieredReader(RemoteStorage(Path(ml.directory) / "no-remote"), _null_rlmm(ml))
+    return [(m.position, m.payload) for m in reader.read_committed(TOPIC, ml)]
+
+
+def _null_rlmm(ml: ManagedLedger) -> RemoteLogMetadataManager:
+    log = ManagedLedger.open(ml.directory, "__null_metadata")
+    return RemoteLogMetadataManager(log, RemoteStorage(Path(ml.directory) / "no-remote"))
+
+
+# ------------------------------------------------------------------ the index (binding)
+
+
+def test_collect_aborted_four_overlapping_narrow_complete_wide_not() -> None:
+    i = AbortedTxnIndex(5)
+    p = Position
+    i.append((0, 1), p(5, 0), p(5, 10), p(5, 0))
+    i.append((0, 2), p(5, 2), p(5, 12), p(5, 2))
+    i.append((0, 3), p(5, 4), p(5, 14), p(5, 4))
+    i.append((0, 4), p(5, 15), p(5, 20), p(5, 15))
+    recs, complete = i.collect(p(5, 3), p(5, 12))
+    assert [r[0] for r in recs] == [(0, 1), (0, 2), (0, 3)] and complete
+    recs, complete = i.collect(p(5, 11), p(5, 30))
+    assert [r[0] for r in recs] == [(0, 2), (0, 3), (0, 4)] and not complete
+    assert AbortedTxnIndex(9).collect(p(9, 0), p(9, 5)) == ([], False)  # empty: never complete
+
+
+def test_index_bad_input_is_typed_and_names_the_value() -> None:
+    i = AbortedTxnIndex(3)
+    i.append((0, 1), (3, 0), (3, 4), (3, 0))
+    with pytest.raises(InvalidArgumentError, match="3:4"):
+        i.append((0, 2), (3, 0), (3, 4), (3, 0))  # last not increasing
+    with pytest.raises(InvalidArgumentError, match="txn"):
+        i.append("x", (3, 0), (3, 5), (3, 0))  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="ledger_id"):
+        AbortedTxnIndex(-1)
+    with pytest.raises(CorruptIndexError, match="bad magic") as e:
+        AbortedTxnIndex.decode(b"x" * 64)
+    assert e.value.offset == 0
+    with pytest.raises(CorruptIndexError):
+        SegmentIndex.decode(b"TSSEGIX1" + b"\0" * 60)
+    assert len(i) == 1
+
+
+def test_index_decode_fuzz_never_panics() -> None:
+    rng = random.Random(7)
+    i = AbortedTxnIndex(4)
+    for k in range(5):
+        i.append((1, k), (4, k), (4, 10 + k), (4, k))
+    good = i.encode()
+    for _ in range(2000):
+        b = bytearray(good)
+        for _ in range(rng.randint(1, 4)):
+            op = rng.random()
+            if op < 0.5 and b:
+                b[rng.randrange(len(b))] ^= 1 << rng.randrange(8)
+            elif op < 0.8:
+                del b[rng.randrange(len(b) + 1) :]
+            else:
+                b += bytes(rng.randrange(256) for _ in range(rng.randint(1, 80)))
+        try:
+            d = AbortedTxnIndex.decode(bytes(b))
+        except CorruptIndexError:
+            continue
+        d.sanity_check()  # whatever decodes keeps every rule
+        assert d.encode() == bytes(b)  # a strict decoder: only exact bytes decode
+
+
+# ------------------------------------------------------------------ KIP-1058 fetch counts
+
+
+def test_six_segments_no_aborts_fetch_zero_indexes_old_metadata_fetches_all(
+    tmp_path: Path,
+) -> None:
+    ml = open_topic(tmp_path)
+    idx = TopicTxnIndexes(tmp_path / "data")
+    w = TopicWriter(ml, idx)
+    write_segments(w, 6, abort_in=set())
+    expected = local_read_committed(ml)
+    counts = {}
+    for flag in (True, False):
+        meta_log = ManagedLedger.open(tmp_path / "data", f"{METADATA_LEDGER}-{flag}")
+        remote = RemoteStorage(tmp_path / f"remote-{flag}")
+        rlmm = RemoteLogMetadataManager(meta_log, remote)
+        off = Offloader(remote, rlmm, idx, write_txn_idx_flag=flag)
+        offload_all(ml, off)
+        assert len(rlmm.segments(TOPIC)) == 6
+        assert all(s.has_txn_idx_flag == flag for s in rlmm.segments(TOPIC))
+        before = remote.calls()
+        got = [(m.position, m.payload) for m in TieredReader(remote, rlmm).read_committed(TOPIC)]
+        after = remote.calls()
+        counts[flag] = {k: after[k] - before[k] for k in after}
+        # Remote only (no local ledger given): the same messages as all-local.
+        assert got == [e for e in expected if e[1] != b"tail"]
+        meta_log.close()
+    assert counts[True]["txn_index"] == 0
+    assert counts[True]["segment"] == 6
+    assert counts[False]["txn_index"] == 6  # old-format metadata: every index fetched
+    assert counts[False]["segment"] == 6
+    ml.close()
+
+
+def test_aborts_only_in_segment_4_fetch_only_that_index(tmp_path: Path) -> None:
+    ml = open_topic(tmp_path)
+    idx = TopicTxnIndexes(tmp_path / "data")
+    w = TopicWriter(ml, idx)
+    write_segments(w, 6, abort_in={4})
+    meta_log = ManagedLedger.open(tmp_path / "data", METADATA_LEDGER)
+    remote = RemoteStorage(tmp_path / "remote")
+    rlmm = RemoteLogMetadataManager(meta_log, remote)
+    off = Offloader(remote, rlmm, idx)
+    offload_all(ml, off)
+    assert off.stats["txn_index_rebuilt"] == 0  # the local index matched the markers
+    segs = rlmm.segments(TOPIC)
+    assert [s.txn_idx_empty for s in segs] == [True, True, True, False, True, True]
+    fetched: list[str] = []
+    set_remote_call_hook(remote, lambda kind, op: fetched.append(kind))
+    got = [m.payload for m in TieredReader(remote, rlmm).read_committed(TOPIC)]
+    assert fetched.count("txn_index") == 1
+    assert fetched.count("segment") == 6
+    assert b"k4-a" not in got and b"k4-b" not in got and b"k4-plain" in got
+    assert b"k3-a" in got and b"k5-b" in got
+    assert got == [p for _, p in local_read_committed(ml) if p != b"tail"]
+    meta_log.close()
+    ml.close()
+
+
+def test_remote_plus_local_equals_all_local_with_trimmed_ledgers(tmp_path: Path) -> None:
+    rng = random.Random(3)
+    ml = open_topic(tmp_path, per_ledger=6)
+    idx = TopicTxnIndexes(tmp_path / "data")
+    w = TopicWriter(ml, idx)
+    open_txns: list[tuple[int, int]] = []
+    for n in range(400):  # interleaved transactions, random outcomes
+        r = rng.random()
+        if r < 0.3 or not open_txns:
+            t = (1, n)
+            open_txns.append(t)
+            w.send(f"m{n}".encode(), t)
+        elif r < 0.6:
+            w.send(f"m{n}".encode(), rng.choice(open_txns))
+        elif r < 0.75:
+            w.send(f"plain{n}".encode())
+        else:
+            t = open_txns.pop(rng.randrange(len(open_txns)))
+            w.end(t, commit=rng.random() < 0.5)
+    for t in open_txns:
+        w.end(t, commit=False)
+    w.send(b"last")
+    expected = local_read_committed(ml)
+    assert w.aborted
+    meta_log = ManagedLedger.open(tmp_path / "data", METADATA_LEDGER)
+    remote = RemoteStorage(tmp_path / "remote")
+    rlmm = RemoteLogMetadataManager(meta_log, remote)
+    offload_all(ml, Offloader(remote, rlmm, idx))
+    # The local copy of the older half goes (trimmed once a cursor passed it).
+    ledgers = [lid for lid, n, sealed in ml.ledgers() if sealed and n]
+    half = ledgers[len(ledgers) // 2]
+    c = ml.open_cursor("retention")
+    c.mark_delete(Position(half, 5))
+    deadline = time.monotonic() + 10
+    while ml.first_position is not None and ml.first_position.ledger_id <= half:
+        assert time.monotonic() < deadline, "ledgers were not trimmed"
+        ml.checkpoint()
+        time.sleep(0.01)
+    reader = TieredReader(remote, rlmm)
+    got = [(m.position, m.payload) for m in reader.read_committed(TOPIC, ml)]
+    assert got == expected
+    assert remote.calls()["segment"] >= 1  # the trimmed part came from remote
+    # A READ_COMMITTED read starting inside the remote part, too.
+    start = Position(ledgers[1], 2)
+    part = [
+        (m.position, m.payload)
+        for m in TieredReader(remote, rlmm).read_committed(TOPIC, ml, start=start)
+    ]
+    assert part == [e for e in expected if e[0] >= start]
+    meta_log.close()
+    ml.close()
+
+
+# ------------------------------------------------------------------ damage and crashes
+
+
+def test_corrupt_remote_index_is_detected_and_rebuilt(tmp_path: Path) -> None:
+    ml = open_topic(tmp_path)
+    idx = TopicTxnIndexes(tmp_path / "data")
+    w = TopicWriter(ml, idx)
+    write_segments(w, 3, abort_in={2})
+    meta_log = ManagedLedger.open(tmp_path / "data", METADATA_LEDGER)
+    remote = RemoteStorage(tmp_path / "remote")
+    rlmm = RemoteLogMetadataManager(meta_log, remote)
+    offload_all(ml, Offloader(remote, rlmm, idx))
+    seg = rlmm.segments(TOPIC)[1]
+    path = tmp_path / "remote" / object_name(TOPIC, seg.ledger_id, seg.segment_id, "txn_index")
+    raw = bytearray(path.read_bytes())
+    raw[-3] ^= 0xFF
+    path.write_bytes(bytes(raw))
+    reader = TieredReader(remote, rlmm)
+    got = [m.payload for m in reader.read_committed(TOPIC)]
+    assert reader.txn_indexes_rebuilt == 1
+    assert b"k2-a" not in got and b"k1-a" in got and b"k3-b" in got
+    rebuilt = AbortedTxnIndex.decode(path.read_bytes())  # uploaded again, valid
+    assert [r[0] for r in rebuilt.records()] == [(7, 2)]
+    meta_log.close()
+    ml.close()
+
+
+def test_stale_or_damaged_local_index_is_rebuilt_at_offload(tmp_path: Path) -> None:
+    ml = open_topic(tmp_path)
+    idx = TopicTxnIndexes(tmp_path / "data")
+    w = TopicWriter(ml, idx)
+    write_segments(w, 3, abort_in={1, 3})
+    lids = [lid for lid, n, sealed in ml.ledgers() if sealed and n]
+    idx.path(TOPIC, lids[0]).unlink()  # a crash lost the file
+    p = idx.path(TOPIC, lids[2])
+    p.write_bytes(p.read_bytes()[:-5])  # torn record
+    meta_log = ManagedLedger.open(tmp_path / "data", METADATA_LEDGER)
+    remote = RemoteStorage(tmp_path / "remote")
+    rlmm = RemoteLogMetadataManager(meta_log, remote)
+    off = Offloader(remote, rlmm, idx)
+    offload_all(ml, off)
+    assert off.stats["txn_index_rebuilt"] == 2
+    got = [m.payload for m in TieredReader(remote, rlmm).read_committed(TOPIC)]
+    assert got == [q for _, q in local_read_committed(ml) if q != b"tail"]
+    meta_log.close()
+    ml.close()
+
+
+def test_interrupted_offload_leaves_no_metadata_and_is_cleaned(tmp_path: Path) -> None:
+    ml = open_topic(tmp_path)
+    idx = TopicTxnIndexes(tmp_path / "data")
+    write_segments(TopicWriter(ml, idx), 2, abort_in=set())
+    meta_log = ManagedLedger.open(tmp_path / "data", METADATA_LEDGER)
+    remote = RemoteStorage(tmp_path / "remote")
+    rlmm = RemoteLogMetadataManager(meta_log, remote)
+    off = Offloader(remote, rlmm, idx)
+
+    def fail_index_upload(kind: str, op: str) -> None:
+        if kind == "txn_index" and op == "put":
+            raise OSError(5, "injected EIO")
+
+    set_remote_call_hook(remote, fail_index_upload)
+    lid = ml.ledgers()[0][0]
+    with pytest.raises(StorageError, match="injected EIO"):
+        off.offload(ml, lid)
+    set_remote_call_hook(remote, None)
+    assert rlmm.segments(TOPIC) == []
+    assert len(rlmm.unfinished()) == 1
+    meta_log.close()
+    # After a restart the metadata still shows nothing readable; clean-up
+    # deletes the partial objects; a new offload succeeds.
+    meta_log = ManagedLedger.open(tmp_path / "data", METADATA_LEDGER)
+    rlmm = RemoteLogMetadataManager(meta_log, remote)
+    off = Offloader(remote, rlmm, idx)
+    assert off.clean_up() == 1
+    assert not any((tmp_path / "remote").rglob("*.data"))
+    off.offload(ml, lid)
+    assert len(rlmm.segments(TOPIC)) == 1 and rlmm.unfinished() == []
+    meta_log.close()
+    ml.close()
+
+
+CHILD = r"""
+import sys, time
+from pathlib import Path
+from txnstream import ManagedLedger
+from txnstream.tiered import METADATA_LEDGER, Offloader, RemoteLogMetadataManager, RemoteStorage
+data, remote_dir, topic = sys.argv[1:4]
+ml = ManagedLedger.open(data, topic, max_entries_per_ledger=8)
+log = ManagedLedger.open(data, METADATA_LEDGER)
+remote = RemoteStorage(remote_dir)
+off = Offloader(remote, RemoteLogMetadataManager(log, remote))
+off.clean_up()
+print("ready", flush=True)
+for lid, n, sealed in ml.ledgers():
+    if sealed and n:
+        off.offload(ml, lid)
+        print("offloaded", lid, flush=True)
+time.sleep(60)
+"""
+
+
+def test_kill_9_during_offload_then_every_finished_segment_is_whole(tmp_path: Path) -> None:
+    ml = open_topic(tmp_path)
+    idx = TopicTxnIndexes(tmp_path / "data")
+    w = TopicWriter(ml, idx)
+    write_segments(w, 40, abort_in={3, 17, 30})
+    expected = [q for _, q in local_read_committed(ml) if q != b"tail"]
+    ml.close()
+    rng = random.Random(11)
+    for _ in range(3):
+        proc = subprocess.Popen(
+            [sys.executable, "-c", CHILD, str(tmp_path / "data"), str(tmp_path / "remote"), TOPIC],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.0, 0.05))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=30)
+        meta_log = ManagedLedger.open(tmp_path / "data", METADATA_LEDGER)
+        remote = RemoteStorage(tmp_path / "remote")
+        rlmm = RemoteLogMetadataManager(meta_log, remote)
+        reader = TieredReader(remote, rlmm)
+        for seg in rlmm.segments(TOPIC):  # every finished segment reads whole
+            assert len(reader.segment_entries(seg)) == seg.entry_count
+            reader.txn_index(seg)
+        assert reader.txn_indexes_rebuilt == 0
+        meta_log.close()
+    # Finish the job and compare with the all-local read.
+    ml = open_topic(tmp_path)
+    meta_log = ManagedLedger.open(tmp_path / "data", METADATA_LEDGER)
+    remote = RemoteStorage(tmp_path / "remote")
+    rlmm = RemoteLogMetadataManager(meta_log, remote)
+    off = Offloader(remote, rlmm, idx)
+    off.clean_up()
+    offload_all(ml, off)
+    got = [m.payload for m in TieredReader(remote, rlmm).read_committed(TOPIC)]
+    assert got[: len(expected)] == expected
+    meta_log.close()
+    ml.close()
+
+
+# ------------------------------------------------------------------ policy, fsspec, bad input
+
+
+def test_offload_by_policy_size_and_age(
+    stack: tuple[ManagedLedger, RemoteStorage, RemoteLogMetadataManager], tmp_path: Path
+) -> None:
+    ml, remote, rlmm = stack
+    write_segments(TopicWriter(ml, TopicTxnIndexes(tmp_path / "data")), 5, abort_in=set())
+    off = Offloader(remote, rlmm)
+    sizes = [
+        sum(len(d) for _, d in ml.read_range((lid, 0), (lid, n - 1)))
+        for lid, n, sealed in ml.ledgers()
+        if sealed and n
+    ]
+    done = off.offload_by_policy(ml, threshold_bytes=sum(sizes[-2:]))
+    assert len(done) == 3  # the three oldest go, two stay under the threshold
+    assert off.offload_by_policy(ml, threshold_bytes=sum(sizes[-2:])) == []
+    assert off.offload_by_policy(ml, min_age_ms=10**15) == []  # publish_time 1 s after epoch
+    assert len(off.offload_by_policy(ml, min_age_ms=0)) == 2
+    with pytest.raises(InvalidArgumentError, match="threshold_bytes"):
+        off.offload_by_policy(ml, threshold_bytes=-1)
+    with pytest.raises(InvalidArgumentError):
+        off.offload_by_policy(ml)
+
+
+def test_fsspec_memory_remote_and_metadata_survive_restart(tmp_path: Path) -> None:
+    ml = open_topic(tmp_path)
+    idx = TopicTxnIndexes(tmp_path / "data")
+    write_segments(TopicWriter(ml, idx), 3, abort_in={2})
+    meta_log = ManagedLedger.open(tmp_path / "data", METADATA_LEDGER)
+    remote = RemoteStorage("memory://txnstream-test-bucket")
+    rlmm = RemoteLogMetadataManager(meta_log, remote)
+    offload_all(ml, Offloader(remote, rlmm, idx))
+    first = [m.payload for m in TieredReader(remote, rlmm).read_committed(TOPIC)]
+    meta_log.close()
+    meta_log = ManagedLedger.open(tmp_path / "data", METADATA_LEDGER)
+    rlmm = RemoteLogMetadataManager(meta_log, remote)
+    assert [s.txn_idx_empty for s in rlmm.segments(TOPIC)] == [True, False, True]
+    assert [m.payload for m in TieredReader(remote, rlmm).read_committed(TOPIC)] == first
+    assert b"k2-a" not in first
+    meta_log.close()
+    ml.close()
+
+
+def test_bad_input_and_missing_objects(
+    stack: tuple[ManagedLedger, RemoteStorage, RemoteLogMetadataManager], tmp_path: Path
+) -> None:
+    ml, remote, rlmm = stack
+    with pytest.raises(InvalidArgumentError, match="remote location"):
+        RemoteStorage("")
+    with pytest.raises(InvalidArgumentError, match="kind"):
+        object_name(TOPIC, 1, "x", "bogus")
+    write_segments(TopicWriter(ml, TopicTxnIndexes(tmp_path / "data")), 2, abort_in=set())
+    off = Offloader(remote, rlmm)
+    active = next(lid for lid, _, sealed in ml.ledgers() if not sealed)
+    with pytest.raises(InvalidArgumentError, match="not closed"):
+        off.offload(ml, active)
+    with pytest.raises(InvalidArgumentError, match="ledger 999999"):
+        off.offload(ml, 999_999)
+    seg = off.offload(ml, ml.ledgers()[0][0])
+    (tmp_path / "remote" / object_name(TOPIC, seg.ledger_id, seg.segment_id, "segment")).unlink()
+    with pytest.raises(StorageError, match="missing"):
+        TieredReader(remote, rlmm).segment_entries(seg)
+
+
+def test_remote_directory_writes_are_synced_and_atomic(tmp_path: Path) -> None:
+    remote = RemoteStorage(tmp_path / "r")
+    remote.put("t/1-a.data", b"x" * 100, "segment")
+    assert remote.get("t/1-a.data", "segment", 10, 20) == b"x" * 10
+    assert [p.name for p in (tmp_path / "r" / "t").iterdir()] == ["1-a.data"]  # no temp left
+    assert remote.calls()["segment"] == 2
+    os.chmod(tmp_path / "r" / "t", 0o500)
+    try:
+        if os.geteuid() != 0:
+            with pytest.raises(StorageError):
+                remote.put("t/2-b.data", b"y", "segment")
+    finally:
+        os.chmod(tmp_path / "r" / "t", 0o700)
+
+
+def test_remote_calls_are_exported_to_prometheus(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    remote = RemoteStorage(tmp_path / "r")
+    remote.put("t/1-a.txnidx", b"abc", "txn_index")
+    remote.get("t/1-a.txnidx", "txn_index")
+    reg = CollectorRegistry()
+    reg.register(remote.collector())
+    text = generate_latest(reg).decode()
+    where = f'remote="{tmp_path / "r"}"'
+    assert f'txnstream_tiered_remote_calls_total{{kind="txn_index",{where}}} 2.0' in text
+    assert f'txnstream_tiered_remote_read_bytes_total{{kind="txn_index",{where}}} 3.0' in text
+    assert f'txnstream_tiered_remote_calls_total{{kind="segment",{where}}} 0.0' in text

@@ -108,7 +108,7 @@ MODULES = [
     ),
     *(
         PKG / pkg / "__init__.py"
-        for pkg in ("coordinator", "buffer", "pendingack", "broker", "client")
+        for pkg in ("coordinator", "tiered", "buffer", "pendingack", "broker", "client")
     ),
 ]
 

@@ -61,7 +61,12 @@ class Admin:
     # ------------------------------------------------------------ transactions
 
     def open_transactions(self) -> list[TransactionInfo]:
-        """Every transaction not ended yet, on every coordinator, oldest first."""
+        """Return every live transaction, on every coordinator, oldest first.
+
+        Live: OPEN, or decided (COMMITTING/ABORTING) and not completed yet --
+        a transaction whose ``commit()`` returned is listed until its final
+        record is written in the background (usually milliseconds later).
+        """
         out: list[TransactionInfo] = []
         for tc in self._broker._coordinators().coordinators():
             out.extend(

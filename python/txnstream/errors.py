@@ -197,6 +197,15 @@ class AlreadyClosedError(TxnStreamError):
     """
 
 
+class OperationTimeoutError(TxnStreamError, TimeoutError):
+    """A wait ran past its deadline (Pulsar's TimeoutException); ``what`` names it.
+
+    Nothing was changed by the call that timed out; it may be retried.
+    """
+
+    retriable = True
+
+
 class InvalidTopicNameError(InvalidArgumentError):
     """A topic or subscription name is malformed; ``value`` is the name given."""
 
@@ -221,6 +230,7 @@ __all__ = [
     "InvalidTopicNameError",
     "InvalidTxnStatusError",
     "LedgerClosedError",
+    "OperationTimeoutError",
     "ParticipantsFailed",
     "PositionNotFoundError",
     "ReadOnlyError",

@@ -64,6 +64,7 @@ from txnstream.errors import (
     CoordinatorNotFound,
     InvalidArgumentError,
     InvalidTopicNameError,
+    OperationTimeoutError,
 )
 from txnstream.metrics import (
     COMMIT_LATENCY_BOUNDS_MS,
@@ -401,7 +402,14 @@ class Broker:
             if opening is None:
                 opening = self._opening[full] = Future()
         if not owner:
-            return opening.result(timeout=self.config.end_timeout_ms / 1000.0)
+            try:
+                return opening.result(timeout=self.config.end_timeout_ms / 1000.0)
+            except TimeoutError as e:  # another thread's open outlasts the end timeout
+                raise OperationTimeoutError(
+                    f"opening topic {full} in another thread took longer than "
+                    "transactionEndTimeoutMs",
+                    what=f"topic {full}",
+                ) from e
         try:
             t = self._open_topic(tn)
         except BaseException as exc:

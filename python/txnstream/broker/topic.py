@@ -38,7 +38,7 @@ from txnstream.broker.topic_name import TopicName
 from txnstream.buffer import TransactionBuffer, TxnOutcomes
 from txnstream.config import BrokerConfig
 from txnstream.coordinator import TxnID
-from txnstream.errors import AlreadyClosedError, InvalidArgumentError
+from txnstream.errors import AlreadyClosedError, InvalidArgumentError, OperationTimeoutError
 from txnstream.pendingack import CursorAcks, PendingAckStore
 
 log = logging.getLogger(__name__)
@@ -214,7 +214,14 @@ class Topic:
             if opening is None:
                 opening = self._sub_opening[name] = Future()
         if not owner:
-            return opening.result(timeout=self._ctx.config.end_timeout_ms / 1000.0)
+            try:
+                return opening.result(timeout=self._ctx.config.end_timeout_ms / 1000.0)
+            except TimeoutError as e:  # another thread's open outlasts the end timeout
+                raise OperationTimeoutError(
+                    f"opening subscription {name} of {self.full} in another thread took "
+                    "longer than transactionEndTimeoutMs",
+                    what=f"subscription {name} of {self.full}",
+                ) from e
         try:
             sub = self._open_subscription(name, isolation, initial_position)
         except BaseException as exc:

@@ -220,7 +220,18 @@ def end_participants(
                 outcome=outcome,
                 failures=errors,
             )
-        log.debug("retrying end of %s on %d participants", txn_id, len(failed))
+        # Said once, then every 10th attempt: a participant that keeps failing
+        # is visible in the log without flooding it.
+        level = logging.WARNING if attempt == 1 or attempt % 10 == 0 else logging.DEBUG
+        log.log(
+            level,
+            "ending %s: %d participant(s) failed (attempt %d), retrying: %s: %s",
+            txn_id,
+            len(failed),
+            attempt,
+            errors[0][0],
+            errors[0][1],
+        )
         clock.wait(stop, min(policy.backoff_ms(attempt), remaining))
         pending = failed
     return retries

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from txnstream import ManagedLedger
+from txnstream import ManagedLedger, Position
 from txnstream._native import encode_message
 from txnstream.testing import remote_latency, set_remote_call_hook
 from txnstream.tiered import Offloader, RemoteLogMetadataManager, RemoteStorage, TieredReader
@@ -65,7 +65,9 @@ def _scan(offloaded: dict[str, Any], flag: bool, benchmark: Any, baseline: bool)
 
     def scan() -> int:
         before = remote.calls()
-        n = sum(1 for _ in TieredReader(remote, rlmm).read_committed(TOPIC))
+        reader = TieredReader(remote, rlmm)
+        end = Position(1 << 62, 0)  # no transaction is open: everything is readable
+        n = sum(1 for _ in reader.read_committed(TOPIC, max_read_position=end, aborted=()))
         after = remote.calls()
         calls.update({k: after[k] - before[k] for k in after})
         return n

@@ -84,6 +84,7 @@ def test_concurrent_recoveries_read_each_entry_once(
         th.start()
     for th in threads:
         th.join(timeout=60)
+        assert not th.is_alive(), "a recovery thread did not finish"
     stats = holder.stats()
     holder.release()
     assert answers["t13"] is None and answers["no-snapshot-1"] is None
@@ -141,6 +142,32 @@ def test_reader_closes_after_last_user_and_after_idle_timeout(
     assert s is not None and b.opened == 2
     b.release()
     assert not b.is_open and readers.namespaces() == []
+
+
+def test_compaction_while_a_reader_is_open_and_close_cancels(
+    env: tuple[Path, SnapshotReaders, ManualClock, TimerService],
+) -> None:
+    path, readers, _, _ = env
+    ct = CompactedTopic.open(path, snapshot_topic(NS))
+    try:
+        for r in range(2):
+            ct.put_many([(f"t{t}", snap(f"t{t}", r * 10 + t)) for t in range(4)])
+        reader = readers.acquire(NS)
+        s0 = reader.read("t0")
+        assert s0 is not None and s0.max_read_position_entryId == 10
+        ct.put("t1", None)
+        ct.compact()  # drops the deletion and rewrites the rest into a new ledger
+        assert reader.read("t1") is None  # not the snapshot routed before the deletion
+        s2 = reader.read("t2")
+        assert s2 is not None and s2.max_read_position_entryId == 12
+        assert reader.stats()["restarts"] >= 1
+        readers.close()  # a broker closing: the held reader stops
+        with pytest.raises(AlreadyClosedError):
+            reader.read("t3")
+        with pytest.raises(AlreadyClosedError):
+            readers.acquire(NS)
+    finally:
+        ct.close()
 
 
 def test_namespace_without_snapshot_topic_answers_none(

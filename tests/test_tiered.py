@@ -28,6 +28,8 @@ from txnstream.tiered import (
 )
 
 TOPIC = "persistent://public/default/orders"
+#: Read bound past every entry: in these tests every transaction has ended.
+ALL = Position(1 << 62, 0)
 
 
 # ------------------------------------------------------------------ a topic writer
@@ -101,7 +103,9 @@ def offload_all(ml: ManagedLedger, off: Offloader) -> None:
 
 def local_read_committed(ml: ManagedLedger) -> list[tuple[Position, bytes]]:
     reader = TieredReader(RemoteStorage(Path(ml.directory) / "no-remote"), _null_rlmm(ml))
-    return [(m.position, m.payload) for m in reader.read_committed(TOPIC, ml)]
+    return [
+        (m.position, m.payload) for m in reader.read_committed(TOPIC, ml, max_read_position=ALL)
+    ]
 
 
 def _null_rlmm(ml: ManagedLedger) -> RemoteLogMetadataManager:
@@ -188,7 +192,12 @@ def test_six_segments_no_aborts_fetch_zero_indexes_old_metadata_fetches_all(
         assert len(rlmm.segments(TOPIC)) == 6
         assert all(s.has_txn_idx_flag == flag for s in rlmm.segments(TOPIC))
         before = remote.calls()
-        got = [(m.position, m.payload) for m in TieredReader(remote, rlmm).read_committed(TOPIC)]
+        got = [
+            (m.position, m.payload)
+            for m in TieredReader(remote, rlmm).read_committed(
+                TOPIC, max_read_position=ALL, aborted=w.aborted
+            )
+        ]
         after = remote.calls()
         counts[flag] = {k: after[k] - before[k] for k in after}
         # Remote only (no local ledger given): the same messages as all-local.
@@ -216,7 +225,12 @@ def test_aborts_only_in_segment_4_fetch_only_that_index(tmp_path: Path) -> None:
     assert [s.txn_idx_empty for s in segs] == [True, True, True, False, True, True]
     fetched: list[str] = []
     set_remote_call_hook(remote, lambda kind, op: fetched.append(kind))
-    got = [m.payload for m in TieredReader(remote, rlmm).read_committed(TOPIC)]
+    got = [
+        m.payload
+        for m in TieredReader(remote, rlmm).read_committed(
+            TOPIC, max_read_position=ALL, aborted=w.aborted
+        )
+    ]
     assert fetched.count("txn_index") == 1
     assert fetched.count("segment") == 6
     assert b"k4-a" not in got and b"k4-b" not in got and b"k4-plain" in got
@@ -265,14 +279,16 @@ def test_remote_plus_local_equals_all_local_with_trimmed_ledgers(tmp_path: Path)
         ml.checkpoint()
         time.sleep(0.01)
     reader = TieredReader(remote, rlmm)
-    got = [(m.position, m.payload) for m in reader.read_committed(TOPIC, ml)]
+    got = [(m.position, m.payload) for m in reader.read_committed(TOPIC, ml, max_read_position=ALL)]
     assert got == expected
     assert remote.calls()["segment"] >= 1  # the trimmed part came from remote
     # A READ_COMMITTED read starting inside the remote part, too.
     start = Position(ledgers[1], 2)
     part = [
         (m.position, m.payload)
-        for m in TieredReader(remote, rlmm).read_committed(TOPIC, ml, start=start)
+        for m in TieredReader(remote, rlmm).read_committed(
+            TOPIC, ml, max_read_position=ALL, start=start
+        )
     ]
     assert part == [e for e in expected if e[0] >= start]
     meta_log.close()
@@ -297,7 +313,9 @@ def test_corrupt_remote_index_is_detected_and_rebuilt(tmp_path: Path) -> None:
     raw[-3] ^= 0xFF
     path.write_bytes(bytes(raw))
     reader = TieredReader(remote, rlmm)
-    got = [m.payload for m in reader.read_committed(TOPIC)]
+    got = [
+        m.payload for m in reader.read_committed(TOPIC, max_read_position=ALL, aborted=w.aborted)
+    ]
     assert reader.txn_indexes_rebuilt == 1
     assert b"k2-a" not in got and b"k1-a" in got and b"k3-b" in got
     rebuilt = AbortedTxnIndex.decode(path.read_bytes())  # uploaded again, valid
@@ -321,7 +339,12 @@ def test_stale_or_damaged_local_index_is_rebuilt_at_offload(tmp_path: Path) -> N
     off = Offloader(remote, rlmm, idx)
     offload_all(ml, off)
     assert off.stats["txn_index_rebuilt"] == 2
-    got = [m.payload for m in TieredReader(remote, rlmm).read_committed(TOPIC)]
+    got = [
+        m.payload
+        for m in TieredReader(remote, rlmm).read_committed(
+            TOPIC, max_read_position=ALL, aborted=w.aborted
+        )
+    ]
     assert got == [q for _, q in local_read_committed(ml) if q != b"tail"]
     meta_log.close()
     ml.close()
@@ -345,16 +368,26 @@ def test_interrupted_offload_leaves_no_metadata_and_is_cleaned(tmp_path: Path) -
     with pytest.raises(StorageError, match="injected EIO"):
         off.offload(ml, lid)
     set_remote_call_hook(remote, None)
-    assert rlmm.segments(TOPIC) == []
-    assert len(rlmm.unfinished()) == 1
+    # A failed upload is undone at once: no readable segment, nothing left over.
+    assert rlmm.segments(TOPIC) == [] and rlmm.unfinished() == []
+    assert off.stats["offload_failed_cleaned"] == 1
+    assert not [p for p in (tmp_path / "remote").rglob("*") if p.is_file()]
+    # A crash in the middle of an upload leaves a STARTED record, a partial
+    # upload and a temporary: after a restart nothing readable points at
+    # them, and clean-up deletes them.
+    started = rlmm.copy_started(TOPIC, lid, 0, 7, 8, 100)
+    remote.put(object_name(TOPIC, lid, started.segment_id, "segment"), b"partial", "segment")
+    tmp = tmp_path / "remote" / "x" / ".1-y.data.123.456.tmp"
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    tmp.write_bytes(b"half")
     meta_log.close()
-    # After a restart the metadata still shows nothing readable; clean-up
-    # deletes the partial objects; a new offload succeeds.
     meta_log = ManagedLedger.open(tmp_path / "data", METADATA_LEDGER)
     rlmm = RemoteLogMetadataManager(meta_log, remote)
+    assert rlmm.segments(TOPIC) == [] and len(rlmm.unfinished()) == 1
     off = Offloader(remote, rlmm, idx)
     assert off.clean_up() == 1
-    assert not any((tmp_path / "remote").rglob("*.data"))
+    assert off.stats["temporaries_removed"] == 1
+    assert not [p for p in (tmp_path / "remote").rglob("*") if p.is_file()]
     off.offload(ml, lid)
     assert len(rlmm.segments(TOPIC)) == 1 and rlmm.unfinished() == []
     meta_log.close()
@@ -397,17 +430,27 @@ def test_kill_9_during_offload_then_every_finished_segment_is_whole(tmp_path: Pa
         )
         assert proc.stdout is not None
         assert proc.stdout.readline().strip() == "ready"
-        time.sleep(rng.uniform(0.0, 0.05))
+        # Kill it after a few more offloads: in the middle of the job.
+        for _ in range(rng.randint(1, 4)):
+            assert proc.stdout.readline().startswith("offloaded")
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         meta_log = ManagedLedger.open(tmp_path / "data", METADATA_LEDGER)
         remote = RemoteStorage(tmp_path / "remote")
         rlmm = RemoteLogMetadataManager(meta_log, remote)
         reader = TieredReader(remote, rlmm)
-        for seg in rlmm.segments(TOPIC):  # every finished segment reads whole
+        finished = rlmm.segments(TOPIC)
+        assert len(finished) < 40  # the job was interrupted
+        for seg in finished:  # every finished segment reads whole
             assert len(reader.segment_entries(seg)) == seg.entry_count
             reader.txn_index(seg)
         assert reader.txn_indexes_rebuilt == 0
+        # After clean-up, every object on the remote belongs to a finished upload.
+        Offloader(remote, rlmm, idx).clean_up()
+        live = {s.segment_id for s in rlmm.segments(TOPIC)}
+        for f in (tmp_path / "remote").rglob("*"):
+            if f.is_file():
+                assert f.name.split("-", 1)[1].split(".")[0] in live, f"orphan {f}"
         meta_log.close()
     # Finish the job and compare with the all-local read.
     ml = open_topic(tmp_path)
@@ -417,7 +460,12 @@ def test_kill_9_during_offload_then_every_finished_segment_is_whole(tmp_path: Pa
     off = Offloader(remote, rlmm, idx)
     off.clean_up()
     offload_all(ml, off)
-    got = [m.payload for m in TieredReader(remote, rlmm).read_committed(TOPIC)]
+    got = [
+        m.payload
+        for m in TieredReader(remote, rlmm).read_committed(
+            TOPIC, max_read_position=ALL, aborted=w.aborted
+        )
+    ]
     assert got[: len(expected)] == expected
     meta_log.close()
     ml.close()
@@ -451,17 +499,28 @@ def test_offload_by_policy_size_and_age(
 def test_fsspec_memory_remote_and_metadata_survive_restart(tmp_path: Path) -> None:
     ml = open_topic(tmp_path)
     idx = TopicTxnIndexes(tmp_path / "data")
-    write_segments(TopicWriter(ml, idx), 3, abort_in={2})
+    w = TopicWriter(ml, idx)
+    write_segments(w, 3, abort_in={2})
     meta_log = ManagedLedger.open(tmp_path / "data", METADATA_LEDGER)
     remote = RemoteStorage("memory://txnstream-test-bucket")
     rlmm = RemoteLogMetadataManager(meta_log, remote)
     offload_all(ml, Offloader(remote, rlmm, idx))
-    first = [m.payload for m in TieredReader(remote, rlmm).read_committed(TOPIC)]
+    first = [
+        m.payload
+        for m in TieredReader(remote, rlmm).read_committed(
+            TOPIC, max_read_position=ALL, aborted=w.aborted
+        )
+    ]
     meta_log.close()
     meta_log = ManagedLedger.open(tmp_path / "data", METADATA_LEDGER)
     rlmm = RemoteLogMetadataManager(meta_log, remote)
     assert [s.txn_idx_empty for s in rlmm.segments(TOPIC)] == [True, False, True]
-    assert [m.payload for m in TieredReader(remote, rlmm).read_committed(TOPIC)] == first
+    assert [
+        m.payload
+        for m in TieredReader(remote, rlmm).read_committed(
+            TOPIC, max_read_position=ALL, aborted=w.aborted
+        )
+    ] == first
     assert b"k2-a" not in first
     meta_log.close()
     ml.close()

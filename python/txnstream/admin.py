@@ -167,6 +167,7 @@ class Admin:
         included). See SPEC §4.8 and :mod:`txnstream.tiered.offload`.
         """
         TopicName.parse(topic)
+        self._broker.partitions(topic, create=False)  # an unknown topic is an error, not created
         tiered = self._broker.tiered
         out: list[SegmentInfo] = []
         for tn in self._broker.partition_names(topic):
@@ -174,11 +175,14 @@ class Admin:
             for lid, n, sealed in ml.ledgers():
                 if sealed and n:
                     out.append(tiered.offloader.offload(ml, lid))
+            # From now on this partition's ledgers stay local until offloaded.
+            tiered.offloader.hold_trimming(ml)
         return out
 
     def offloaded_segments(self, topic: str) -> dict[str, list[SegmentInfo]]:
         """Per partition of ``topic``: its readable remote segments, in ledger order."""
         TopicName.parse(topic)
+        self._broker.partitions(topic, create=False)
         meta = self._broker.tiered.metadata
         return {tn.full: meta.segments(tn.full) for tn in self._broker.partition_names(topic)}
 

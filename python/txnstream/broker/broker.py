@@ -77,6 +77,7 @@ from txnstream.metrics import (
 from txnstream.tiered import (
     METADATA_LEDGER,
     Offloader,
+    ReadMessage,
     RemoteLogMetadataManager,
     RemoteStorage,
     TieredReader,
@@ -115,6 +116,23 @@ class Tiered:
     def reader(self) -> TieredReader:
         """Return a new reader of local-or-remote topic data (its own caches)."""
         return TieredReader(self.remote, self.metadata)
+
+    def read_committed(self, topic: Topic, start: Position | None = None) -> Iterator[ReadMessage]:
+        """Yield ``topic``'s READ_COMMITTED messages from ``start``, remote and local.
+
+        Bounded by the partition's transaction buffer (``max_read_position``
+        and its aborted set, taken at the call), as a READ_COMMITTED consumer is.
+        """
+        tb = topic.tb
+        with tb.lock:
+            aborted = set(tb.aborted)
+        return self.reader().read_committed(
+            topic.full,
+            topic.ml,
+            max_read_position=tb.max_read_position,
+            aborted=aborted,
+            start=start,
+        )
 
     def stats(self) -> dict[str, Any]:
         """Remote calls and bytes by kind, and what the offloader did."""
@@ -432,6 +450,10 @@ class Broker:
         try:
             t = Topic(tn, ml, self)
             t.recover()
+            if self._offload_policy_on():
+                # Trimming waits for offload from the start (no ledger is lost
+                # between the topic's load and its first offload).
+                self.tiered.offloader.hold_trimming(ml)
         except BaseException:
             ml.close()
             raise
@@ -499,19 +521,33 @@ class Broker:
                         self._tiered.collector = collector
             return self._tiered
 
-    def _offload_by_policy(self) -> None:
+    def _offload_policy_on(self) -> bool:
         cfg = self.config
-        if cfg.offload_threshold_bytes < 0 and cfg.offload_threshold_ms < 0:
+        return cfg.offload_threshold_bytes >= 0 or cfg.offload_threshold_ms >= 0
+
+    def _offload_by_policy(self) -> None:
+        """Offload what the policy selects, topic by topic (one topic's failure is logged)."""
+        if not self._offload_policy_on():
             return
+        cfg = self.config
         tiered = self.tiered
         for t in self.loaded_topics():
-            tiered.offloader.offload_by_policy(
-                t.ml,
-                threshold_bytes=None
-                if cfg.offload_threshold_bytes < 0
-                else cfg.offload_threshold_bytes,
-                min_age_ms=None if cfg.offload_threshold_ms < 0 else cfg.offload_threshold_ms,
-            )
+            try:
+                tiered.offloader.offload_by_policy(
+                    t.ml,
+                    threshold_bytes=None
+                    if cfg.offload_threshold_bytes < 0
+                    else cfg.offload_threshold_bytes,
+                    min_age_ms=None if cfg.offload_threshold_ms < 0 else cfg.offload_threshold_ms,
+                )
+                tiered.offloader.hold_trimming(t.ml)
+                first = t.ml.first_position
+                if first is not None:
+                    self.txn_indexes.prune(t.full, first.ledger_id)
+            except Exception:
+                if self._closed:
+                    return
+                log.exception("offload of %s", t.full)
 
     def pending_ack_writer(self, ml: ManagedLedger, name: str) -> BufferedWriter:
         """Return a BufferedWriter for pending-ack log ``ml`` (pending-ack store metrics)."""
@@ -591,9 +627,9 @@ class Broker:
 
     def _maintain(self) -> None:
         try:
+            self._offload_by_policy()  # before trimming: trimming follows offload
             for t in self.loaded_topics():
                 t.trim()
-            self._offload_by_policy()
         except Exception:
             if not self._closed:
                 log.exception("broker maintenance")
@@ -601,10 +637,10 @@ class Broker:
             self._schedule_maintenance()
 
     def maintain_now(self) -> None:
-        """Run maintenance (pending-ack trimming, offload by policy) now, in this thread."""
+        """Run maintenance (offload by policy, pending-ack trimming) now, in this thread."""
+        self._offload_by_policy()
         for t in self.loaded_topics():
             t.trim()
-        self._offload_by_policy()
 
     # ------------------------------------------------------------ metrics
 

@@ -22,17 +22,29 @@ lock only while the demux reads (no callbacks run under it).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import threading
 from collections.abc import Callable
 
+from google.protobuf.message import DecodeError
+
 from txnstream._native import ManagedLedger, SnapshotDemux
-from txnstream.errors import AlreadyClosedError, InvalidArgumentError, StorageError
+from txnstream.errors import (
+    AlreadyClosedError,
+    CorruptEntryError,
+    InvalidArgumentError,
+    StorageError,
+)
 from txnstream.proto import TransactionBufferSnapshot
 from txnstream.timer import Clock, TimerHandle, TimerScope
 
 #: Default idle time after which an unused reader is closed (Pulsar's TableView cache).
 DEFAULT_IDLE_TIMEOUT_MS = 60_000
+#: Entries read per step of a catch-up (a close is noticed between steps).
+CHUNK_ENTRIES = 4096
+#: Retry delay of an idle check that found a read in progress.
+IDLE_RECHECK_MS = 1_000
 #: Name of a namespace's snapshot topic (SPEC §2).
 SNAPSHOT_TOPIC = "__transaction_buffer_snapshot"
 
@@ -64,7 +76,12 @@ class SharedSnapshotReader:
         self._stats: dict[str, int] = {}
 
     def read(self, topic: str) -> TransactionBufferSnapshot | None:
-        """Return ``topic``'s newest snapshot (None: it has none); one answer per topic."""
+        """Return ``topic``'s newest snapshot (None: it has none); one answer per topic.
+
+        Reads in chunks of :data:`CHUNK_ENTRIES` entries and stops with
+        :class:`~txnstream.errors.AlreadyClosedError` between chunks once the
+        readers are closed (recovery cancelled on close).
+        """
         if not isinstance(topic, str) or not topic:
             raise InvalidArgumentError(
                 f"topic must be a non-empty str, got {topic!r}", argument="topic", value=topic
@@ -85,13 +102,26 @@ class SharedSnapshotReader:
                 self.opened += 1
             if self._ml.read_only:
                 self._ml.refresh()  # see snapshots synced since (writers in this process too)
-            got = self._demux.take(self._ml, topic)
+            while not self._demux.catch_up(self._ml, CHUNK_ENTRIES):
+                if self._owner.closed:
+                    raise AlreadyClosedError(
+                        "snapshot readers closed: recovery cancelled", what="snapshot reader"
+                    )
             self._last_used_ms = self._owner.clock.monotonic_ms()
-            self._arm_idle_timer()
+            self._arm_idle_timer()  # before the answer is taken: a failure loses nothing
+            got = self._demux.take_routed(topic)
         if got is None:
             return None
         snap = TransactionBufferSnapshot()
-        snap.ParseFromString(got[1])
+        try:
+            snap.ParseFromString(got[1])
+        except DecodeError as e:
+            raise CorruptEntryError(
+                f"snapshot of {topic} at {got[0]} in {snapshot_topic(self.namespace)} "
+                f"is not a TransactionBufferSnapshot: {e}",
+                position=(got[0].ledger_id, got[0].entry_id),
+                offset=0,
+            ) from e
         return snap
 
     def forget(self, topic: str) -> None:
@@ -129,7 +159,14 @@ class SharedSnapshotReader:
         self._idle_timer = self._owner.scope.schedule(due, self._idle_check)
 
     def _idle_check(self) -> None:
-        with self._lock:
+        # On the shared timer thread: never wait for a read in progress.
+        if not self._lock.acquire(blocking=False):
+            with contextlib.suppress(RuntimeError):  # scope closed: the broker is closing
+                self._idle_timer = self._owner.scope.schedule(
+                    self._owner.clock.monotonic_ms() + IDLE_RECHECK_MS, self._idle_check
+                )
+            return
+        try:
             self._idle_timer = None
             if self._ml is None:
                 return
@@ -137,6 +174,8 @@ class SharedSnapshotReader:
                 self._arm_idle_timer()
                 return
             self._close_locked()
+        finally:
+            self._lock.release()
 
     def _close_locked(self) -> None:
         if self._demux is not None:
@@ -193,19 +232,26 @@ class SnapshotReaders:
             reader = self._readers.get(namespace)
             if reader is None:
                 reader = self._readers[namespace] = SharedSnapshotReader(self, namespace)
-            with reader._lock:
-                reader.users += 1
+            reader.users += 1
             return reader
 
+    @property
+    def closed(self) -> bool:
+        """True once :meth:`close` was called (reads in progress stop between chunks)."""
+        return self._closed
+
     def _release(self, reader: SharedSnapshotReader) -> None:
-        with self._lock, reader._lock:
+        with self._lock:  # users are counted under the owner's lock only
             if reader.users <= 0:
                 return
             reader.users -= 1
+            if reader.users > 0:
+                return
+            if self._readers.get(reader.namespace) is reader:
+                del self._readers[reader.namespace]
+        with reader._lock:  # outside the owner's lock: other namespaces go on
             if reader.users == 0:
                 reader._close_locked()
-                if self._readers.get(reader.namespace) is reader:
-                    del self._readers[reader.namespace]
 
     def namespaces(self) -> list[str]:
         """Namespaces with a reader in use."""
@@ -213,17 +259,19 @@ class SnapshotReaders:
             return sorted(self._readers)
 
     def close(self) -> None:
-        """Close every reader (a broker closing: recovery is cancelled)."""
+        """Close every reader (a broker closing: recovery in progress is cancelled)."""
         with self._lock:
             self._closed = True
             readers, self._readers = list(self._readers.values()), {}
-        for r in readers:
-            with r._lock:
+            for r in readers:
                 r.users = 0
+        for r in readers:  # each waits at most one chunk of a read in progress
+            with r._lock:
                 r._close_locked()
 
 
 __all__ = [
+    "CHUNK_ENTRIES",
     "DEFAULT_IDLE_TIMEOUT_MS",
     "SNAPSHOT_TOPIC",
     "SharedSnapshotReader",

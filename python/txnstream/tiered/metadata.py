@@ -18,14 +18,17 @@ field reads as non-empty.
 
 from __future__ import annotations
 
+import bisect
 import threading
 import time
 import uuid
 from dataclasses import dataclass
 from typing import cast
 
+from google.protobuf.message import DecodeError
+
 from txnstream._native import ManagedLedger, Position
-from txnstream.errors import InvalidArgumentError
+from txnstream.errors import CorruptEntryError, InvalidArgumentError
 from txnstream.proto import RemoteLogSegmentMetadata
 from txnstream.tiered.remote import RemoteStorage
 
@@ -98,20 +101,35 @@ class RemoteLogMetadataManager:
         # (topic, segment_id) -> newest record; topic -> finished segments by ledger id.
         self._uploads: dict[tuple[str, str], SegmentInfo] = {}
         self._finished: dict[str, dict[int, SegmentInfo]] = {}
+        # Sorted ledger ids of each topic's finished segments (bisect, not re-sorted per query).
+        self._order: dict[str, list[int]] = {}
         first, last = log.first_position, log.last_position
         if first is not None and last is not None:
-            for _, data in log.read_range(first, last):
+            for pos, data in log.read_range(first, last):
                 r = RemoteLogSegmentMetadata()
-                r.ParseFromString(data)
+                try:
+                    r.ParseFromString(data)
+                    if not r.IsInitialized():
+                        raise DecodeError("required fields missing")
+                except DecodeError as e:
+                    raise CorruptEntryError(
+                        f"{log.name} at {pos}: not a RemoteLogSegmentMetadata record: {e}",
+                        position=(pos.ledger_id, pos.entry_id),
+                        offset=0,
+                    ) from e
                 self._apply(_info(r))
 
     def _apply(self, s: SegmentInfo) -> None:
         self._uploads[(s.topic, s.segment_id)] = s
         by_ledger = self._finished.setdefault(s.topic, {})
+        order = self._order.setdefault(s.topic, [])
         if s.state == FINISHED:
+            if s.ledger_id not in by_ledger:
+                bisect.insort(order, s.ledger_id)
             by_ledger[s.ledger_id] = s
-        elif by_ledger.get(s.ledger_id, s).segment_id == s.segment_id:
-            by_ledger.pop(s.ledger_id, None)
+        elif s.ledger_id in by_ledger and by_ledger[s.ledger_id].segment_id == s.segment_id:
+            del by_ledger[s.ledger_id]
+            order.pop(bisect.bisect_left(order, s.ledger_id))
 
     def _write(self, s: SegmentInfo, *, write_flag: bool = True) -> SegmentInfo:
         r = RemoteLogSegmentMetadata(
@@ -206,9 +224,13 @@ class RemoteLogMetadataManager:
     def segments(self, topic: str) -> list[SegmentInfo]:
         """Return the topic's readable remote segments in ledger order (one metadata call)."""
         self._remote._count("metadata", "list")
+        return self.segments_uncounted(topic)
+
+    def segments_uncounted(self, topic: str) -> list[SegmentInfo]:
+        """:meth:`segments` without counting a call (the offloader's own bookkeeping)."""
         with self._lock:
             by_ledger = self._finished.get(topic, {})
-            return [by_ledger[k] for k in sorted(by_ledger)]
+            return [by_ledger[k] for k in self._order.get(topic, [])]
 
     def offloaded_ledgers(self, topic: str) -> set[int]:
         """Return ledger ids of the topic with a readable remote copy.
@@ -236,7 +258,8 @@ class RemoteLogMetadataManager:
     ) -> SegmentInfo | None:
         with self._lock:
             by_ledger = self._finished.get(topic, {})
-            for lid in sorted(k for k in by_ledger if k >= position.ledger_id):
+            order = self._order.get(topic, [])
+            for lid in order[bisect.bisect_left(order, position.ledger_id) :]:
                 s = by_ledger[lid]
                 if lid == position.ledger_id and position.entry_id > s.last_entry:
                     continue

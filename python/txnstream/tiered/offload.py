@@ -20,6 +20,7 @@ or on demand (:meth:`Offloader.offload`).
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import Counter
@@ -27,14 +28,17 @@ from collections import Counter
 from txnstream._native import (
     AbortedTxnIndex,
     ManagedLedger,
+    Position,
     SegmentIndex,
     decode_topic_entry,
     export_segment,
 )
-from txnstream.errors import InvalidArgumentError, StorageError
+from txnstream.errors import InvalidArgumentError, OperationTimeoutError, StorageError
 from txnstream.tiered.metadata import RemoteLogMetadataManager, SegmentInfo
 from txnstream.tiered.remote import RemoteStorage, object_name
 from txnstream.tiered.txn_index import TopicTxnIndexes
+
+log = logging.getLogger(__name__)
 
 
 class Offloader:
@@ -47,8 +51,13 @@ class Offloader:
         indexes: TopicTxnIndexes | None = None,
         *,
         write_txn_idx_flag: bool = True,
+        lock_timeout_ms: int = 60_000,
     ) -> None:
         self.remote = remote
+        #: How long an offload waits for another one in progress.
+        self.lock_timeout_ms = lock_timeout_ms
+        # Bytes of closed (immutable) ledgers, measured once: (topic, ledger) -> bytes.
+        self._sizes: dict[tuple[str, int], int] = {}
         #: False writes metadata as a writer from before KIP-1058 did (no
         #: ``txn_idx_empty``); for compatibility tests and benchmarks.
         self.write_txn_idx_flag = write_txn_idx_flag
@@ -58,7 +67,12 @@ class Offloader:
         self.stats: Counter[str] = Counter()
 
     def clean_up(self) -> int:
-        """Delete the objects of uploads that never finished; return how many."""
+        """Delete the objects of uploads that never finished; return how many.
+
+        Run at start, before any offload of this process: it also removes
+        the temporaries of directory writes a crash interrupted.
+        """
+        self.stats["temporaries_removed"] += self.remote.sweep_temporaries()
         n = 0
         for seg in self.metadata.unfinished():
             for kind in ("segment", "offset_index", "txn_index"):
@@ -76,9 +90,17 @@ class Offloader:
         A ledger already offloaded is not uploaded again.
         """
         topic = ml.name
-        with self._lock:
+        if not self._lock.acquire(timeout=self.lock_timeout_ms / 1000):
+            raise OperationTimeoutError(
+                f"offload of {topic} ledger {ledger_id}: another offload held the offloader "
+                f"for more than {self.lock_timeout_ms} ms",
+                what="offloader",
+            )
+        try:
             if ledger_id in self.metadata.offloaded_ledgers(topic):
-                done = [s for s in self.metadata.segments(topic) if s.ledger_id == ledger_id]
+                done = [
+                    s for s in self.metadata.segments_uncounted(topic) if s.ledger_id == ledger_id
+                ]
                 return done[0]
             data, offsets, aborts = export_segment(ml, ledger_id)
             local = self.indexes.load(topic, ledger_id) if self.indexes is not None else None
@@ -99,18 +121,64 @@ class Offloader:
                 len(data),
             )
             sid = started.segment_id
-            self.remote.put(object_name(topic, ledger_id, sid, "segment"), data, "segment")
-            self.remote.put(
-                object_name(topic, ledger_id, sid, "offset_index"), offsets, "offset_index"
+            parts = (
+                ("segment", data),
+                ("offset_index", offsets),
+                ("txn_index", index.encode()),
             )
-            self.remote.put(
-                object_name(topic, ledger_id, sid, "txn_index"), index.encode(), "txn_index"
-            )
-            empty = index.is_empty() if self.write_txn_idx_flag else None
-            finished = self.metadata.copy_finished(started, txn_idx_empty=empty)
+            try:
+                for kind, blob in parts:
+                    self.remote.put(object_name(topic, ledger_id, sid, kind), blob, kind)
+                empty = index.is_empty() if self.write_txn_idx_flag else None
+                finished = self.metadata.copy_finished(started, txn_idx_empty=empty)
+            except BaseException:
+                self._abandon(started)
+                raise
             self.stats["segments_offloaded"] += 1
             self.stats["bytes_offloaded"] += len(data)
+            self._sizes.pop((topic, ledger_id), None)  # offloaded: no longer measured
             return finished
+        finally:
+            self._lock.release()
+
+    def _abandon(self, started: SegmentInfo) -> None:
+        # A failed upload: delete what it wrote and say so; if that fails
+        # too, clean_up at the next start finishes it (the record stays STARTED).
+        try:
+            for kind in ("segment", "offset_index", "txn_index"):
+                self.remote.delete(
+                    object_name(started.topic, started.ledger_id, started.segment_id, kind), kind
+                )
+            self.metadata.deleted(started)
+            self.stats["offload_failed_cleaned"] += 1
+        except Exception:
+            log.warning(
+                "offload of %s ledger %d: cleaning the failed upload failed; "
+                "it is cleaned at the next start",
+                started.topic,
+                started.ledger_id,
+            )
+
+    def hold_trimming(self, ml: ManagedLedger) -> None:
+        """Keep ``ml``'s local ledgers until they are offloaded (Kafka's rule).
+
+        Opens the cursor :data:`HOLD_CURSOR` on the topic and moves its
+        mark-delete to the end of the longest run of offloaded ledgers from
+        the first one: trimming (which follows the slowest cursor) never
+        removes a ledger that has no remote copy, so a READ_COMMITTED read
+        over remote and local data has no gap.
+        """
+        cursor = ml.open_cursor(HOLD_CURSOR)
+        done = self.metadata.offloaded_ledgers(ml.name)
+        upto: Position | None = None
+        for lid, n, sealed in ml.ledgers():
+            if not sealed or lid not in done:
+                break
+            if n:
+                upto = Position(lid, n - 1)
+        current = cursor.mark_delete_position
+        if upto is not None and (current is None or upto > current):
+            cursor.mark_delete(upto)
 
     def offload_by_policy(
         self,
@@ -143,7 +211,12 @@ class Offloader:
                 if now_ms - newest["publish_time"] >= min_age_ms:
                     chosen.add(lid)
         if threshold_bytes is not None:
-            sizes = {lid: _ledger_bytes(ml, lid, n) for lid, n in closed}
+            sizes = {}
+            for lid, n in closed:  # closed ledgers never change: measured once
+                key = (ml.name, lid)
+                if key not in self._sizes:
+                    self._sizes[key] = _ledger_bytes(ml, lid, n)
+                sizes[lid] = self._sizes[key]
             local = sum(sizes.values())
             for lid, _ in closed:  # oldest first
                 if local <= threshold_bytes:
@@ -163,3 +236,7 @@ class Offloader:
 
 def _ledger_bytes(ml: ManagedLedger, ledger_id: int, count: int) -> int:
     return sum(len(d) for _, d in ml.read_range((ledger_id, 0), (ledger_id, count - 1)))
+
+
+#: Cursor that holds a topic's trimming at its offloaded prefix (reserved name).
+HOLD_CURSOR = "__tiered"

@@ -12,20 +12,22 @@ fetched (:meth:`RemoteLogMetadataManager.next_segment_with_txn_index`),
 fetches that index, collects its records overlapping the range, and goes
 on from the following segment until a record completes the collection
 (its last-stable position is past the range) or the remote segments end.
-A read collects once for its whole remote range, not once per segment: an
-index with no record never completes a collection, so per-segment
-collections would walk every later segment's metadata again and again;
-the local part's aborted transactions come from its own ABORT markers (the
-transaction buffer's aborted set). Indexes are cached, so each is fetched
-at most once per reader: a full scan costs one data call per segment plus
-one index call per segment whose index is not known to be empty.
+A read collects once per window of segments (as Kafka collects once per
+fetch), not once per segment: an index with no record never completes a
+collection, so per-segment collections would walk every later segment's
+metadata again and again;
+the local part's aborted transactions come from the transaction buffer's
+aborted set (or, without it, from the local ledgers' ABORT markers).
+Indexes are cached, so each is fetched at most once per reader: a full scan
+costs one data call per segment plus one index call per segment whose index
+is not known to be empty.
 """
 
 from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,10 +38,12 @@ from txnstream._native import (
     decode_segment,
     decode_topic_entry,
 )
-from txnstream.errors import CorruptIndexError
+from txnstream.errors import CorruptIndexError, InvalidArgumentError
 from txnstream.tiered.metadata import RemoteLogMetadataManager, SegmentInfo
 from txnstream.tiered.remote import RemoteStorage, object_name
 
+#: Remote segments per aborted-transaction collection (Kafka collects per fetch).
+WINDOW_SEGMENTS = 64
 #: MessageMetadata.marker_type of an ABORT marker (Pulsar's TXN_ABORT).
 _TXN_ABORT = 22
 
@@ -89,6 +93,8 @@ class TieredReader:
         data = self.remote.get(name, "segment")
         entries = decode_segment(seg.ledger_id, seg.first_entry, data)
         with self._lock:
+            if seg.segment_id in self._data:  # another thread fetched it meanwhile
+                return self._data[seg.segment_id][1]
             self._data[seg.segment_id] = (len(data), entries)
             self._cached += len(data)
             while self._cached > self._cache_bytes and len(self._data) > 1:
@@ -154,24 +160,38 @@ class TieredReader:
         topic: str,
         ml: ManagedLedger | None = None,
         *,
+        max_read_position: Position | None,
+        aborted: Collection[tuple[int, int]] | None = None,
         start: Position | None = None,
-        max_read_position: Position | None = None,
     ) -> Iterator[ReadMessage]:
-        """Yield READ_COMMITTED messages of ``topic`` from ``start``.
+        """Yield READ_COMMITTED messages of ``topic`` from ``start`` (default: the beginning).
 
-        From the beginning by default, up to ``max_read_position`` (inclusive;
-        default: the end).
+        ``max_read_position`` is required: the partition's transaction-buffer
+        bound (the last readable entry; None: nothing is readable). Without
+        it, messages of open transactions would be returned.
+
+        ``aborted``: the partition's aborted transactions as its transaction
+        buffer knows them (it covers the local ledgers). When not given they
+        are read from the ABORT markers of ``ml``'s local ledgers. Remote
+        segments contribute their aborted-txn indexes, collected per window
+        of :data:`WINDOW_SEGMENTS` segments until a record completes the
+        collection. With neither ``ml`` nor ``aborted``, a read whose remote
+        collection is not complete raises :class:`InvalidArgumentError`
+        rather than guess: an ABORT marker may lie beyond the remote part.
 
         Ledgers present in ``ml`` are read locally, the others from their
         remote segments. Markers and messages of aborted transactions are
         never returned.
         """
+        if max_read_position is None:
+            return
         start = start if start is not None else Position(0, 0)
-        local_ledgers = {lid: n for lid, n, _ in ml.ledgers() if n > 0} if ml is not None else {}
-        if ml is not None and ml.first_position is not None:
-            local_first = ml.first_position
+        local_ledgers: dict[int, int] = {}
+        floor = Position(0, 0)
+        if ml is not None:
+            floor = ml.first_position or Position(0, 0)
             local_ledgers = {
-                lid: n for lid, n in local_ledgers.items() if lid >= local_first.ledger_id
+                lid: n for lid, n, _ in ml.ledgers() if n > 0 and lid >= floor.ledger_id
             }
         remote = [
             s
@@ -179,37 +199,46 @@ class TieredReader:
             if s.ledger_id not in local_ledgers
             and s.entry_count > 0
             and Position(s.ledger_id, s.last_entry) >= start
+            and Position(s.ledger_id, s.first_entry) <= max_read_position
         ]
-        local_aborts = _local_aborts(ml, local_ledgers) if ml is not None else set()
-        if remote:
-            # One collection for the whole remote part of the read: each index
-            # is asked once, and a read that would stop early still only
-            # over-collects (aborted ids filter by id, so extra ones are harmless).
-            seg_start = max(start, Position(remote[0].ledger_id, remote[0].first_entry))
-            upper = Position(remote[-1].ledger_id, remote[-1].last_entry + 1)
-            aborted, complete = self.collect_aborted(topic, seg_start, upper)
+        local_aborted: Collection[tuple[int, int]] | None = aborted
+        for w in range(0, len(remote), WINDOW_SEGMENTS):
+            window = remote[w : w + WINDOW_SEGMENTS]
+            fetch_start = max(start, Position(window[0].ledger_id, window[0].first_entry))
+            upper = Position(window[-1].ledger_id, window[-1].last_entry + 1)
+            found, complete = self.collect_aborted(topic, fetch_start, upper)
             if not complete:
-                aborted |= local_aborts
-        for seg in remote:
-            for i, entry in enumerate(self.segment_entries(seg)):
-                pos = Position(seg.ledger_id, seg.first_entry + i)
-                if pos < start:
-                    continue
-                if max_read_position is not None and pos > max_read_position:
-                    return
-                yield from _messages(pos, decode_topic_entry(entry), aborted)
-        if ml is None:
+                if local_aborted is None:
+                    if ml is None:
+                        raise InvalidArgumentError(
+                            f"READ_COMMITTED read of {topic}: the remote aborted-transaction "
+                            "indexes are not complete for this range; pass the partition's "
+                            "aborted transactions (aborted=) or its ledger (ml=)"
+                        )
+                    local_aborted = _local_aborts(ml, local_ledgers)
+                found |= set(local_aborted)
+            for seg in window:
+                for i, entry in enumerate(self.segment_entries(seg)):
+                    pos = Position(seg.ledger_id, seg.first_entry + i)
+                    if pos < start:
+                        continue
+                    if pos > max_read_position:
+                        return
+                    yield from _messages(pos, decode_topic_entry(entry), found)
+        if ml is None or not local_ledgers:
             return
-        floor = ml.first_position or Position(0, 0)
+        if local_aborted is None:
+            local_aborted = _local_aborts(ml, local_ledgers)
+        local_set = set(local_aborted)
         for lid in sorted(local_ledgers):
             n = local_ledgers[lid]
             if Position(lid, n - 1) < max(start, floor):
                 continue
             first = max(start, floor, Position(lid, 0))
             for pos, entry in ml.read_range(first, Position(lid, n - 1)):
-                if max_read_position is not None and pos > max_read_position:
+                if pos > max_read_position:
                     return
-                yield from _messages(pos, decode_topic_entry(entry), local_aborts)
+                yield from _messages(pos, decode_topic_entry(entry), local_set)
 
 
 def _local_aborts(ml: ManagedLedger, ledgers: dict[int, int]) -> set[tuple[int, int]]:

@@ -121,6 +121,11 @@ class RemoteStorage:
 
     def get(self, name: str, kind: str, start: int | None = None, end: int | None = None) -> bytes:
         """Fetch one object, or the byte range ``[start, end)`` of it."""
+        for arg, v in (("start", start), ("end", end)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 0):
+                raise InvalidArgumentError(f"{arg} must be an int >= 0 or None, got {v!r}")
+        if start is not None and end is not None and end < start:
+            raise InvalidArgumentError(f"byte range [{start}, {end}) of {name} is reversed")
         try:
             if self._fs is not None:
                 data = bytes(self._fs.cat_file(self._path(name), start=start, end=end))
@@ -149,6 +154,21 @@ class RemoteStorage:
                 Path(self._path(name)).unlink(missing_ok=True)
         except OSError as e:
             raise StorageError(f"remote delete of {name} failed: {e}", errno=e.errno) from e
+
+    def sweep_temporaries(self) -> int:
+        """Delete leftovers of interrupted directory writes; return how many.
+
+        A process killed inside :meth:`put` leaves a ``.<name>.<pid>.<ns>.tmp``
+        file next to where the object would be (never a partial object). Run
+        at start, before any upload of this process (fsspec stores have none).
+        """
+        if self._fs is not None:
+            return 0
+        n = 0
+        for tmp in Path(self._root).rglob(".*.tmp"):
+            tmp.unlink(missing_ok=True)
+            n += 1
+        return n
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

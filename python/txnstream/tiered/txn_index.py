@@ -50,6 +50,10 @@ class TopicTxnIndexes:
             index = self._open.get(key)
             path = self.path(topic, last.ledger_id)
             if index is None:
+                # Aborts go to the topic's newest ledger: older ones are closed
+                # and need no cached index (memory: one index per topic).
+                for k in [k for k in self._open if k[0] == topic]:
+                    del self._open[k]
                 index = self._load_or_new(path, last.ledger_id)
                 self._open[key] = index
             record = index.append(txn, first, last, last_stable)
@@ -75,6 +79,24 @@ class TopicTxnIndexes:
                 return AbortedTxnIndex.decode(self.path(topic, ledger_id).read_bytes())
             except (FileNotFoundError, CorruptIndexError):
                 return None
+
+    def prune(self, topic: str, below_ledger: int) -> int:
+        """Delete the index files of ``topic``'s ledgers below ``below_ledger`` (trimmed)."""
+        prefix = f"{urllib.parse.quote(topic, safe='')}@"
+        n = 0
+        with self._lock:
+            if not self._dir.is_dir():
+                return 0
+            for p in self._dir.glob(prefix + "*.txnidx"):
+                try:
+                    lid = int(p.name[len(prefix) : -len(".txnidx")])
+                except ValueError:
+                    continue
+                if lid < below_ledger:
+                    self._open.pop((topic, lid), None)
+                    p.unlink(missing_ok=True)
+                    n += 1
+        return n
 
     def remove(self, topic: str, ledger_id: int) -> None:
         """Forgets one ledger's index (after the ledger is deleted)."""

@@ -54,6 +54,8 @@ pub struct DemuxStats {
     pub dropped: u64,
     /// Topics that took their answer.
     pub answered: u64,
+    /// Times the topic was rewritten under the reader (compaction) and routing restarted.
+    pub restarts: u64,
 }
 
 /// Routes the records of one snapshot topic to per-topic slots.
@@ -119,15 +121,41 @@ impl SnapshotDemux {
     /// Reads `ml` from where the demux stopped to its current end, routing
     /// every record (in chunks of [`READ_CHUNK`] entries).
     pub fn catch_up(&mut self, ml: &ManagedLedger) -> Result<()> {
+        while !self.catch_up_some(ml, u64::MAX)? {}
+        Ok(())
+    }
+
+    /// Reads at most about `max_entries` entries (whole chunks) toward the
+    /// current end; true once at the end. Lets a caller stop between chunks
+    /// (recovery cancelled on close).
+    ///
+    /// Compaction of the snapshot topic rewrites it into a new ledger and
+    /// drops deletions: when the ledger the demux stopped in is gone, the
+    /// slots of topics that have not answered are cleared and routing starts
+    /// again from the first entry, so a topic deleted before the compaction
+    /// does not answer an old snapshot.
+    pub fn catch_up_some(&mut self, ml: &ManagedLedger, max_entries: u64) -> Result<bool> {
+        let mut budget = max_entries;
+        let mut empty_runs = 0;
         loop {
+            if let Some(last) = self.last {
+                if !ml.ledgers().iter().any(|l| l.0 == last.ledger_id) {
+                    self.slots.clear();
+                    self.last = None;
+                    self.stats.restarts += 1;
+                }
+            }
             let Some(first) = ml.next_after(self.last) else {
-                return Ok(());
+                return Ok(true);
             };
             let Some(end) = ml.last_position() else {
-                return Ok(());
+                return Ok(true);
             };
             if first > end {
-                return Ok(());
+                return Ok(true);
+            }
+            if budget == 0 {
+                return Ok(false);
             }
             // At most READ_CHUNK entries of `first`'s ledger (the range is clipped).
             let last = Position::new(
@@ -135,11 +163,24 @@ impl SnapshotDemux {
                 first.entry_id.saturating_add(READ_CHUNK as u64 - 1),
             )
             .min(end);
-            let run = ml.read_range(first, last)?;
+            let run = match ml.read_range(first, last) {
+                Ok(run) => run,
+                // The ledger went between the two calls (a compaction swap): look again.
+                Err(Error::PositionNotFound { .. }) if empty_runs < 8 => Vec::new(),
+                Err(e) => return Err(e),
+            };
             self.stats.reads += 1;
             if run.is_empty() {
-                return Ok(());
+                empty_runs += 1;
+                if empty_runs >= 8 {
+                    return Err(Error::invalid(format!(
+                        "snapshot topic {}: no entry readable at {first} although it ends at {end}",
+                        ml.name()
+                    )));
+                }
+                continue;
             }
+            budget = budget.saturating_sub(run.len() as u64);
             self.route(run.iter().map(|(p, d)| (*p, d.as_slice())))?;
         }
     }

@@ -67,3 +67,51 @@ fn each_entry_is_read_once_for_all_topics() {
     assert_eq!(d.queued(), 0);
     assert!(d.take(&ml, "never").unwrap().is_none());
 }
+
+#[test]
+fn compaction_under_an_open_reader_restarts_routing_and_drops_deleted_topics() {
+    use txnstream_core::ledger::CompactedTopic;
+    let dir = tempfile::tempdir().unwrap();
+    let ct = CompactedTopic::open(
+        dir.path(),
+        "ns/__transaction_buffer_snapshot",
+        LedgerOptions::default(),
+    )
+    .unwrap();
+    for round in 0..2u8 {
+        for t in 0..5 {
+            ct.put(&format!("t{t}"), Some(&[round, t])).unwrap();
+        }
+    }
+    let ml = ct.ledger().clone();
+    let mut d = SnapshotDemux::new();
+    assert_eq!(
+        d.take(&ml, "t0").unwrap().unwrap().value.unwrap(),
+        vec![1, 0]
+    );
+    // t1 deleted, then compaction drops the deletion and rewrites the rest.
+    ct.put("t1", None).unwrap();
+    ct.compact().unwrap();
+    ct.put("t2", Some(&[9, 2])).unwrap();
+    assert!(
+        d.take(&ml, "t1").unwrap().is_none(),
+        "a deleted topic answered an old snapshot"
+    );
+    assert_eq!(
+        d.take(&ml, "t2").unwrap().unwrap().value.unwrap(),
+        vec![9, 2]
+    );
+    assert_eq!(
+        d.take(&ml, "t3").unwrap().unwrap().value.unwrap(),
+        vec![1, 3]
+    );
+    assert!(d.stats().restarts >= 1);
+    // Reading in bounded steps reaches the end too.
+    let mut d2 = SnapshotDemux::new();
+    let mut steps = 0;
+    while !d2.catch_up_some(&ml, 1).unwrap() {
+        steps += 1;
+        assert!(steps < 100);
+    }
+    assert_eq!(d2.take_routed("t4").unwrap().value.unwrap(), vec![1, 4]);
+}

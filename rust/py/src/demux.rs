@@ -83,6 +83,28 @@ impl PySnapshotDemux {
         Ok(out)
     }
 
+    /// Read about `max_entries` entries toward the end (GIL released); True at the end.
+    fn catch_up(
+        &self,
+        py: Python<'_>,
+        ml: &Bound<'_, PyManagedLedger>,
+        max_entries: u64,
+    ) -> BindResult<bool> {
+        let inner = &ml.get().inner;
+        Ok(py.detach(|| self.inner.lock().catch_up_some(inner, max_entries))?)
+    }
+
+    /// What is routed for `topic`, without reading (call after `catch_up` reached the end).
+    fn take_routed<'py>(
+        &self,
+        py: Python<'py>,
+        topic: &Bound<'py, PyAny>,
+    ) -> BindResult<Option<Bound<'py, PyTuple>>> {
+        let topic = topic_arg(topic, "topic")?;
+        let r = self.inner.lock().take_routed(&topic);
+        Ok(answer(py, r)?)
+    }
+
     /// Forget `topic` (deleted while recovery runs): its records are not kept.
     fn forget(&self, topic: &Bound<'_, PyAny>) -> BindResult<()> {
         let topic = topic_arg(topic, "topic")?;
@@ -104,6 +126,7 @@ impl PySnapshotDemux {
         d.set_item("routed", s.routed)?;
         d.set_item("dropped", s.dropped)?;
         d.set_item("answered", s.answered)?;
+        d.set_item("restarts", s.restarts)?;
         Ok(d)
     }
 }

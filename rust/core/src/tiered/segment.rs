@@ -79,7 +79,7 @@ pub fn decode_frames(ledger_id: u64, first: u64, data: &[u8]) -> Result<Vec<&[u8
     let mut out = Vec::new();
     let mut at = 0usize;
     while at < data.len() {
-        let id = first + out.len() as u64;
+        let id = first.wrapping_add(out.len() as u64); // names the entry only
         let damaged = |reason: String| Error::CorruptEntry {
             position: Some(crate::Position::new(ledger_id, id)),
             offset: at,
@@ -186,7 +186,9 @@ impl SegmentIndex {
     pub fn split<'a>(&self, from: u64, bytes: &'a [u8]) -> Result<Vec<&'a [u8]>> {
         let entries = decode_frames(self.ledger_id, from, bytes)?;
         for (i, e) in entries.iter().enumerate() {
-            let id = from + i as u64;
+            let id = from
+                .checked_add(i as u64)
+                .ok_or_else(|| Error::invalid(format!("entry id {from} + {i} overflows")))?;
             let s = self.slot(id)?;
             if s.len as usize != e.len() || s.crc != crc32c::crc32c(e) {
                 return Err(Error::CorruptEntry {

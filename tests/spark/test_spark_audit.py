@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ from txnstream.cli import main
 from txnstream.coordinator import TxnID
 from txnstream.spark.audit import AuditOptions, AuditResult, run_audit, violation_rows
 
+ROOT = Path(__file__).resolve().parents[2]
 PENDING = "in-sub__transaction_pending_ack"
 OPEN, COMMITTING, COMMITTED, ABORTED = 0, 1, 2, 4
 
@@ -239,6 +241,42 @@ def test_clean_directory_passes_and_cli_prints_json(spark: SparkSession, tmp_pat
     assert (tmp_path / "a" / "report.html").is_file()
     bad = CliRunner().invoke(main, ["audit", str(data), "--out", str(data / "x")])
     assert bad.exit_code == 2 and "inside DATA_DIR" in bad.output
+
+
+def test_audit_of_a_live_directory_finds_nothing_while_a_writer_commits(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Coordinator logs are read before pending-ack logs: no false alarm while they grow."""
+    data, stop = tmp_path / "data", tmp_path / "stop"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.spark.live_writer", str(data), str(stop), "acks"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        ended = 0
+        while ended < 200:
+            line = child.stdout.readline()  # the child gives up by itself after 300 s
+            assert line, "the writer exited early"
+            ended = int(line)
+        # Mid-run: acks of transactions begun after the coordinator log was read
+        # may be there (unknown to it), but nothing is a violation.
+        live = run_audit(data, tmp_path / "live", spark=spark)
+        assert live.verdict == "PASS", violation_rows(live, spark)
+        assert live.summary["pending_ack"]["records_by_op"]["COMMIT"] > 0
+        assert live.summary["transactions"]["total"] >= 200
+        assert child.poll() is None, "the writer must still be running"
+    finally:
+        stop.touch()
+        out, _ = child.communicate(timeout=60)
+    assert child.returncode == 0
+    last = int(out.split()[-1]) if out.split() else ended
+    final = run_audit(data, tmp_path / "final", spark=spark)
+    assert final.verdict == "PASS", violation_rows(final, spark)
+    assert final.summary["transactions"]["total"] == last > live.summary["transactions"]["total"]
+    assert final.summary["pending_ack"]["transactions_unknown_to_coordinators"] == 0
 
 
 def _browser() -> str | None:

@@ -4,6 +4,7 @@ and its HTML report renders in a real browser."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -290,9 +291,39 @@ def test_report_renders_with_charts_in_headless_chromium(planted: Planted, tmp_p
     browser = _browser()
     if browser is None:
         pytest.skip(
-            "no headless browser: install Debian's chromium (.ci/run does) to check that "
+            "no headless browser (chromium, chromium-browser or google-chrome on PATH): "
+            "install Debian's chromium package (apt-get install chromium) to check that "
             "report.html renders with its charts"
         )
+    # Every chart decodes in the browser: a copy of the page reports, once
+    # loaded, each image's natural size (dumped with the DOM).
+    html = planted.result.report.read_text()
+    charts = re.findall(r"<img id='(chart-[a-z]+)'", html)
+    assert len(charts) == 6
+    probe = tmp_path / "probe.html"
+    probe.write_text(
+        html.replace(
+            "</body>",
+            "<script>window.addEventListener('load', () => document.body.setAttribute("
+            "'data-loaded', [...document.images].filter(i => i.complete && i.naturalWidth > 0)"
+            ".map(i => i.id + ':' + i.naturalWidth + 'x' + i.naturalHeight).join(' ')));"
+            "</script></body>",
+        )
+    )
+    dom = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", probe.as_uri()],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    (loaded,) = re.findall(r'data-loaded="([^"]*)"', dom)
+    sizes = dict(item.split(":") for item in loaded.split())
+    assert sorted(sizes) == sorted(charts)
+    for size in sizes.values():
+        w, h = map(int, size.split("x"))
+        assert w > 200 and h > 150
+
     shot = tmp_path / "report.png"
     subprocess.run(
         [

@@ -2,6 +2,7 @@
 //!
 //! - [`frame`]: PIP-160 batched-entry framing.
 //! - [`ackset`]: batch-index ack sets, Java `BitSet` compatible.
+//! - [`demux`]: the shared snapshot reader's routing of snapshot records by topic.
 //! - [`columns`]: bulk columnar decode of transaction and pending-ack logs.
 //! - [`proto`]: prost types for every storage format.
 //! - [`ledger`]: durable managed ledgers with cursors and compacted topics.
@@ -17,6 +18,7 @@
 
 pub mod ackset;
 pub mod columns;
+pub mod demux;
 pub mod error;
 pub mod fork;
 pub mod frame;

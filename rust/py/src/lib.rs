@@ -7,6 +7,7 @@ mod ackset;
 mod args;
 mod buffers;
 mod completion;
+mod demux;
 mod errors;
 mod frame;
 mod ledger;
@@ -66,6 +67,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(message::decode_topic_entry, m)?)?;
     m.add_function(wrap_pyfunction!(message::read_messages, m)?)?;
     m.add_function(wrap_pyfunction!(message::scan_topic, m)?)?;
+    m.add_class::<demux::PySnapshotDemux>()?;
     m.add_class::<tiered::PyAbortedTxnIndex>()?;
     m.add_class::<tiered::PySegmentIndex>()?;
     m.add_function(wrap_pyfunction!(tiered::export_segment, m)?)?;

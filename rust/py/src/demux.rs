@@ -1,0 +1,109 @@
+//! `SnapshotDemux` binding: the shared snapshot reader's routing (SPEC §4.6),
+//! reading and decoding in bulk with the GIL released.
+
+use crate::errors::BindResult;
+use crate::ledger::PyManagedLedger;
+use crate::position::PyPosition;
+use parking_lot::Mutex;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use txnstream_core::demux::{Routed, SnapshotDemux};
+use txnstream_core::Error;
+
+/// Routes a namespace snapshot topic's records to the topics that recover.
+#[derive(Debug, Default)]
+#[pyclass(name = "SnapshotDemux", module = "txnstream._native", frozen)]
+pub struct PySnapshotDemux {
+    inner: Mutex<SnapshotDemux>,
+}
+
+fn answer<'py>(py: Python<'py>, r: Option<Routed>) -> PyResult<Option<Bound<'py, PyTuple>>> {
+    match r {
+        None => Ok(None),
+        Some(Routed { position, value }) => {
+            let value =
+                value.map_or_else(|| py.None(), |v| PyBytes::new(py, &v).into_any().unbind());
+            Ok(Some(PyTuple::new(
+                py,
+                [Py::new(py, PyPosition(position))?.into_any(), value],
+            )?))
+        }
+    }
+}
+
+fn topic_arg(obj: &Bound<'_, PyAny>, arg: &str) -> BindResult<String> {
+    match obj.extract::<String>() {
+        Ok(s) if !s.is_empty() => Ok(s),
+        _ => Err(Error::invalid(format!("{arg} must be a non-empty str, got {obj}")).into()),
+    }
+}
+
+#[pymethods]
+impl PySnapshotDemux {
+    #[new]
+    fn new() -> Self {
+        Self::default()
+    }
+
+    /// The newest snapshot of `topic` as `(position, bytes)`, or None: reads
+    /// `ml` forward to its current end first (routing every record passed).
+    fn take<'py>(
+        &self,
+        py: Python<'py>,
+        ml: &Bound<'py, PyManagedLedger>,
+        topic: &Bound<'py, PyAny>,
+    ) -> BindResult<Option<Bound<'py, PyTuple>>> {
+        let topic = topic_arg(topic, "topic")?;
+        let inner = &ml.get().inner;
+        let r = py.detach(|| self.inner.lock().take(inner, &topic))?;
+        Ok(answer(py, r)?)
+    }
+
+    /// `take` for many topics at once (one catch-up), in order.
+    fn take_many<'py>(
+        &self,
+        py: Python<'py>,
+        ml: &Bound<'py, PyManagedLedger>,
+        topics: &Bound<'py, PyAny>,
+    ) -> BindResult<Bound<'py, PyList>> {
+        let mut names = Vec::new();
+        for (i, t) in topics.try_iter()?.enumerate() {
+            names.push(topic_arg(&t?, &format!("topics[{i}]"))?);
+        }
+        let inner = &ml.get().inner;
+        let rs = py.detach(|| -> txnstream_core::Result<Vec<Option<Routed>>> {
+            let mut d = self.inner.lock();
+            d.catch_up(inner)?;
+            Ok(names.iter().map(|t| d.take_routed(t)).collect())
+        })?;
+        let out = PyList::empty(py);
+        for r in rs {
+            out.append(answer(py, r)?)?;
+        }
+        Ok(out)
+    }
+
+    /// Forget `topic` (deleted while recovery runs): its records are not kept.
+    fn forget(&self, topic: &Bound<'_, PyAny>) -> BindResult<()> {
+        let topic = topic_arg(topic, "topic")?;
+        self.inner.lock().forget(&topic);
+        Ok(())
+    }
+
+    /// Records waiting for topics that have not asked yet.
+    fn queued(&self) -> usize {
+        self.inner.lock().queued()
+    }
+
+    /// Counters: entries_read, reads, routed, dropped, answered.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let s = self.inner.lock().stats();
+        let d = PyDict::new(py);
+        d.set_item("entries_read", s.entries_read)?;
+        d.set_item("reads", s.reads)?;
+        d.set_item("routed", s.routed)?;
+        d.set_item("dropped", s.dropped)?;
+        d.set_item("answered", s.answered)?;
+        Ok(d)
+    }
+}

@@ -4,8 +4,10 @@ and its HTML report renders in a real browser."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,7 @@ from txnstream.cli import main
 from txnstream.coordinator import TxnID
 from txnstream.spark.audit import AuditOptions, AuditResult, run_audit, violation_rows
 
+ROOT = Path(__file__).resolve().parents[2]
 PENDING = "in-sub__transaction_pending_ack"
 OPEN, COMMITTING, COMMITTED, ABORTED = 0, 1, 2, 4
 
@@ -241,6 +244,42 @@ def test_clean_directory_passes_and_cli_prints_json(spark: SparkSession, tmp_pat
     assert bad.exit_code == 2 and "inside DATA_DIR" in bad.output
 
 
+def test_audit_of_a_live_directory_finds_nothing_while_a_writer_commits(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Coordinator logs are read before pending-ack logs: no false alarm while they grow."""
+    data, stop = tmp_path / "data", tmp_path / "stop"
+    child = subprocess.Popen(
+        [sys.executable, "-m", "tests.spark.live_writer", str(data), str(stop), "acks"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        ended = 0
+        while ended < 200:
+            line = child.stdout.readline()  # the child gives up by itself after 300 s
+            assert line, "the writer exited early"
+            ended = int(line)
+        # Mid-run: acks of transactions begun after the coordinator log was read
+        # may be there (unknown to it), but nothing is a violation.
+        live = run_audit(data, tmp_path / "live", spark=spark)
+        assert live.verdict == "PASS", violation_rows(live, spark)
+        assert live.summary["pending_ack"]["records_by_op"]["COMMIT"] > 0
+        assert live.summary["transactions"]["total"] >= 200
+        assert child.poll() is None, "the writer must still be running"
+    finally:
+        stop.touch()
+        out, _ = child.communicate(timeout=60)
+    assert child.returncode == 0
+    last = int(out.split()[-1]) if out.split() else ended
+    final = run_audit(data, tmp_path / "final", spark=spark)
+    assert final.verdict == "PASS", violation_rows(final, spark)
+    assert final.summary["transactions"]["total"] == last > live.summary["transactions"]["total"]
+    assert final.summary["pending_ack"]["transactions_unknown_to_coordinators"] == 0
+
+
 def _browser() -> str | None:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         if path := shutil.which(name):
@@ -252,9 +291,39 @@ def test_report_renders_with_charts_in_headless_chromium(planted: Planted, tmp_p
     browser = _browser()
     if browser is None:
         pytest.skip(
-            "no headless browser: install Debian's chromium (.ci/run does) to check that "
+            "no headless browser (chromium, chromium-browser or google-chrome on PATH): "
+            "install Debian's chromium package (apt-get install chromium) to check that "
             "report.html renders with its charts"
         )
+    # Every chart decodes in the browser: a copy of the page reports, once
+    # loaded, each image's natural size (dumped with the DOM).
+    html = planted.result.report.read_text()
+    charts = re.findall(r"<img id='(chart-[a-z]+)'", html)
+    assert len(charts) == 6
+    probe = tmp_path / "probe.html"
+    probe.write_text(
+        html.replace(
+            "</body>",
+            "<script>window.addEventListener('load', () => document.body.setAttribute("
+            "'data-loaded', [...document.images].filter(i => i.complete && i.naturalWidth > 0)"
+            ".map(i => i.id + ':' + i.naturalWidth + 'x' + i.naturalHeight).join(' ')));"
+            "</script></body>",
+        )
+    )
+    dom = subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", probe.as_uri()],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    ).stdout
+    (loaded,) = re.findall(r'data-loaded="([^"]*)"', dom)
+    sizes = dict(item.split(":") for item in loaded.split())
+    assert sorted(sizes) == sorted(charts)
+    for size in sizes.values():
+        w, h = map(int, size.split("x"))
+        assert w > 200 and h > 150
+
     shot = tmp_path / "report.png"
     subprocess.run(
         [

@@ -142,7 +142,9 @@ class TransactionWriteFailed(TransactionError):  # noqa: N818 - reads as a state
     """A write of the transaction (a message, an ack or a log record) failed.
 
     The transaction can no longer commit; ``cause`` is the storage error.
-    Abort it and start over.
+    When the client raises it from ``commit()``, ``aborted`` says whether the
+    abort that followed is durable (False: the storage still fails; the
+    coordinator aborts the transaction at its timeout). Start over.
     """
 
     abortable = True

@@ -57,6 +57,7 @@ from txnstream.errors import (
     TransactionAlreadyCommitted,
     TransactionEndPending,
     TransactionWriteFailed,
+    TxnStreamError,
 )
 
 if TYPE_CHECKING:
@@ -229,11 +230,13 @@ class Transaction:
                 )
         if self._failed is not None:
             cause = self._failed
-            self._abort_after_failure()
+            aborted = self._abort_after_failure()
+            outcome = "was aborted" if aborted else "cannot commit (its timeout aborts it)"
             raise TransactionWriteFailed(
-                f"transaction {self.txn_id} was aborted: a write of it failed ({cause!r})",
+                f"transaction {self.txn_id} {outcome}: a write of it failed ({cause!r})",
                 txn_id=self.txn_id,
                 cause=cause,
+                aborted=aborted,
             )
         trace = EndTrace()
         try:
@@ -271,16 +274,39 @@ class Transaction:
             self._state = ABORTED
         self.client._ended(False, 0, 0.0)
 
-    def _abort_after_failure(self) -> None:
+    def _abort_after_failure(self) -> bool:
+        """Abort after a failed write; True once the abort is durable.
+
+        The abort is retried while it fails with a retriable error (the
+        fault that failed the write often fails the next write too), until
+        the client's end deadline. If it still fails, the transaction stays
+        ABORTING here and its coordinator aborts it at its timeout: it can
+        never commit, but its acks stay held until then.
+        """
         with self._lock:
             self._state = ABORTING
-        try:
-            self._tc.end_transaction(self.txn_id, TxnAction.ABORT)
-        except Exception:
-            log.warning("aborting %s after a failed write", self.txn_id, exc_info=True)
+        deadline = time.monotonic() + self.client.end_timeout_ms / 1000.0
+        delay = 0.005
+        while True:
+            try:
+                self._tc.end_transaction(self.txn_id, TxnAction.ABORT)
+                break
+            except TransactionAlreadyAborted:
+                break
+            except TxnStreamError as exc:
+                if not exc.retriable or time.monotonic() + delay > deadline:
+                    log.warning(
+                        "aborting %s after a failed write failed; its timeout aborts it",
+                        self.txn_id,
+                        exc_info=True,
+                    )
+                    return False
+            time.sleep(delay)
+            delay = min(delay * 2, 0.2)
         with self._lock:
             self._state = ABORTED
         self.client._ended(False, 0, 0.0)
+        return True
 
     def __enter__(self) -> Transaction:
         return self

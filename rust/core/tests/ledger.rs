@@ -843,3 +843,50 @@ fn read_only_view_never_goes_back_across_checkpoints() {
         .iter()
         .any(|(k, v)| *k == "journal_segments" && *v == 0));
 }
+
+#[test]
+fn positions_handed_out_before_a_failed_write_are_never_reused() {
+    // append_positioned tells the position before the write is durable; if
+    // the write then fails, no later entry may get that position.
+    let tmp = tempfile::tempdir().unwrap();
+    let ml = ManagedLedger::open(tmp.path(), "fenced", opts()).unwrap();
+    ml.append(&payload(0)).unwrap();
+    for kind in [FaultKind::Write, FaultKind::Sync] {
+        ml.inject_fault(kind, libc::EIO, 1);
+        let (tx, rx) = mpsc::channel();
+        let (dtx, drx) = mpsc::channel();
+        ml.append_positioned(
+            payload(1),
+            Box::new(move |r| tx.send(r).unwrap()),
+            Box::new(move |r| dtx.send(r).unwrap()),
+        );
+        let given = rx.recv().unwrap();
+        assert!(
+            drx.recv().unwrap().is_err(),
+            "{kind:?}: the write should fail"
+        );
+        let after = ml.append(&payload(2)).unwrap();
+        if let Ok(p) = given {
+            assert_ne!(after, p, "{kind:?}: position {p} handed out twice");
+            assert!(after > p, "{kind:?}: {after} is not after {p}");
+        }
+        assert_eq!(ml.read(after).unwrap(), payload(2));
+    }
+    // The data survives a reopen, in order, and the failed entries are gone.
+    let positions: Vec<Position> = ml
+        .read_range(Position::new(0, 0), ml.last_position().unwrap())
+        .unwrap()
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect();
+    assert_eq!(positions.len(), 3);
+    drop(ml);
+    let ml = ManagedLedger::open(tmp.path(), "fenced", opts()).unwrap();
+    let again: Vec<Position> = ml
+        .read_range(Position::new(0, 0), ml.last_position().unwrap())
+        .unwrap()
+        .into_iter()
+        .map(|(p, _)| p)
+        .collect();
+    assert_eq!(again, positions);
+}

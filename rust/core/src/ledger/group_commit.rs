@@ -36,7 +36,10 @@
 //! every change queued at that moment and only then fails, in order, the
 //! given-back groups, its own group and the queued changes: a caller that
 //! sees the error and appends again is not failed by the same fault. Its
-//! per-ledger rollover state is reloaded from the published state.
+//! per-ledger rollover state is reloaded from the published state, and every
+//! managed ledger with entries in the failed groups moves to a new ledger on
+//! its next append (as BookKeeper closes a ledger whose add failed), so a
+//! position already handed out by `append_positioned` is never reused.
 //! A journal segment is sealed, and the next one started, only once every
 //! group written to it is synced.
 
@@ -367,6 +370,9 @@ struct WriterMl {
     bytes: u64,
     next_ledger_id: u64,
     rollover: Rollover,
+    /// The next append opens a new ledger whatever the counts say (a write
+    /// of this managed ledger failed: see [`WriterThread::fenced`]).
+    force_roll: bool,
 }
 
 /// Payloads of at least this many bytes are written from the caller's
@@ -443,6 +449,12 @@ pub(crate) struct WriterThread {
     deferred: VecDeque<Command>,
     group: GroupBuf,
     mls: HashMap<u64, WriterMl>,
+    /// Managed ledgers with positions handed out in a failed group, and the
+    /// lowest ledger id their next ledger may have. Like BookKeeper, which
+    /// closes a ledger whose add failed, the next append of such a managed
+    /// ledger opens a new ledger: a position given to a caller (through
+    /// `append_positioned`) is never given to another entry.
+    fenced: HashMap<u64, u64>,
     /// Large entries of the group being formed (see [`JournalOptions::direct_min`]).
     direct: Vec<DirectWrite>,
     /// Ledgers whose files this thread prepared for direct writes.
@@ -614,6 +626,7 @@ impl WriterThread {
             deferred: VecDeque::new(),
             group: GroupBuf::default(),
             mls: HashMap::new(),
+            fenced: HashMap::new(),
             direct: Vec::new(),
             direct_ready: HashSet::new(),
             dir_dirty: false,
@@ -730,13 +743,18 @@ impl WriterThread {
                 .unwrap_or((0, 0)),
             None => (0, 0),
         };
-        let w = WriterMl {
+        let mut w = WriterMl {
             active: m.active,
             entries,
             bytes,
             next_ledger_id: m.next_ledger_id,
             rollover: *ml.rollover.lock(),
+            force_roll: false,
         };
+        if let Some(next) = self.fenced.remove(&ml.id) {
+            w.next_ledger_id = w.next_ledger_id.max(next);
+            w.force_roll = true;
+        }
         drop(m);
         self.mls.insert(ml.id, w);
         w
@@ -830,9 +848,10 @@ impl WriterThread {
                 let roll = match w.active {
                     None => true,
                     Some(_) => {
-                        w.entries > 0
-                            && (w.entries + n > w.rollover.max_entries
-                                || w.bytes + bytes > w.rollover.max_bytes)
+                        w.force_roll
+                            || (w.entries > 0
+                                && (w.entries + n > w.rollover.max_entries
+                                    || w.bytes + bytes > w.rollover.max_bytes))
                     }
                 };
                 if roll {
@@ -842,6 +861,7 @@ impl WriterThread {
                     w.entries = 0;
                     w.bytes = 0;
                     w.next_ledger_id = id + 1;
+                    w.force_roll = false;
                 }
                 let ledger = w.active.unwrap_or(0);
                 for e in entries {
@@ -1057,6 +1077,20 @@ impl WriterThread {
     /// end (syncing the cut). The queue is drained BEFORE anyone is told.
     fn fail_group(&mut self, staged: Vec<Staged>, rest: Vec<Command>, e: &Error) {
         let given_back = self.pipe.take_failure();
+        // Positions of the failed groups may have been handed out: their
+        // managed ledgers move to a new ledger (never reusing an id the
+        // writer's view had reached) before anything else is appended.
+        for s in given_back
+            .iter()
+            .flat_map(|(_, back)| back.iter())
+            .chain(staged.iter())
+        {
+            if let (Some(ml), false) = (&s.ml, s.positions.is_empty()) {
+                let next = self.mls.get(&ml.id).map_or(0, |w| w.next_ledger_id);
+                let fence = self.fenced.entry(ml.id).or_insert(0);
+                *fence = (*fence).max(next);
+            }
+        }
         self.group.clear();
         self.direct.clear();
         self.mls.clear();

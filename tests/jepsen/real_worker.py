@@ -145,9 +145,14 @@ def _wait_no_open_transactions(broker: Broker, deadline_ms: int) -> None:
 def _fault_loop(
     broker: Broker, args: WorkerArgs, rng: random.Random, stop: threading.Event
 ) -> None:
+    """Arm one fault at a time; each is logged to ``faults-g<gen>.jsonl`` first."""
     ml = broker.topic(OUTPUT_TOPICS[0] + "-partition-0").ml
+    log = HistoryWriter(Path(args.history_dir) / f"faults-g{args.gen}.jsonl")
     while not stop.wait(rng.uniform(0.5, 1.5) * args.fault_every_ms / 1000.0):
-        testing.inject_fault(ml, rng.choice(FAULT_KINDS), errno=rng.choice(FAULT_ERRNOS))
+        kind, errno = rng.choice(FAULT_KINDS), rng.choice(FAULT_ERRNOS)
+        log.event({"e": "fault", "kind": kind, "errno": errno})
+        testing.inject_fault(ml, kind, errno=errno)
+    log.close()
 
 
 def main(argv: list[str]) -> int:

@@ -294,6 +294,47 @@ def txnstream_ctp(directory: Path, api: str, concurrency: int, units: int) -> Tx
     return figures
 
 
+def main() -> None:
+    """``python benches/test_ctp.py [reps] [units]``: interleaved medians, both engines.
+
+    Each repetition runs every configuration of both engines in turn (SQLite's four,
+    then txnstream's six), so a disk whose fsync latency swings with other work on
+    the machine slows them alike; pytest's run takes the modules one after the other.
+    """
+    import sys
+    import tempfile
+
+    from test_ctp_sqlite import CtpFigures, sqlite_ctp_all
+
+    reps = int(sys.argv[1]) if len(sys.argv) > 1 else 3
+    units = int(sys.argv[2]) if len(sys.argv) > 2 else CTP_UNITS
+    rows: dict[str, list[TxnCtpFigures | CtpFigures]] = {}
+    with tempfile.TemporaryDirectory(prefix="ctp-") as d:
+        for _ in range(reps):
+            for sq in sqlite_ctp_all(Path(d), units):
+                rows.setdefault(sq.name, []).append(sq)
+            for api in APIS:
+                for c in CONCURRENCY:
+                    t = txnstream_ctp(Path(d), api, c, units)
+                    rows.setdefault(f"txnstream-{api}-c{c}", []).append(t)
+    med = {name: sorted(fs, key=lambda f: f.units_per_s)[len(fs) // 2] for name, fs in rows.items()}
+    best = max(f.units_per_s for name, f in med.items() if name.startswith("sqlite"))
+    print(f"{reps} interleaved runs of {units} units each; median units/s; SQLite best {best:,.0f}")
+    print("| config | units/s | x SQLite best | commit p50 ms | commit p99 ms | waits/txn |")
+    print("|---|---|---|---|---|---|")
+    for name, m in med.items():
+        waits = getattr(m, "durable_waits_per_txn", None)
+        print(
+            f"| {name} | {m.units_per_s:,.0f} | {m.units_per_s / best:.2f} "
+            f"| {m.commit_p50_ms:.2f} | {m.commit_p99_ms:.2f} "
+            f"| {'-' if waits is None else f'{waits:.2f}'} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
+
+
 # ---------------------------------------------------------------------------- benches
 
 

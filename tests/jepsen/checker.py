@@ -18,7 +18,9 @@ The facts everything is decided from, in order:
    committed once any read_committed read by *another* operation returned any of its
    writes, else unknown (treated as not committed).
 4. **Offsets.** Per log (topic, partition): position → values, from every read and
-   every send whose message id came back.
+   every send of a committed operation whose message id came back (the reference's
+   "plus the writes of operations known to have committed": the id a failed write
+   got back names no message, and a log may hand its position out again).
 5. **Version order.** Per log, the positions holding at least one committed value,
    ranked with gaps removed: a value's *index*. Markers, aborted and unknown writes
    take no rank, so a read_committed consumer that passes over them does not skip.
@@ -38,8 +40,8 @@ The anomalies, each decided from those facts:
   (the values passed over are named). After an operation of that consumer ends
   ``fail`` or ``info``, its next read may start anywhere: an abort hands the acked
   inputs back for redelivery.
-- ``nonmonotonic_sends``: per process and log, the positions its sends got back must
-  increase in the order it sent.
+- ``nonmonotonic_sends``: per process and log, the positions its committed sends got
+  back must increase in the order it sent.
 - ``torn_transactions`` (with a final phase): a committed transaction some of whose
   writes were read and others never, within one log or across logs.
 - ``unseen`` (with a final phase): committed values never read by the end that are
@@ -235,7 +237,12 @@ def _facts(history: History) -> _Facts:
         for m in op.ops:
             if isinstance(m, Poll):
                 offsets[m.key][m.position][m.value].append(f"read by {op.id}")
-            elif isinstance(m, Send) and m.log is not None and m.position is not None:
+            elif (
+                isinstance(m, Send)
+                and m.log is not None
+                and m.position is not None
+                and status[op.id] == "committed"
+            ):
                 offsets[m.log][m.position][m.value].append(f"sent by {op.id}")
 
     rank: dict[Key, dict[Position, int]] = {}
@@ -419,6 +426,8 @@ def _send_order(f: _Facts, result: CheckResult) -> None:
     """Per process and log, the positions sends got back increase in send order."""
     last: dict[tuple[str, Key], tuple[Operation, Send, Position]] = {}
     for op in f.history:
+        if f.status[op.id] != "committed":
+            continue  # a write that never took effect held no position
         for s in op.sends:
             if s.log is None or s.position is None:
                 continue

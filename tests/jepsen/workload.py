@@ -1,9 +1,9 @@
 """The consume-transform-produce workload of issue 10 §10, recording a Jepsen history.
 
 Written against the client API shapes of SPEC §4.9 as structural protocols, so it
-runs on anything shaped like the client: today on the in-memory simulated log of
-``tests/test_jepsen_checker.py``; it is wired to the real client
-(``txnstream.Broker.open(path).client(name=...)``) once that lands.
+runs on anything shaped like the client: the in-memory simulated log of
+``tests/test_jepsen_checker.py`` and the real client
+(``txnstream.Broker.open(path).client(name=...)``, ``tests/test_jepsen_real.py``).
 
 Shape:
 
@@ -20,30 +20,38 @@ Shape:
   beginning until nothing more arrives (phase ``final``).
 
 Outcomes: a transaction whose ``commit()`` was never called can never commit, so every
-path that ends without it is ``fail``; a ``commit()`` that raised is ``fail`` only when
-the error says the transaction aborted (:func:`definitely_aborted`), else ``info``; a
+path that ends without it is ``fail``; ``commit()`` and ``abort()`` are called again
+while they fail retriably (up to ``end_retry_ms``); a ``commit()`` that still raised is
+``fail`` only when the error says the transaction aborted (:func:`definitely_aborted`),
+else ``info``; a
 process killed mid-transaction leaves its operation without ``complete`` (``info``).
 
-For the real run (left for the wiring, issue 10 §10): a parent seeds the inputs,
-starts worker processes (one per input partition, each subscribing to its partition's
-topic so its reads are contiguous), kills them with ``kill -9`` at random moments and
-restarts them — a restarted worker must wait until its predecessor's open
-transactions have timed out before it consumes, or the pending acks they hold make
-its reads skip and later rewind — injects write failures, then drains, runs
-:func:`final_read` on every topic, and checks
+The real run (``tests/test_jepsen_real.py``, worker ``tests/jepsen/real_worker.py``):
+a parent seeds the inputs, starts a worker process (a broker holds its directory's
+writer lock, so one process runs one worker thread per input partition, each
+subscribing to its partition's topic so its reads are contiguous), kills it with
+``kill -9`` at random moments and restarts it — a restarted worker must wait until
+its predecessor's open transactions have timed out before it consumes, or the
+pending acks they hold make its reads skip and later rewind — injects write
+failures, then drains, runs :func:`final_read` on every topic, and checks
 ``load_history(*files)`` with :func:`tests.jepsen.checker.check`.
 """
 
 from __future__ import annotations
 
 import random
+import time
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tests.jepsen.history import Ack, HistoryWriter, Operation, OpType, Poll, Position
-from txnstream.errors import TransactionAlreadyAborted, TransactionTimedOut
+from txnstream.errors import (
+    TransactionAlreadyAborted,
+    TransactionTimedOut,
+    TransactionWriteFailed,
+)
 
 
 class Transaction(Protocol):
@@ -90,8 +98,8 @@ class Consumer(Protocol):
     def ack(self, msg: Any, txn: Any = None) -> None:
         """Ack ``msg`` (in ``txn`` when given)."""
 
-    def redeliver_unacknowledged(self) -> None:
-        """Deliver again every received message not acked yet."""
+    def redeliver_unacknowledged(self) -> object:
+        """Deliver again every received message not acked yet (what it returns is unused)."""
 
 
 class Client(Protocol):
@@ -117,8 +125,15 @@ def message_position(message_id: Any) -> tuple[int, Position]:
 
 
 def definitely_aborted(error: BaseException) -> bool:
-    """Whether a failed ``commit()`` says the transaction is aborted for sure."""
-    return isinstance(error, TransactionAlreadyAborted | TransactionTimedOut)
+    """Whether a failed ``commit()`` says the transaction is aborted for sure.
+
+    ``TransactionWriteFailed`` counts: the client documents that a transaction whose
+    write failed "was aborted" (its decision is logged only after every write is
+    durable). The checker then holds the engine to that word.
+    """
+    return isinstance(
+        error, TransactionAlreadyAborted | TransactionTimedOut | TransactionWriteFailed
+    )
 
 
 @dataclass(frozen=True)
@@ -137,6 +152,7 @@ class CtpConfig:
     abort_share: float = 0.1
     receive_timeout_ms: int = 100
     txn_timeout_ms: int = 5_000
+    end_retry_ms: int = 10_000
 
 
 class CtpWorker:
@@ -211,13 +227,32 @@ class CtpWorker:
             return
         assert txn is not None
         try:
-            txn.commit()
+            self._retrying(txn.commit)
         except Exception as e:
             self.last = "fail" if definitely_aborted(e) else "info"
             h.complete(op, self.last, f"commit: {type(e).__name__}: {e}")
             return
         self.last = "ok"
         h.complete(op, "ok")
+
+    def _retrying(self, end: Callable[[], None]) -> None:
+        """``end()`` (commit or abort), again while it fails retriably, up to ``end_retry_ms``.
+
+        What a careful user does: a retriable error (a storage error, an end still
+        pending) leaves the transaction undecided or its end unfinished, and the same
+        end again gets the definite answer (idempotent end, PIP-255). Moving on
+        instead would leave its pending acks held until its timeout, and the inputs
+        they hold would come back out of order.
+        """
+        deadline = time.monotonic() + self.config.end_retry_ms / 1000.0
+        while True:
+            try:
+                end()
+                return
+            except Exception as e:
+                if not getattr(e, "retriable", False) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.005)
 
     def _record_poll(self, op: str, msg: Message) -> tuple[Message, Poll]:
         partition, position = message_position(msg.message_id)
@@ -234,7 +269,7 @@ class CtpWorker:
         error = why
         if txn is not None:
             try:
-                txn.abort()
+                self._retrying(txn.abort)
             except Exception as e:
                 error = f"{why}; abort: {type(e).__name__}: {e}"
         self.last = "fail"

@@ -73,7 +73,8 @@ def test_group_written_during_a_failing_sync_fails_and_never_reappears(
     # Cut back to the synced end before anyone was told.
     assert b"group-n" not in journal_bytes(tmp_path)
     after = ml.append(b"after")
-    assert after == Position(good.ledger_id, good.entry_id + 1)
+    # The failed group's positions are never reused: the next append opens a new ledger.
+    assert after == Position(good.ledger_id + 1, 0)
     ml.close()
     again = ManagedLedger.open(tmp_path, ml.name)
     try:
@@ -101,7 +102,7 @@ def test_write_failure_behind_a_held_sync_keeps_the_durable_group(
         doomed.result(timeout=30)
     assert ei.value.errno == errno.ENOSPC
     nxt = ml.append(b"next")
-    assert nxt == Position(p.ledger_id, p.entry_id + 1)
+    assert nxt == Position(p.ledger_id + 1, 0)  # a new ledger after the failure
     ml.close()
     assert b"never-written" not in journal_bytes(tmp_path)
     again = ManagedLedger.open(tmp_path, ml.name)

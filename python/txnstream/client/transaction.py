@@ -221,27 +221,14 @@ class Transaction:
             waits += 1
             phases.append("written")
             if not self._settled.wait(max(0.0, deadline - time.monotonic())):
-                raise TransactionEndPending(
-                    f"transaction {self.txn_id}: its writes did not finish in time; "
-                    "call commit() again",
-                    txn_id=self.txn_id,
-                    outcome=None,
-                )
+                raise self._writes_pending()
         if self._failed is not None:
-            cause = self._failed
-            self._abort_after_failure()
-            raise TransactionWriteFailed(
-                f"transaction {self.txn_id} was aborted: a write of it failed ({cause!r})",
-                txn_id=self.txn_id,
-                cause=cause,
-            )
+            raise self._aborted_after_failure()
         trace = EndTrace()
         try:
             self._tc.end_transaction(self.txn_id, TxnAction.COMMIT, trace=trace)
         except TransactionAlreadyAborted:
-            with self._lock:
-                self._state = ABORTED
-            self.client._ended(False, 0, 0.0)
+            self._commit_refused()
             raise
         except TransactionWriteFailed:
             self._abort_after_failure()
@@ -249,6 +236,34 @@ class Transaction:
         finally:
             self.durable_waits = waits + trace.waits
             self.wait_phases = phases + trace.phases
+        self._committed(started)
+
+    # The steps of commit() that do not block, shared with the asyncio face
+    # (which awaits the writes and the end instead of blocking a thread).
+
+    def _writes_pending(self) -> TransactionEndPending:
+        return TransactionEndPending(
+            f"transaction {self.txn_id}: its writes did not finish in time; call commit() again",
+            txn_id=self.txn_id,
+            outcome=None,
+        )
+
+    def _aborted_after_failure(self) -> TransactionWriteFailed:
+        # Blocks (aborts the transaction); the error to raise to the caller.
+        cause = self._failed
+        self._abort_after_failure()
+        return TransactionWriteFailed(
+            f"transaction {self.txn_id} was aborted: a write of it failed ({cause!r})",
+            txn_id=self.txn_id,
+            cause=cause,
+        )
+
+    def _commit_refused(self) -> None:
+        with self._lock:
+            self._state = ABORTED
+        self.client._ended(False, 0, 0.0)
+
+    def _committed(self, started: float) -> None:
         with self._lock:
             self._state = COMMITTED
         self.client._ended(True, self.durable_waits, time.monotonic() - started)

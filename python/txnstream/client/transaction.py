@@ -89,8 +89,9 @@ class Transaction:
         self._lock = threading.Lock()
         self._state = OPEN
         self._outstanding = 0
-        self._settled = threading.Event()
-        self._settled.set()
+        # Made only when a caller must wait for tracked writes (most commits
+        # find them done); set and dropped once none is outstanding.
+        self._settled: threading.Event | None = None
         self._failed: BaseException | None = None
         self._partitions: set[str] = set()
         self._subscriptions: set[tuple[str, str]] = set()
@@ -112,7 +113,6 @@ class Transaction:
         """Count a write of this transaction; commit waits for it first."""
         with self._lock:
             self._outstanding += 1
-            self._settled.clear()
         fut.add_done_callback(self._write_done)
 
     def _write_done(self, fut: Future[Any]) -> None:
@@ -123,10 +123,22 @@ class Transaction:
             self._outstanding -= 1
             if self._outstanding:
                 return
-            self._settled.set()
+            settled, self._settled = self._settled, None
             waiters, self._waiters = self._waiters, []
+        if settled is not None:
+            settled.set()
         for w in waiters:
             w()
+
+    def _wait_settled(self, timeout_s: float) -> bool:
+        # Wait until no tracked write is outstanding; False if the time ran out.
+        with self._lock:
+            if not self._outstanding:
+                return True
+            if self._settled is None:
+                self._settled = threading.Event()
+            settled = self._settled
+        return settled.wait(timeout_s)
 
     def when_written(self, callback: Any) -> bool:
         """Call ``callback()`` once every tracked write finished; False if all already did."""
@@ -153,7 +165,7 @@ class Transaction:
                 value=timeout_ms,
             )
         limit = self.client.end_timeout_ms if timeout_ms is None else timeout_ms
-        return self._settled.wait(limit / 1000.0)
+        return self._wait_settled(limit / 1000.0)
 
     def check_usable(self) -> None:
         """Raise unless the transaction is open (a send or ack may join it)."""
@@ -217,10 +229,10 @@ class Transaction:
         started = time.monotonic()
         waits, phases = 0, []
         deadline = started + self.client.end_timeout_ms / 1000.0
-        if not self._settled.is_set():
+        if self._outstanding:
             waits += 1
             phases.append("written")
-            if not self._settled.wait(max(0.0, deadline - time.monotonic())):
+            if not self._wait_settled(max(0.0, deadline - time.monotonic())):
                 raise self._writes_pending()
         if self._failed is not None:
             raise self._aborted_after_failure()

@@ -16,7 +16,7 @@ import txnstream as ts
 from txnstream import Broker, BrokerConfig
 from txnstream._native import decode_topic_entry
 from txnstream.broker.subscription import READ_UNCOMMITTED
-from txnstream.client import Consumer, Message, java_string_hash
+from txnstream.client import Consumer, Message, MessageId, java_string_hash
 from txnstream.errors import (
     DuplicateSequenceError,
     TransactionAlreadyAborted,
@@ -645,3 +645,23 @@ def test_threads_and_descriptors_do_not_grow_with_topics(tmp_path: Path) -> None
         # fills up and then stays full; the second 150 topics add none.
         assert counts[-1][1] - before_fds <= 128 + 8
         assert counts[1][1] - counts[0][1] <= 8
+
+
+def test_asyncio_send_retry_of_a_sequence_id_returns_the_original_id(broker: Broker) -> None:
+    client = broker.client("aio-dedup")
+
+    async def main() -> tuple[MessageId, MessageId, MessageId]:
+        a = client.aio()
+        p = a.producer("dedup-aio", name="p1")
+        first = await p.send(b"a", sequence_id=7)
+        again = await p.send(b"a", sequence_id=7)
+        txn = a.transaction()
+        in_txn = await p.send(b"b", txn=txn, sequence_id=8)
+        await txn.commit()
+        assert txn.durable_waits <= 3
+        return first, again, in_txn
+
+    first, again, in_txn = asyncio.run(main())
+    assert again == first
+    assert in_txn > first
+    assert values(drain(client.subscribe("dedup-aio", "check"))) == [b"a", b"b"]

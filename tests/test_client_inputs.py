@@ -248,3 +248,19 @@ def test_broker_settings_from_broker_conf_and_toml(tmp_path: Path) -> None:
             t.commit()
         c = client.subscribe("auto", "s")
         assert len(c.receive_many(10, 500)) >= 1
+
+
+def test_parsed_topic_names_are_remembered_within_a_bound() -> None:
+    """Parsing a name again gives the same answer; bad names fail every time; memory is bounded."""
+    from txnstream.broker import topic_name as tn_mod
+
+    first = TopicName.parse("cache-me")
+    assert TopicName.parse("cache-me") == first
+    assert first.full == "persistent://public/default/cache-me"
+    for _ in range(2):
+        with pytest.raises(InvalidTopicNameError):
+            TopicName.parse("a/b/c/d")
+    for i in range(tn_mod.PARSED_CACHE + 10):
+        TopicName.parse(f"t{i}")
+    assert len(tn_mod._PARSED) <= tn_mod.PARSED_CACHE
+    assert TopicName.parse("cache-me") == first

@@ -268,3 +268,20 @@ def test_pending_acks_recovered_and_reconciled(tmp_path: Path) -> None:
         while (m := c.receive(100)) is not None:
             got.append(m.value)
         assert got == [b"2", b"3", b"4"]
+
+
+def test_messages_of_a_batch_ack_are_the_cleared_indexes() -> None:
+    """A transaction's held batch indexes are exactly the cleared bits, for any batch size."""
+    import random
+
+    from txnstream._native import AckSet
+    from txnstream.pendingack.store import _absent
+
+    rng = random.Random(7)
+    for size in (1, 2, 63, 64, 65, 128, 129, 500, 1000):
+        for _ in range(30):
+            acked = AckSet(size)
+            for i in rng.sample(range(size), rng.randint(0, size)):
+                acked.clear(i)
+            present = set(acked.present())
+            assert list(_absent(acked, size)) == [i for i in range(size) if i not in present]

@@ -63,6 +63,12 @@ def escaped_len(name: str) -> int:
     return n
 
 
+#: Most parsed names remembered (the hot path names the same topics over and over).
+PARSED_CACHE: Final = 4096
+
+_PARSED: dict[str, TopicName] = {}
+
+
 @dataclass(frozen=True, slots=True)
 class TopicName:
     """A parsed topic name; ``partition`` is -1 unless it names one partition."""
@@ -75,6 +81,18 @@ class TopicName:
     @classmethod
     def parse(cls, name: object) -> TopicName:
         """Parse any accepted form; raise :class:`InvalidTopicNameError` naming ``name``."""
+        if type(name) is not str or cls is not TopicName:
+            return cls._parse(name)
+        got = _PARSED.get(name)
+        if got is None:
+            got = cls._parse(name)
+            if len(_PARSED) >= PARSED_CACHE:
+                _PARSED.clear()  # bounded: a name in use is parsed again once
+            _PARSED[name] = got
+        return got
+
+    @classmethod
+    def _parse(cls, name: object) -> TopicName:
         if not isinstance(name, str):
             raise _bad(name, f"must be a str, not {type(name).__name__}")
         if not name:

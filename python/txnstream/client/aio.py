@@ -2,8 +2,11 @@
 
 The same operations as the sync API, awaitable and never blocking the
 event loop: sends await the storage futures directly
-(``asyncio.wrap_future``); calls that wait on a condition (``receive``,
-``commit``, ``abort``) run on the client's bounded thread pool
+(``asyncio.wrap_future``); ``commit`` awaits the transaction's writes
+through a callback and hands the end to the coordinator's asyncio front
+end, which ends all commits queued meanwhile in one bulk call; calls that
+wait on a condition (``receive`` when nothing is buffered, ``abort``) run
+on the client's bounded thread pool
 (:data:`AIO_THREADS` threads at most, made on demand). Many loops and
 threads may share one client.
 
@@ -21,14 +24,18 @@ async with aclient.transaction(timeout_ms=30_000) as txn:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from txnstream.client.message import Message, MessageId
 from txnstream.client.transaction import Transaction
-from txnstream.coordinator import TxnID
+from txnstream.coordinator import TxnAction, TxnID
+from txnstream.coordinator.ending import EndTrace
+from txnstream.errors import TransactionAlreadyAborted, TransactionWriteFailed
 
 if TYPE_CHECKING:
     from txnstream.client.client import Client, Consumer, Producer
@@ -37,6 +44,11 @@ if TYPE_CHECKING:
 AIO_THREADS: Final = 64
 
 T = TypeVar("T")
+
+
+def _resolve(fut: asyncio.Future[None]) -> None:
+    if not fut.done():
+        fut.set_result(None)
 
 
 def _sync_txn(txn: AsyncTransaction | Transaction | None) -> Transaction | None:
@@ -62,8 +74,49 @@ class AsyncTransaction:
         return self.sync.durable_waits
 
     async def commit(self) -> None:
-        """Commit; returns once the outcome is durable and visible."""
-        await self._client._run(self.sync.commit)
+        """Commit; returns once the outcome is durable and visible.
+
+        The same steps and errors as ``Transaction.commit``, without a
+        thread per call: the transaction's writes are awaited through a
+        callback, and the end goes to the coordinator's asyncio front end,
+        whose one worker ends every commit queued meanwhile in one bulk call
+        (one batched write per step).
+        """
+        txn = self.sync
+        if not txn._begin_end(commit=True):
+            return
+        started = time.monotonic()
+        waits, phases = 0, []
+        deadline = started + txn.client.end_timeout_ms / 1000.0
+        loop = asyncio.get_running_loop()
+        written: asyncio.Future[None] = loop.create_future()
+
+        def on_written() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+                loop.call_soon_threadsafe(_resolve, written)
+
+        if txn.when_written(on_written):
+            waits += 1
+            phases.append("written")
+            try:
+                await asyncio.wait_for(written, max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise txn._writes_pending() from None
+        if txn._failed is not None:
+            raise await self._client._run(txn._aborted_after_failure)
+        trace = EndTrace()
+        try:
+            await txn._tc.aio().end_transaction(txn.txn_id, TxnAction.COMMIT, trace=trace)
+        except TransactionAlreadyAborted:
+            txn._commit_refused()
+            raise
+        except TransactionWriteFailed:
+            await self._client._run(txn._abort_after_failure)
+            raise
+        finally:
+            txn.durable_waits = waits + trace.waits
+            txn.wait_phases = phases + trace.phases
+        txn._committed(started)
 
     async def abort(self) -> None:
         """Abort; returns once the outcome is durable."""
@@ -73,6 +126,9 @@ class AsyncTransaction:
         return self
 
     async def __aexit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            await self.commit()
+            return
         await self._client._run(self.sync.__exit__, exc_type, exc, tb)
 
     def __repr__(self) -> str:
@@ -96,8 +152,15 @@ class AsyncProducer:
         sequence_id: int | None = None,
     ) -> MessageId:
         """Send one message (see ``Producer.send``)."""
-        fut = self.sync.send_async(value, key, properties, _sync_txn(txn), sequence_id=sequence_id)
-        return await asyncio.wrap_future(fut)
+        sync = self.sync
+        partition, published = sync._queue_one(value, key, properties, _sync_txn(txn), sequence_id)
+        src = published.assigned if published.assigned is not None else published.durable
+        if src is None:  # a duplicate: its original id
+            ids = await asyncio.wrap_future(sync._message_ids(partition, published, 1))
+            return ids[0]
+        # Straight from the storage future: no intermediate futures per send.
+        pos = await asyncio.wrap_future(src)
+        return MessageId(pos.ledger_id, pos.entry_id, 0, 1, partition)
 
     async def send_many(
         self,

@@ -427,16 +427,15 @@ class Producer:
         src.add_done_callback(done)
         return out
 
-    def send_async(
+    def _queue_one(
         self,
         value: bytes,
-        key: str | None = None,
-        properties: Mapping[str, str] | None = None,
-        txn: Transaction | None = None,
-        *,
-        sequence_id: int | None = None,
-    ) -> Future[MessageId]:
-        """Queue one message; the future gives its :class:`MessageId` (see :meth:`send`)."""
+        key: str | None,
+        properties: Mapping[str, str] | None,
+        txn: Transaction | None,
+        sequence_id: int | None,
+    ) -> tuple[int, Publish]:
+        # Validate and queue one message: (partition, what the topic did).
         self._check()
         payload = _payload(value)
         k = _key(key)
@@ -448,7 +447,19 @@ class Producer:
         def entry(seq: int) -> bytes:
             return encode_message(payload, self.name, seq, now, k, props, txn_key)
 
-        partition, published = self._publish(entry, 1, k, sequence_id, t)
+        return self._publish(entry, 1, k, sequence_id, t)
+
+    def send_async(
+        self,
+        value: bytes,
+        key: str | None = None,
+        properties: Mapping[str, str] | None = None,
+        txn: Transaction | None = None,
+        *,
+        sequence_id: int | None = None,
+    ) -> Future[MessageId]:
+        """Queue one message; the future gives its :class:`MessageId` (see :meth:`send`)."""
+        partition, published = self._queue_one(value, key, properties, txn, sequence_id)
         ids = self._message_ids(partition, published, 1)
         out: Future[MessageId] = Future()
 

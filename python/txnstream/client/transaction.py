@@ -90,8 +90,9 @@ class Transaction:
         self._lock = threading.Lock()
         self._state = OPEN
         self._outstanding = 0
-        self._settled = threading.Event()
-        self._settled.set()
+        # Made only when a caller must wait for tracked writes (most commits
+        # find them done); set and dropped once none is outstanding.
+        self._settled: threading.Event | None = None
         self._failed: BaseException | None = None
         self._partitions: set[str] = set()
         self._subscriptions: set[tuple[str, str]] = set()
@@ -113,7 +114,6 @@ class Transaction:
         """Count a write of this transaction; commit waits for it first."""
         with self._lock:
             self._outstanding += 1
-            self._settled.clear()
         fut.add_done_callback(self._write_done)
 
     def _write_done(self, fut: Future[Any]) -> None:
@@ -124,10 +124,22 @@ class Transaction:
             self._outstanding -= 1
             if self._outstanding:
                 return
-            self._settled.set()
+            settled, self._settled = self._settled, None
             waiters, self._waiters = self._waiters, []
+        if settled is not None:
+            settled.set()
         for w in waiters:
             w()
+
+    def _wait_settled(self, timeout_s: float) -> bool:
+        # Wait until no tracked write is outstanding; False if the time ran out.
+        with self._lock:
+            if not self._outstanding:
+                return True
+            if self._settled is None:
+                self._settled = threading.Event()
+            settled = self._settled
+        return settled.wait(timeout_s)
 
     def when_written(self, callback: Any) -> bool:
         """Call ``callback()`` once every tracked write finished; False if all already did."""
@@ -154,7 +166,7 @@ class Transaction:
                 value=timeout_ms,
             )
         limit = self.client.end_timeout_ms if timeout_ms is None else timeout_ms
-        return self._settled.wait(limit / 1000.0)
+        return self._wait_settled(limit / 1000.0)
 
     def check_usable(self) -> None:
         """Raise unless the transaction is open (a send or ack may join it)."""
@@ -218,33 +230,18 @@ class Transaction:
         started = time.monotonic()
         waits, phases = 0, []
         deadline = started + self.client.end_timeout_ms / 1000.0
-        if not self._settled.is_set():
+        if self._outstanding:
             waits += 1
             phases.append("written")
-            if not self._settled.wait(max(0.0, deadline - time.monotonic())):
-                raise TransactionEndPending(
-                    f"transaction {self.txn_id}: its writes did not finish in time; "
-                    "call commit() again",
-                    txn_id=self.txn_id,
-                    outcome=None,
-                )
+            if not self._wait_settled(max(0.0, deadline - time.monotonic())):
+                raise self._writes_pending()
         if self._failed is not None:
-            cause = self._failed
-            aborted = self._abort_after_failure()
-            outcome = "was aborted" if aborted else "cannot commit (its timeout aborts it)"
-            raise TransactionWriteFailed(
-                f"transaction {self.txn_id} {outcome}: a write of it failed ({cause!r})",
-                txn_id=self.txn_id,
-                cause=cause,
-                aborted=aborted,
-            )
+            raise self._aborted_after_failure()
         trace = EndTrace()
         try:
             self._tc.end_transaction(self.txn_id, TxnAction.COMMIT, trace=trace)
         except TransactionAlreadyAborted:
-            with self._lock:
-                self._state = ABORTED
-            self.client._ended(False, 0, 0.0)
+            self._commit_refused()
             raise
         except TransactionWriteFailed:
             self._abort_after_failure()
@@ -252,6 +249,36 @@ class Transaction:
         finally:
             self.durable_waits = waits + trace.waits
             self.wait_phases = phases + trace.phases
+        self._committed(started)
+
+    # The steps of commit() that do not block, shared with the asyncio face
+    # (which awaits the writes and the end instead of blocking a thread).
+
+    def _writes_pending(self) -> TransactionEndPending:
+        return TransactionEndPending(
+            f"transaction {self.txn_id}: its writes did not finish in time; call commit() again",
+            txn_id=self.txn_id,
+            outcome=None,
+        )
+
+    def _aborted_after_failure(self) -> TransactionWriteFailed:
+        # Blocks (aborts the transaction, retrying); the error to raise to the caller.
+        cause = self._failed
+        aborted = self._abort_after_failure()
+        outcome = "was aborted" if aborted else "cannot commit (its timeout aborts it)"
+        return TransactionWriteFailed(
+            f"transaction {self.txn_id} {outcome}: a write of it failed ({cause!r})",
+            txn_id=self.txn_id,
+            cause=cause,
+            aborted=aborted,
+        )
+
+    def _commit_refused(self) -> None:
+        with self._lock:
+            self._state = ABORTED
+        self.client._ended(False, 0, 0.0)
+
+    def _committed(self, started: float) -> None:
         with self._lock:
             self._state = COMMITTED
         self.client._ended(True, self.durable_waits, time.monotonic() - started)

@@ -37,6 +37,7 @@ from txnstream.proto import Subscription
 
 if TYPE_CHECKING:
     from txnstream.coordinator.coordinator import TransactionCoordinator
+    from txnstream.coordinator.ending import EndTrace
 
 # One bulk call: (key, items) -> one answer (value or exception) per item.
 Batch = Callable[[Hashable, list[Any]], list[Any]]
@@ -157,7 +158,9 @@ class AsyncCoordinator:
         return list(self.tc.add_acked_subscriptions_many(items))
 
     def _run_ends(self, key: Hashable, items: list[Any]) -> list[Any]:
-        return list(self.tc.end_transactions(items))
+        ends = [(txn, act) for txn, act, _ in items]
+        traces: list[EndTrace | None] = [trace for _, _, trace in items]
+        return list(self.tc.end_transactions(ends, traces=traces))
 
     # Public API: the blocking calls' arguments and answers.
 
@@ -187,11 +190,17 @@ class AsyncCoordinator:
         subs = subscription_pairs(subscriptions)
         await self._subscriptions.submit(asyncio.get_running_loop(), None, (txn_id, subs))
 
-    async def end_transaction(self, txn_id: TxnID, action: TxnAction | str) -> TxnStatus:
-        """Commit or abort; the final status once it is durable (see ``end_transaction``)."""
+    async def end_transaction(
+        self, txn_id: TxnID, action: TxnAction | str, *, trace: EndTrace | None = None
+    ) -> TxnStatus:
+        """Commit or abort; the final status once it is durable (see ``end_transaction``).
+
+        ``trace``, if given, counts the sequential durable waits of this end.
+        """
         self.tc._table.seq_of(txn_id)
         act = TxnAction.parse(action)
-        status: TxnStatus = await self._ends.submit(asyncio.get_running_loop(), None, (txn_id, act))
+        loop = asyncio.get_running_loop()
+        status: TxnStatus = await self._ends.submit(loop, None, (txn_id, act, trace))
         return status
 
     async def commit(self, txn_id: TxnID) -> TxnStatus:

@@ -63,10 +63,11 @@ class TxnID:
     Ordering is by ``(most_bits, least_bits)``; ``str()`` gives ``"(most,least)"``.
     """
 
-    __slots__ = ("least_bits", "most_bits")
+    __slots__ = ("_hash", "least_bits", "most_bits")
 
     most_bits: int
     least_bits: int
+    _hash: int
 
     def __init__(self, most_bits: int, least_bits: int) -> None:
         for name, value in (("most_bits", most_bits), ("least_bits", least_bits)):
@@ -78,6 +79,7 @@ class TxnID:
                 )
         object.__setattr__(self, "most_bits", most_bits)
         object.__setattr__(self, "least_bits", least_bits)
+        object.__setattr__(self, "_hash", hash((most_bits, least_bits)))
 
     @classmethod
     def _trusted(cls, most_bits: int, least_bits: int) -> TxnID:
@@ -85,6 +87,7 @@ class TxnID:
         obj = object.__new__(cls)
         object.__setattr__(obj, "most_bits", most_bits)
         object.__setattr__(obj, "least_bits", least_bits)
+        object.__setattr__(obj, "_hash", hash((most_bits, least_bits)))
         return obj
 
     def __setattr__(self, name: str, value: Any) -> None:
@@ -122,7 +125,7 @@ class TxnID:
         return self._key() >= other._key()
 
     def __hash__(self) -> int:
-        return hash((self.most_bits, self.least_bits))
+        return self._hash  # a TxnID is a dict key on every hot path: hashed once
 
     def __str__(self) -> str:
         return f"({self.most_bits},{self.least_bits})"

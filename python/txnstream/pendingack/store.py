@@ -40,8 +40,9 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
+from typing import Final
 
 from txnstream._native import AckSet, BufferedWriter, Cursor, ManagedLedger, Position, TxnPosition
 from txnstream.buffer import TxnOutcomes
@@ -86,13 +87,33 @@ class _TxnAcks:
             if acked is None:
                 out.append(TxnPosition(pos.ledger_id, pos.entry_id))
             else:
-                present = set(acked.present())
                 out.extend(
-                    TxnPosition(pos.ledger_id, pos.entry_id, size, i)
-                    for i in range(size)
-                    if i not in present
+                    TxnPosition(pos.ledger_id, pos.entry_id, size, i) for i in _absent(acked, size)
                 )
         return out
+
+
+_WORD: Final = (1 << 64) - 1
+
+
+def _absent(acked: AckSet, size: int) -> Iterator[int]:
+    """Yield the indexes below ``size`` whose bit is clear (acked), in order.
+
+    Walks the clear bits of the ack set's words, so a transaction that
+    acked one message of a large batch costs what it acked, not the batch.
+    """
+    words = acked.to_words()
+    for w, word in enumerate(words):
+        missing = ~word & _WORD
+        base = w * 64
+        while missing:
+            low = missing & -missing
+            i = base + low.bit_length() - 1
+            if i >= size:
+                return
+            yield i
+            missing ^= low
+    yield from range(len(words) * 64, size)  # trailing all-clear words are not stored
 
 
 def _conflict(txn: TxnID, pos: TxnPosition, why: str) -> TransactionConflictError:

@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Any, cast
 from prometheus_client.registry import REGISTRY, CollectorRegistry
 
 from txnstream._native import BufferedWriter, CompactedTopic, ManagedLedger, Position
-from txnstream.broker.topic import Topic
+from txnstream.broker.topic import Topic, await_opening
 from txnstream.broker.topic_name import MAX_PARTITIONS, TopicName
 from txnstream.buffer import TxnOutcomes
 from txnstream.config import BrokerConfig
@@ -64,7 +64,6 @@ from txnstream.errors import (
     CoordinatorNotFound,
     InvalidArgumentError,
     InvalidTopicNameError,
-    OperationTimeoutError,
 )
 from txnstream.metrics import (
     COMMIT_LATENCY_BOUNDS_MS,
@@ -420,14 +419,7 @@ class Broker:
             if opening is None:
                 opening = self._opening[full] = Future()
         if not owner:
-            try:
-                return opening.result(timeout=self.config.end_timeout_ms / 1000.0)
-            except TimeoutError as e:  # another thread's open outlasts the end timeout
-                raise OperationTimeoutError(
-                    f"opening topic {full} in another thread took longer than "
-                    "transactionEndTimeoutMs",
-                    what=f"topic {full}",
-                ) from e
+            return await_opening(opening, self.config.end_timeout_ms, f"topic {full}")
         try:
             t = self._open_topic(tn)
         except BaseException as exc:

@@ -29,7 +29,7 @@ import logging
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from txnstream._native import BufferedWriter, ManagedLedger, Position
 from txnstream.broker.dedup import ABORTED, ENDED, OPEN, Deduplication, Sent
@@ -42,6 +42,7 @@ from txnstream.errors import AlreadyClosedError, InvalidArgumentError, Operation
 from txnstream.pendingack import CursorAcks, PendingAckStore
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 EARLIEST = "earliest"
 LATEST = "latest"
@@ -77,6 +78,17 @@ class TopicContext(Protocol):
         last_stable: Position,
     ) -> None:
         """Record an aborted transaction in the partition's aborted-txn index (tiered)."""
+
+
+def await_opening(opening: Future[_T], timeout_ms: int, what: str) -> _T:
+    """Wait for another thread's open of ``what``; past ``timeout_ms`` a typed, retriable error."""
+    try:
+        return opening.result(timeout=timeout_ms / 1000.0)
+    except TimeoutError as e:  # another thread's open outlasts the end timeout
+        raise OperationTimeoutError(
+            f"opening {what} in another thread took longer than transactionEndTimeoutMs",
+            what=what,
+        ) from e
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,14 +226,9 @@ class Topic:
             if opening is None:
                 opening = self._sub_opening[name] = Future()
         if not owner:
-            try:
-                return opening.result(timeout=self._ctx.config.end_timeout_ms / 1000.0)
-            except TimeoutError as e:  # another thread's open outlasts the end timeout
-                raise OperationTimeoutError(
-                    f"opening subscription {name} of {self.full} in another thread took "
-                    "longer than transactionEndTimeoutMs",
-                    what=f"subscription {name} of {self.full}",
-                ) from e
+            return await_opening(
+                opening, self._ctx.config.end_timeout_ms, f"subscription {name} of {self.full}"
+            )
         try:
             sub = self._open_subscription(name, isolation, initial_position)
         except BaseException as exc:

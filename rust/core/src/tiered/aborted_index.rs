@@ -30,6 +30,7 @@
 //! one from the markers.
 
 use crate::error::{Error, Result};
+use crate::ledger::journal::{le_u32, le_u64};
 use crate::position::Position;
 
 /// Magic bytes that open every index.
@@ -78,20 +79,8 @@ fn corrupt(offset: usize, reason: impl Into<String>) -> Error {
     }
 }
 
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(w)
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    let mut w = [0u8; 4];
-    w.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(w)
-}
-
 fn pos_at(b: &[u8], at: usize) -> Position {
-    Position::new(u64_at(b, at), u64_at(b, at + 8))
+    Position::new(le_u64(&b[at..]), le_u64(&b[at + 8..]))
 }
 
 impl AbortedTxnIndex {
@@ -247,11 +236,11 @@ impl AbortedTxnIndex {
         if &bytes[..8] != MAGIC {
             return Err(corrupt(0, "bad magic (not an aborted-txn index)"));
         }
-        let stored = u32_at(bytes, 32);
+        let stored = le_u32(&bytes[32..]);
         if crc32c::crc32c(&bytes[..32]) != stored {
             return Err(corrupt(32, "header checksum mismatch"));
         }
-        let version = u32_at(bytes, 8);
+        let version = le_u32(&bytes[8..]);
         if version != VERSION {
             return Err(corrupt(
                 8,
@@ -265,14 +254,14 @@ impl AbortedTxnIndex {
                 format!("partial record of {} bytes", body.len() % RECORD_LEN),
             ));
         }
-        let mut index = Self::new(u64_at(bytes, 12));
+        let mut index = Self::new(le_u64(&bytes[12..]));
         for (i, rec) in body.chunks_exact(RECORD_LEN).enumerate() {
             let offset = HEADER_LEN + i * RECORD_LEN;
-            if crc32c::crc32c(&rec[..64]) != u32_at(rec, 64) {
+            if crc32c::crc32c(&rec[..64]) != le_u32(&rec[64..]) {
                 return Err(corrupt(offset, format!("record {i} checksum mismatch")));
             }
             let r = AbortedTxn {
-                txn: (u64_at(rec, 0), u64_at(rec, 8)),
+                txn: (le_u64(&rec[0..]), le_u64(&rec[8..])),
                 first: pos_at(rec, 16),
                 last: pos_at(rec, 32),
                 last_stable: pos_at(rec, 48),

@@ -16,6 +16,7 @@
 //! without the 8-byte frame header.
 
 use crate::error::{Error, Result};
+use crate::ledger::journal::{le_u32, le_u64};
 
 /// Magic bytes that open every offset index.
 pub const MAGIC: &[u8; 8] = b"TSSEGIX1";
@@ -57,18 +58,6 @@ fn corrupt(offset: usize, reason: impl Into<String>) -> Error {
     }
 }
 
-fn u64_at(b: &[u8], at: usize) -> u64 {
-    let mut w = [0u8; 8];
-    w.copy_from_slice(&b[at..at + 8]);
-    u64::from_le_bytes(w)
-}
-
-fn u32_at(b: &[u8], at: usize) -> u32 {
-    let mut w = [0u8; 4];
-    w.copy_from_slice(&b[at..at + 4]);
-    u32::from_le_bytes(w)
-}
-
 /// Size of an entry's frame header in the data.
 pub const FRAME_LEN: usize = 8;
 
@@ -91,8 +80,8 @@ pub fn decode_frames(ledger_id: u64, first: u64, data: &[u8]) -> Result<Vec<&[u8
                 data.len() - at
             )));
         }
-        let len = u32_at(data, at) as usize;
-        let crc = u32_at(data, at + 4);
+        let len = le_u32(&data[at..]) as usize;
+        let crc = le_u32(&data[at + 4..]);
         let start = at + FRAME_LEN;
         let Some(end) = start.checked_add(len).filter(|&e| e <= data.len()) else {
             return Err(damaged(format!(
@@ -232,20 +221,20 @@ impl SegmentIndex {
         if &bytes[..8] != MAGIC {
             return Err(corrupt(0, "bad magic (not a segment offset index)"));
         }
-        if crc32c::crc32c(&bytes[..44]) != u32_at(bytes, 44) {
+        if crc32c::crc32c(&bytes[..44]) != le_u32(&bytes[44..]) {
             return Err(corrupt(44, "header checksum mismatch"));
         }
-        let version = u32_at(bytes, 8);
+        let version = le_u32(&bytes[8..]);
         if version != VERSION {
             return Err(corrupt(
                 8,
                 format!("unknown format version {version} (this build reads {VERSION})"),
             ));
         }
-        let ledger_id = u64_at(bytes, 12);
-        let first_entry = u64_at(bytes, 20);
-        let count = u64_at(bytes, 28);
-        let data_len = u64_at(bytes, 36);
+        let ledger_id = le_u64(&bytes[12..]);
+        let first_entry = le_u64(&bytes[20..]);
+        let count = le_u64(&bytes[28..]);
+        let data_len = le_u64(&bytes[36..]);
         let body = &bytes[HEADER_LEN..bytes.len() - 4];
         let expected = usize::try_from(count)
             .ok()
@@ -257,7 +246,7 @@ impl SegmentIndex {
                 format!("{} slot bytes for {count} entries", body.len()),
             ));
         }
-        if crc32c::crc32c(body) != u32_at(bytes, bytes.len() - 4) {
+        if crc32c::crc32c(body) != le_u32(&bytes[bytes.len() - 4..]) {
             return Err(corrupt(bytes.len() - 4, "slot checksum mismatch"));
         }
         if first_entry.checked_add(count).is_none() {
@@ -267,9 +256,9 @@ impl SegmentIndex {
         let mut next = 0u64;
         for (i, s) in body.chunks_exact(SLOT_LEN).enumerate() {
             let slot = Slot {
-                offset: u64_at(s, 0),
-                len: u32_at(s, 8),
-                crc: u32_at(s, 12),
+                offset: le_u64(&s[0..]),
+                len: le_u32(&s[8..]),
+                crc: le_u32(&s[12..]),
             };
             if slot.offset != next {
                 return Err(corrupt(

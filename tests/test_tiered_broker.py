@@ -78,6 +78,9 @@ def test_offload_then_remote_read_committed_equals_the_client(tmp_path: Path, se
     with Broker.open(tmp_path / "data", _config(), registry=reg) as broker:
         committed, aborted = _workload(broker, 60, seed)
         assert aborted
+        # The subscription exists before the offload: its cursor keeps the data
+        # local until it is consumed (consumers read local ledgers only).
+        broker.client("reader-rc").subscribe(TOPIC, "rc").close()
         segs = broker.admin.offload(TOPIC)  # from now on trimming waits for offload
         assert len(segs) >= 5
         client_vals = _drain(broker, "rc")  # READ_COMMITTED through the client, all acked

@@ -73,7 +73,13 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
 from pyspark.sql.types import (
     BinaryType,
     IntegerType,
@@ -96,6 +102,7 @@ __all__ = [
     "TopicDataSource",
     "TopicRange",
     "TopicSelection",
+    "TopicStreamReader",
     "read_topic_range",
 ]
 
@@ -576,6 +583,110 @@ class _Reader(DataSourceReader):
         return read_topic_range(self.sel.path, partition)
 
 
+def _offset_of(pos: Pos) -> str:
+    return f"{pos[0]}:{pos[1]}"
+
+
+def _pos_of(offset: object) -> Pos:
+    parsed = _parse_position("offset", offset)
+    if not isinstance(parsed, tuple):
+        raise InvalidArgumentError(
+            f"checkpointed offset {offset!r} is not a position", argument="offset", value=offset
+        )
+    return parsed
+
+
+class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Streaming reads of topics: offsets are, per topic partition, the next position to read.
+
+    An offset is ``{"<partition's full name>": "ledger:entry"}``: everything
+    before the position was read. :meth:`latestOffset` is each partition's
+    READ_COMMITTED limit (the oldest open transaction's first message, or the
+    end) or, under READ_UNCOMMITTED, its end; a micro-batch reads the ledger
+    ranges between two offsets with the aborted sets of the driver's scan.
+    Spark keeps the offsets in the query's checkpoint, so a restarted query
+    resumes after the last batch it committed. The partitions are the ones
+    the option ``topic`` selected when the query started.
+    """
+
+    def __init__(self, sel: TopicSelection) -> None:
+        self.sel = sel
+        self.states: dict[str, PartitionScan] = {}
+        self._target: dict[str, str] | None = None
+
+    def _scan(self, ledger: str) -> tuple[PartitionScan, list[tuple[int, int, bool]]]:
+        state = self.states.get(ledger)
+        if state is None:
+            state = self.states[ledger] = PartitionScan(ledger)
+        ml = ManagedLedger.open(self.sel.path, ledger, read_only=True)
+        try:
+            state.advance(ml)
+            return state, ml.ledgers()
+        finally:
+            ml.close()
+
+    def initialOffset(self) -> dict[str, str]:  # noqa: N802 (Spark API name)
+        """Return the option ``startingPositions`` resolved per partition."""
+        out = {}
+        for ledger in self.sel.ledgers:
+            state, ledgers = self._scan(ledger)
+            start, _end = self.sel.bounds(state, ledgers)
+            out[ledger] = _offset_of(start)
+        return out
+
+    def _latest(self, start: dict[str, Any]) -> dict[str, str]:
+        out = {}
+        for ledger in self.sel.ledgers:
+            state, _ledgers = self._scan(ledger)
+            limit = self.sel.limit(state)
+            if ledger in start:
+                limit = max(limit, _pos_of(start[ledger]))
+            out[ledger] = _offset_of(limit)
+        return out
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 (Spark API name)
+        """Fix the target of an ``availableNow`` query: the limits right now."""
+        self._target = self._latest({})
+
+    def latestOffset(  # noqa: N802 (Spark API name)
+        self, start: dict[str, Any], limit: ReadLimit
+    ) -> dict[str, str]:
+        """Return each partition's current limit (never below ``start``)."""
+        latest = self._latest(start)
+        if self._target is not None:
+            for ledger, target in self._target.items():
+                if ledger in latest:
+                    latest[ledger] = _offset_of(
+                        max(
+                            _pos_of(start.get(ledger, target)),
+                            min(_pos_of(latest[ledger]), _pos_of(target)),
+                        )
+                    )
+        return latest
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        """Return the ledger ranges from ``start`` (inclusive) to ``end`` (exclusive)."""
+        out: list[InputPartition] = []
+        for ledger, until in end.items():
+            if ledger not in self.sel.ledgers:
+                continue
+            lo, hi = _pos_of(start.get(ledger, until)), _pos_of(until)
+            if lo >= hi:
+                continue
+            state, ledgers = self._scan(ledger)  # aborted sets cover everything before ``hi``
+            out.extend(self.sel.split(state, ledgers, lo, hi))
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Read one ledger range (as the batch reader does)."""
+        if not isinstance(partition, TopicRange):
+            return iter(())
+        return read_topic_range(self.sel.path, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release: the source holds no resources between batches."""
+
+
 class TopicDataSource(DataSource):
     """Spark data source ``txnstream`` (see the module docs for options and columns)."""
 
@@ -595,3 +706,11 @@ class TopicDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         """Return the batch reader."""
         return _Reader(self.selection)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
+        """Return the streaming reader (option ``endingPositions`` is for batch reads only)."""
+        if self.selection.ending != (LATEST, {}):
+            raise _bad(
+                "endingPositions", self.selection.ending[0], "is for batch reads, not streaming"
+            )
+        return TopicStreamReader(self.selection)

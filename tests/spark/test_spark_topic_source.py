@@ -268,6 +268,7 @@ def test_live_directory_while_a_writer_commits(spark: SparkSession, tmp_path: Pa
     [
         ({"topic": "orders"}, "path"),
         ({"path": "DIR"}, "topic"),
+        ({"path": "DIR/none", "topic": "orders"}, "path"),
         ({"path": "DIR", "topic": "nothing"}, "topic"),
         ({"path": "DIR", "topic": "orders,"}, "topic"),
         ({"path": "DIR", "topic": "bad://x/y/z"}, "topic"),
@@ -297,7 +298,7 @@ def test_bad_options_name_the_option(
     live: tuple[Path, Workload], options: dict[str, str], option: str
 ) -> None:
     d, _w = live
-    opts = {k: str(d) if v == "DIR" else v for k, v in options.items()}
+    opts = {k: v.replace("DIR", str(d)) for k, v in options.items()}
     with pytest.raises(InvalidArgumentError, match=f"option {option}") as err:
         TopicSelection.from_options(opts)
     assert err.value.argument.startswith(option)  # type: ignore[attr-defined]

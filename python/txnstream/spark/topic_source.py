@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import fnmatch
 import json
+import os
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -331,6 +332,8 @@ class TopicSelection:
         path = _option(options, "path")
         if not path:
             raise _bad("path", path, "(the data directory) is required")
+        if not os.path.isdir(path):
+            raise _bad("path", path, "must be an existing data directory")
         isolation = (_option(options, "isolation") or READ_COMMITTED).strip().lower()
         if isolation not in ISOLATIONS:
             raise _bad("isolation", isolation, f"must be one of {ISOLATIONS}")

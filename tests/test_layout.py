@@ -44,7 +44,7 @@ LAYERS = [
     {"client"},
     # The Spark pipeline reads storage files; nothing below imports it.
     {"spark.columns", "spark.transactions"},
-    {"spark.udfs", "spark.log_source"},
+    {"spark.udfs", "spark.log_source", "spark.topic_source"},
     {"spark.session", "spark.report"},
     {"spark.audit", "spark"},
     {"workload", "demo", "datadir", "bench", "testing"},

@@ -5,6 +5,9 @@
 - data source ``txnstream-log`` (:mod:`txnstream.spark.log_source`):
   coordinator and pending-ack logs, one row per record, read-only from the
   files of a live or closed data directory;
+- data source ``txnstream`` (:mod:`txnstream.spark.topic_source`): topic
+  messages, READ_COMMITTED or READ_UNCOMMITTED, batch and streaming, read-only
+  from the files of a live or closed data directory;
 - Arrow-batched UDFs over raw entries and ack sets (:mod:`txnstream.spark.udfs`);
 - the audit job (:mod:`txnstream.spark.audit`, ``txnstream audit DATA_DIR``).
 
@@ -16,5 +19,6 @@ from __future__ import annotations
 
 from txnstream.spark.log_source import TxnLogDataSource, pending_ack_log_name
 from txnstream.spark.session import register, session
+from txnstream.spark.topic_source import TopicDataSource
 
-__all__ = ["TxnLogDataSource", "pending_ack_log_name", "register", "session"]
+__all__ = ["TopicDataSource", "TxnLogDataSource", "pending_ack_log_name", "register", "session"]

@@ -31,9 +31,11 @@ DEFAULT_CONF: dict[str, str] = {
 def register(spark: SparkSession) -> SparkSession:
     """Register txnstream's data sources and SQL functions with ``spark`` (per session)."""
     from txnstream.spark.log_source import TxnLogDataSource
+    from txnstream.spark.topic_source import TopicDataSource
     from txnstream.spark.udfs import register_udfs
 
     spark.dataSource.register(TxnLogDataSource)
+    spark.dataSource.register(TopicDataSource)
     register_udfs(spark)
     return spark
 

@@ -1,0 +1,719 @@
+"""The Spark data source ``txnstream``: topic messages, READ_COMMITTED from the files alone.
+
+::
+
+    spark.read.format("txnstream")
+        .option("path", "data/")
+        .option("topic", "orders")            # a name, a comma list, or a glob pattern
+        .option("isolation", "read_committed")
+        .load()
+
+Options (case-insensitive):
+
+``path``
+    the data directory (required), opened **read-only**: it may be closed,
+    or live while a broker keeps writing.
+``topic``
+    (required) comma-separated topic names in any form Pulsar accepts
+    (``orders``, ``ns/orders``, ``persistent://tenant/ns/orders``, one
+    partition ``orders-partition-2``) or ``fnmatch`` patterns over full names
+    (``persistent://public/default/orders-*``; a pattern without
+    ``persistent://`` gets the defaults a name would get). A partitioned topic
+    is read through all its partitions. Patterns leave out system topics
+    (local names starting with ``__``); a name that matches no stored topic
+    is an error.
+``isolation``
+    ``read_committed`` (default) or ``read_uncommitted``.
+``startingPositions`` / ``endingPositions``
+    ``earliest`` / ``latest`` (the defaults), or JSON per partition as
+    spark-sql-kafka's offsets: ``{"orders": {"0": "3:17", "1": "earliest"}}``
+    with partition ``-1`` for a non-partitioned topic. A position is
+    ``"ledger:entry"``, ``[ledger, entry]``, ``"earliest"`` / ``-2`` or
+    ``"latest"`` / ``-1``. The starting position is the first entry read
+    (inclusive), the ending one the first entry not read (exclusive);
+    partitions not named take the default.
+``maxEntriesPerPartition``
+    Spark partitions are ledgers of topic partitions, split into ranges of
+    at most this many entries (default 8192).
+
+Columns: ``value`` (binary), ``key``, ``topic`` (the topic's full name,
+without the partition suffix), ``partition`` (-1: not partitioned),
+``ledger_id``, ``entry_id``, ``batch_index``, ``batch_size``,
+``publish_time`` (ms since the epoch), ``producer_name``, ``sequence_id``,
+``txnid_most_bits`` / ``txnid_least_bits`` (null outside transactions) and
+``properties`` (``map<string,string>``, empty when none). 64-bit unsigned
+fields are two's complement ``bigint``.
+
+**READ_COMMITTED** is what a READ_COMMITTED consumer of the broker sees,
+decided from the files: the driver reads each partition's entry metadata
+once (:class:`PartitionScan`, through the Rust ``scan_topic``) and finds the
+aborted transactions (ABORT markers) and the transaction buffer's read
+limit: the first message of the oldest transaction with no marker yet, or
+the end of the log when none is open (Pulsar's ``maxReadPosition``). Every
+Spark partition of a read carries that one cut, so tasks agree even while a
+broker keeps writing. Markers are never rows; messages of aborted
+transactions are dropped; nothing at or after the read limit is read.
+**READ_UNCOMMITTED** drops only markers and reads to the end seen at
+planning.
+
+Tasks read their entry range with the Rust bulk reader
+(:func:`txnstream._native.read_messages`: decode and marker skipping in Rust,
+GIL released) and yield ``pyarrow.RecordBatch``es of the schema. A damaged
+entry fails the task with :class:`~txnstream.errors.CorruptEntryError`
+naming its position, as it fails a consumer.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    InputPartition,
+)
+from pyspark.sql.streaming.datasource import ReadLimit, SupportsTriggerAvailableNow
+from pyspark.sql.types import (
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+)
+
+from txnstream._native import ManagedLedger, Position, read_messages, scan_topic
+from txnstream.broker.topic_name import DOMAIN, TopicName
+from txnstream.errors import InvalidArgumentError, InvalidTopicNameError
+from txnstream.spark.columns import arrow_type, struct_type
+
+__all__ = [
+    "ISOLATIONS",
+    "TOPIC_FIELDS",
+    "PartitionScan",
+    "TopicDataSource",
+    "TopicRange",
+    "TopicSelection",
+    "TopicStreamReader",
+    "read_topic_range",
+]
+
+READ_COMMITTED = "read_committed"
+READ_UNCOMMITTED = "read_uncommitted"
+ISOLATIONS = (READ_COMMITTED, READ_UNCOMMITTED)
+EARLIEST = "earliest"
+LATEST = "latest"
+#: Marker types (Pulsar ``PulsarMarkers.proto``): transaction COMMIT and ABORT.
+TXN_COMMIT = 21
+TXN_ABORT = 22
+DEFAULT_MAX_ENTRIES_PER_PARTITION = 8192
+#: Entries per metadata scan call (driver) and per bulk read (task).
+_SCAN_CHUNK = 4096
+_READ_CHUNK = 1024
+_U64 = 1 << 64
+
+#: The schema of the data source, in column order.
+TOPIC_FIELDS = [
+    StructField("value", BinaryType()),
+    StructField("key", StringType()),
+    StructField("topic", StringType()),
+    StructField("partition", IntegerType()),
+    StructField("ledger_id", LongType()),
+    StructField("entry_id", LongType()),
+    StructField("batch_index", IntegerType()),
+    StructField("batch_size", IntegerType()),
+    StructField("publish_time", LongType()),
+    StructField("producer_name", StringType()),
+    StructField("sequence_id", LongType()),
+    StructField("txnid_most_bits", LongType()),
+    StructField("txnid_least_bits", LongType()),
+    StructField("properties", MapType(StringType(), StringType())),
+]
+SCHEMA = struct_type(TOPIC_FIELDS)
+
+TxnKey = tuple[int, int]
+#: An exclusive or inclusive entry position as ``(ledger_id, entry_id)``.
+Pos = tuple[int, int]
+
+
+def _bad(option: str, value: object, why: str) -> InvalidArgumentError:
+    return InvalidArgumentError(
+        f"option {option} {why}, got {value!r}", argument=option, value=value
+    )
+
+
+def _option(options: Mapping[str, str], name: str) -> str | None:
+    value = options.get(name)
+    return None if value is None else str(value)
+
+
+# ---------------------------------------------------------------- positions
+
+
+def _parse_position(option: str, raw: object) -> Pos | str:
+    """``earliest`` / ``latest`` or ``(ledger, entry)`` from one JSON value."""
+    if raw in (EARLIEST, -2):
+        return EARLIEST
+    if raw in (LATEST, -1):
+        return LATEST
+    parts: list[Any]
+    if isinstance(raw, str):
+        parts = raw.split(":")
+    elif isinstance(raw, list):
+        parts = raw
+    else:
+        raise _bad(
+            option, raw, 'positions must be "ledger:entry", [ledger, entry], earliest or latest'
+        )
+    try:
+        if len(parts) != 2 or any(isinstance(p, bool | float) for p in parts):
+            raise ValueError
+        ledger, entry = int(parts[0]), int(parts[1])
+    except ValueError:
+        raise _bad(
+            option, raw, 'positions must be "ledger:entry", [ledger, entry], earliest or latest'
+        ) from None
+    if not (0 <= ledger < _U64 and 0 <= entry < _U64):
+        raise _bad(option, raw, "ledger and entry ids must be in 0..2**64-1")
+    return (ledger, entry)
+
+
+def _parse_positions(
+    options: Mapping[str, str], option: str, default: str
+) -> tuple[str, dict[tuple[str, int], Pos | str]]:
+    """Return the default and the per-partition positions of ``option`` (by topic, index)."""
+    raw = _option(options, option)
+    if raw is None:
+        return default, {}
+    text = raw.strip()
+    if text.lower() in (EARLIEST, LATEST):
+        return text.lower(), {}
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        raise _bad(
+            option, raw, 'must be earliest, latest or JSON {"topic": {"partition": position}}'
+        ) from None
+    if not isinstance(doc, dict):
+        raise _bad(option, raw, 'must be earliest, latest or JSON {"topic": {"partition": ...}}')
+    out: dict[tuple[str, int], Pos | str] = {}
+    for topic, parts in doc.items():
+        try:
+            tn = TopicName.parse(topic)
+        except InvalidTopicNameError as e:
+            raise _bad(option, topic, f"names a bad topic ({e})") from None
+        if tn.is_partition:
+            raise _bad(option, topic, 'keys are topics; give the partition as {"N": position}')
+        if not isinstance(parts, dict):
+            raise _bad(option, parts, f'must map topic {topic!r} to {{"partition": position}}')
+        for index, pos in parts.items():
+            try:
+                n = int(index)
+            except ValueError:
+                raise _bad(
+                    option, index, "partition keys must be integers (-1: unpartitioned)"
+                ) from None
+            if n < -1:
+                raise _bad(option, index, "partition keys must be -1 or more")
+            out[(tn.base.full, n)] = _parse_position(option, pos)
+    return default, out
+
+
+def _before(p: Pos) -> Position | None:
+    """Return the exclusive ``after`` of ``read_messages`` that starts at ``p`` (inclusive)."""
+    ledger, entry = p
+    if entry > 0:
+        return Position(ledger, entry - 1)
+    if ledger > 0:
+        return Position(ledger - 1, _U64 - 1)
+    return None
+
+
+# ---------------------------------------------------------------- planning
+
+
+@dataclass
+class PartitionScan:
+    """A topic partition's transaction state computed from its entries' metadata.
+
+    :meth:`advance` reads the entries after the last one it saw (so a
+    streaming query scans each entry once): ``aborted`` maps each aborted
+    transaction to the ledgers holding its messages; ``ongoing`` the
+    transactions with no marker yet to their first position, oldest first.
+    """
+
+    ledger: str
+    last: Pos | None = None
+    ongoing: dict[TxnKey, Pos] = field(default_factory=dict)
+    aborted: dict[TxnKey, set[int]] = field(default_factory=dict)
+    _ledgers_of: dict[TxnKey, set[int]] = field(default_factory=dict)
+
+    def advance(self, ml: ManagedLedger) -> None:
+        """Scan every entry of ``ml`` after :attr:`last`."""
+        while True:
+            after = None if self.last is None else Position(*self.last)
+            rows = scan_topic(ml, after, _SCAN_CHUNK)
+            if not rows:
+                return
+            for lid, eid, marker, txn, _producer, _seqs in rows:
+                if txn is None:
+                    continue
+                if marker is not None:
+                    if marker in (TXN_COMMIT, TXN_ABORT):
+                        self.ongoing.pop(txn, None)
+                        ledgers = self._ledgers_of.pop(txn, set())
+                        if marker == TXN_ABORT:
+                            self.aborted.setdefault(txn, set()).update(ledgers)
+                    continue
+                if txn in self.aborted:
+                    # Appends after an end are refused by the broker; stay safe anyway.
+                    self.aborted[txn].add(lid)
+                    continue
+                if txn not in self.ongoing:
+                    self.ongoing[txn] = (lid, eid)
+                self._ledgers_of.setdefault(txn, set()).add(lid)
+            self.last = (rows[-1][0], rows[-1][1])
+
+    @property
+    def end(self) -> Pos:
+        """Exclusive end of everything scanned (READ_UNCOMMITTED's limit)."""
+        return (0, 0) if self.last is None else (self.last[0], self.last[1] + 1)
+
+    @property
+    def read_limit(self) -> Pos:
+        """READ_COMMITTED's exclusive limit: the oldest open transaction's first message."""
+        for first in self.ongoing.values():
+            return first
+        return self.end
+
+    def aborted_in(self, ledger_id: int) -> frozenset[TxnKey]:
+        """Aborted transactions with messages in ``ledger_id``."""
+        return frozenset(t for t, ls in self.aborted.items() if ledger_id in ls)
+
+
+@dataclass(frozen=True)
+class TopicRange(InputPartition):
+    """One Spark partition: entries ``first_entry..=last_entry`` of one ledger of a partition."""
+
+    ledger: str
+    topic: str
+    partition: int
+    ledger_id: int
+    first_entry: int
+    last_entry: int
+    #: Transactions whose messages are dropped (READ_COMMITTED; empty otherwise).
+    aborted: frozenset[TxnKey]
+
+
+@dataclass(frozen=True)
+class TopicSelection:
+    """What a ``txnstream`` read covers: checked options and the matched topic partitions."""
+
+    path: str
+    #: Managed-ledger names of the selected partitions, sorted.
+    ledgers: tuple[str, ...]
+    isolation: str
+    starting: tuple[str, dict[tuple[str, int], Pos | str]]
+    ending: tuple[str, dict[tuple[str, int], Pos | str]]
+    max_entries_per_partition: int
+
+    @classmethod
+    def from_options(cls, options: Mapping[str, str]) -> TopicSelection:
+        """Check ``options`` and list the matching topic partitions of the directory."""
+        path = _option(options, "path")
+        if not path:
+            raise _bad("path", path, "(the data directory) is required")
+        if not os.path.isdir(path):
+            raise _bad("path", path, "must be an existing data directory")
+        isolation = (_option(options, "isolation") or READ_COMMITTED).strip().lower()
+        if isolation not in ISOLATIONS:
+            raise _bad("isolation", isolation, f"must be one of {ISOLATIONS}")
+        raw_max = _option(options, "maxEntriesPerPartition")
+        max_entries = DEFAULT_MAX_ENTRIES_PER_PARTITION
+        if raw_max is not None:
+            try:
+                max_entries = int(raw_max)
+            except ValueError:
+                max_entries = 0
+            if max_entries < 1:
+                raise _bad("maxEntriesPerPartition", raw_max, "must be a positive integer")
+        starting = _parse_positions(options, "startingPositions", EARLIEST)
+        ending = _parse_positions(options, "endingPositions", LATEST)
+        spec = _option(options, "topic")
+        if not spec or not spec.strip():
+            raise _bad("topic", spec, "(a topic name, a comma list or a pattern) is required")
+        ledgers = _select(ManagedLedger.names(path), spec)
+        known = {_key_of(name) for name in ledgers}
+        for option, (_d, explicit) in (
+            ("startingPositions", starting),
+            ("endingPositions", ending),
+        ):
+            for topic, index in explicit:
+                if (topic, index) not in known:
+                    raise _bad(
+                        option,
+                        {topic: index},
+                        "names a partition the option topic does not select "
+                        f"(selected: {sorted(known)[:10]})",
+                    )
+        return cls(path, ledgers, isolation, starting, ending, max_entries)
+
+    @property
+    def schema(self) -> StructType:
+        """Return the Spark schema of this read (:data:`TOPIC_FIELDS`)."""
+        return SCHEMA
+
+    def scan(self, ledger: str) -> tuple[PartitionScan, list[tuple[int, int, bool]]]:
+        """Scan one partition's metadata; return the scan and its ledgers."""
+        ml = ManagedLedger.open(self.path, ledger, read_only=True)
+        try:
+            state = PartitionScan(ledger)
+            state.advance(ml)
+            return state, ml.ledgers()
+        finally:
+            ml.close()
+
+    def limit(self, state: PartitionScan) -> Pos:
+        """Return the exclusive end the isolation allows in ``state``."""
+        return state.read_limit if self.isolation == READ_COMMITTED else state.end
+
+    def bounds(self, state: PartitionScan, ledgers: list[tuple[int, int, bool]]) -> tuple[Pos, Pos]:
+        """Inclusive start and exclusive end of one partition under the options."""
+        key = _key_of(state.ledger)
+        limit = self.limit(state)
+        first = next(((lid, 0) for lid, n, _ in ledgers if n > 0), (0, 0))
+        start = _resolve(self.starting, key, first, limit)
+        end = _resolve(self.ending, key, first, limit)
+        return start, min(end, limit)
+
+    def ranges(self) -> list[TopicRange]:
+        """Return the Spark partitions: ledger ranges of every selected topic partition."""
+        out: list[TopicRange] = []
+        for ledger in self.ledgers:
+            state, ledgers = self.scan(ledger)
+            start, end = self.bounds(state, ledgers)
+            out.extend(self.split(state, ledgers, start, end))
+        return out
+
+    def split(
+        self, state: PartitionScan, ledgers: list[tuple[int, int, bool]], start: Pos, end: Pos
+    ) -> list[TopicRange]:
+        """Ledger ranges of ``state``'s partition from ``start`` (inclusive) to ``end``."""
+        topic, index = _key_of(state.ledger)
+        step = self.max_entries_per_partition
+        out: list[TopicRange] = []
+        for lid, count, _sealed in ledgers:
+            if lid < start[0] or lid > end[0]:
+                continue
+            lo = start[1] if lid == start[0] else 0
+            hi = min(count, end[1] if lid == end[0] else count)
+            aborted = state.aborted_in(lid) if self.isolation == READ_COMMITTED else frozenset()
+            for first in range(lo, hi, step):
+                last = min(first + step, hi) - 1
+                out.append(TopicRange(state.ledger, topic, index, lid, first, last, aborted))
+        return out
+
+
+def _key_of(ledger: str) -> tuple[str, int]:
+    tn = TopicName.parse(ledger)
+    return tn.base.full, tn.partition
+
+
+def _resolve(
+    option: tuple[str, dict[tuple[str, int], Pos | str]],
+    key: tuple[str, int],
+    first: Pos,
+    limit: Pos,
+) -> Pos:
+    default, explicit = option
+    pos = explicit.get(key, default)
+    if pos == EARLIEST:
+        return first
+    if pos == LATEST:
+        return limit
+    assert isinstance(pos, tuple)
+    return pos
+
+
+def _topic_ledgers(names: Sequence[str]) -> dict[str, TopicName]:
+    """Return the stored managed ledgers that are topic partitions (by full name)."""
+    out: dict[str, TopicName] = {}
+    for name in names:
+        if not name.startswith(f"{DOMAIN}://"):
+            continue
+        try:
+            tn = TopicName.parse(name)
+        except InvalidTopicNameError:
+            continue  # a pending-ack log or another system ledger
+        if tn.full == name:
+            out[name] = tn
+    return out
+
+
+def _complete(pattern: str) -> str:
+    """Give a pattern without a domain the defaults a topic name gets."""
+    if "://" in pattern:
+        return pattern
+    parts = pattern.split("/")
+    if len(parts) == 1:
+        return f"{DOMAIN}://public/default/{pattern}"
+    if len(parts) == 2:
+        return f"{DOMAIN}://public/{pattern}"
+    return f"{DOMAIN}://{pattern}"
+
+
+def _select(names: Sequence[str], spec: str) -> tuple[str, ...]:
+    """Ledger names of the partitions ``spec`` (the option ``topic``) selects."""
+    topics = _topic_ledgers(names)
+    chosen: set[str] = set()
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            raise _bad("topic", spec, "holds an empty name")
+        if any(c in item for c in "*?["):
+            pattern = _complete(item)
+            chosen.update(
+                name
+                for name, tn in topics.items()
+                if not tn.local.startswith("__")
+                and (
+                    fnmatch.fnmatchcase(name, pattern) or fnmatch.fnmatchcase(tn.base.full, pattern)
+                )
+            )
+            continue
+        try:
+            tn = TopicName.parse(item)
+        except InvalidTopicNameError as e:
+            raise _bad("topic", item, f"holds a bad topic name ({e})") from None
+        if tn.is_partition:
+            found = [tn.full] if tn.full in topics else []
+        else:
+            found = [n for n, t in topics.items() if t.base.full == tn.full]
+        if not found:
+            raise _bad(
+                "topic",
+                item,
+                f"names no topic stored in the directory (topics: {sorted(topics)[:20]})",
+            )
+        chosen.update(found)
+    return tuple(sorted(chosen))
+
+
+# ---------------------------------------------------------------- reading
+
+_ARROW_SCHEMA: pa.Schema | None = None
+
+
+def arrow_schema() -> pa.Schema:
+    """Return the Arrow schema Spark expects for :data:`TOPIC_FIELDS`."""
+    global _ARROW_SCHEMA
+    if _ARROW_SCHEMA is None:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        _ARROW_SCHEMA = to_arrow_schema(SCHEMA)
+    return _ARROW_SCHEMA
+
+
+def _i64(values: list[int]) -> pa.Array:
+    """Unsigned 64-bit values as two's complement int64."""
+    return pa.array(np.array(values, dtype=np.uint64).view(np.int64), pa.int64())
+
+
+def _batch(part: TopicRange, rows: list[Any]) -> pa.RecordBatch:
+    n = len(rows)
+    txns = [r[10] for r in rows]
+    no_txn = np.array([t is None for t in txns], dtype=np.bool_)
+    most = np.array([0 if t is None else t[0] for t in txns], dtype=np.uint64).view(np.int64)
+    least = np.array([0 if t is None else t[1] for t in txns], dtype=np.uint64).view(np.int64)
+    props_type = arrow_type(TOPIC_FIELDS[-1].dataType)
+    arrays = [
+        pa.array([r[4] for r in rows], pa.binary()),
+        pa.array([r[5] for r in rows], pa.string()),
+        pa.array([part.topic] * n, pa.string()),
+        pa.array(np.full(n, part.partition, dtype=np.int32)),
+        pa.array(np.full(n, part.ledger_id, dtype=np.uint64).view(np.int64)),
+        pa.array(np.array([r[1] for r in rows], dtype=np.int64)),
+        pa.array(np.array([r[2] for r in rows], dtype=np.int32)),
+        pa.array(np.array([r[3] for r in rows], dtype=np.int32)),
+        _i64([r[7] for r in rows]),
+        pa.array([r[8] for r in rows], pa.string()),
+        _i64([r[9] for r in rows]),
+        pa.array(most, pa.int64(), mask=no_txn),
+        pa.array(least, pa.int64(), mask=no_txn),
+        pa.array([list(r[6].items()) if r[6] else [] for r in rows], props_type),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema())
+
+
+def read_topic_range(path: str, part: TopicRange) -> Iterator[pa.RecordBatch]:
+    """Yield the rows of one Spark partition as Arrow record batches (what a task runs)."""
+    ml = ManagedLedger.open(path, part.ledger, read_only=True)
+    try:
+        after = _before((part.ledger_id, part.first_entry))
+        limit = Position(part.ledger_id, part.last_entry + 1)
+        while True:
+            last, scanned, rows, _markers = read_messages(ml, None, after, limit, _READ_CHUNK)
+            if part.aborted:
+                rows = [r for r in rows if r[10] is None or r[10] not in part.aborted]
+            if rows:
+                yield _batch(part, rows)
+            if scanned == 0 or last is None:
+                return
+            after = last
+    finally:
+        ml.close()
+
+
+class _Reader(DataSourceReader):
+    def __init__(self, sel: TopicSelection) -> None:
+        self.sel = sel
+
+    def partitions(self) -> Sequence[InputPartition]:
+        return self.sel.ranges()
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, TopicRange):
+            # Spark reads one default partition when partitions() has none.
+            return iter(())
+        return read_topic_range(self.sel.path, partition)
+
+
+def _offset_of(pos: Pos) -> str:
+    return f"{pos[0]}:{pos[1]}"
+
+
+def _pos_of(offset: object) -> Pos:
+    parsed = _parse_position("offset", offset)
+    if not isinstance(parsed, tuple):
+        raise InvalidArgumentError(
+            f"checkpointed offset {offset!r} is not a position", argument="offset", value=offset
+        )
+    return parsed
+
+
+class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Streaming reads of topics: offsets are, per topic partition, the next position to read.
+
+    An offset is ``{"<partition's full name>": "ledger:entry"}``: everything
+    before the position was read. :meth:`latestOffset` is each partition's
+    READ_COMMITTED limit (the oldest open transaction's first message, or the
+    end) or, under READ_UNCOMMITTED, its end; a micro-batch reads the ledger
+    ranges between two offsets with the aborted sets of the driver's scan.
+    Spark keeps the offsets in the query's checkpoint, so a restarted query
+    resumes after the last batch it committed. The partitions are the ones
+    the option ``topic`` selected when the query started.
+    """
+
+    def __init__(self, sel: TopicSelection) -> None:
+        self.sel = sel
+        self.states: dict[str, PartitionScan] = {}
+        self._target: dict[str, str] | None = None
+
+    def _scan(self, ledger: str) -> tuple[PartitionScan, list[tuple[int, int, bool]]]:
+        state = self.states.get(ledger)
+        if state is None:
+            state = self.states[ledger] = PartitionScan(ledger)
+        ml = ManagedLedger.open(self.sel.path, ledger, read_only=True)
+        try:
+            state.advance(ml)
+            return state, ml.ledgers()
+        finally:
+            ml.close()
+
+    def initialOffset(self) -> dict[str, str]:  # noqa: N802 (Spark API name)
+        """Return the option ``startingPositions`` resolved per partition."""
+        out = {}
+        for ledger in self.sel.ledgers:
+            state, ledgers = self._scan(ledger)
+            start, _end = self.sel.bounds(state, ledgers)
+            out[ledger] = _offset_of(start)
+        return out
+
+    def _latest(self, start: dict[str, Any]) -> dict[str, str]:
+        out = {}
+        for ledger in self.sel.ledgers:
+            state, _ledgers = self._scan(ledger)
+            limit = self.sel.limit(state)
+            if ledger in start:
+                limit = max(limit, _pos_of(start[ledger]))
+            out[ledger] = _offset_of(limit)
+        return out
+
+    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802 (Spark API name)
+        """Fix the target of an ``availableNow`` query: the limits right now."""
+        self._target = self._latest({})
+
+    def latestOffset(  # noqa: N802 (Spark API name)
+        self, start: dict[str, Any], limit: ReadLimit
+    ) -> dict[str, str]:
+        """Return each partition's current limit (never below ``start``)."""
+        latest = self._latest(start)
+        if self._target is not None:
+            for ledger, target in self._target.items():
+                if ledger in latest:
+                    latest[ledger] = _offset_of(
+                        max(
+                            _pos_of(start.get(ledger, target)),
+                            min(_pos_of(latest[ledger]), _pos_of(target)),
+                        )
+                    )
+        return latest
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        """Return the ledger ranges from ``start`` (inclusive) to ``end`` (exclusive)."""
+        out: list[InputPartition] = []
+        for ledger, until in end.items():
+            if ledger not in self.sel.ledgers:
+                continue
+            lo, hi = _pos_of(start.get(ledger, until)), _pos_of(until)
+            if lo >= hi:
+                continue
+            state, ledgers = self._scan(ledger)  # aborted sets cover everything before ``hi``
+            out.extend(self.sel.split(state, ledgers, lo, hi))
+        return out
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Read one ledger range (as the batch reader does)."""
+        if not isinstance(partition, TopicRange):
+            return iter(())
+        return read_topic_range(self.sel.path, partition)
+
+    def commit(self, end: dict[str, Any]) -> None:
+        """Nothing to release: the source holds no resources between batches."""
+
+
+class TopicDataSource(DataSource):
+    """Spark data source ``txnstream`` (see the module docs for options and columns)."""
+
+    def __init__(self, options: dict[str, str]) -> None:
+        super().__init__(options)
+        self.selection = TopicSelection.from_options(options)
+
+    @classmethod
+    def name(cls) -> str:
+        """Return the format name, ``txnstream``."""
+        return "txnstream"
+
+    def schema(self) -> StructType:
+        """Return :data:`TOPIC_FIELDS` as a Spark schema."""
+        return SCHEMA
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        """Return the batch reader."""
+        return _Reader(self.selection)
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
+        """Return the streaming reader (option ``endingPositions`` is for batch reads only)."""
+        if self.selection.ending != (LATEST, {}):
+            raise _bad(
+                "endingPositions", self.selection.ending[0], "is for batch reads, not streaming"
+            )
+        return TopicStreamReader(self.selection)

@@ -285,3 +285,48 @@ def test_messages_of_a_batch_ack_are_the_cleared_indexes() -> None:
                 acked.clear(i)
             present = set(acked.present())
             assert list(_absent(acked, size)) == [i for i in range(size) if i not in present]
+
+
+def test_reopened_subscription_serves_released_acks_first(tmp_path: Path) -> None:
+    """Acks an ended transaction held are released before the subscription serves.
+
+    Otherwise a later message goes out first and the held one comes back
+    after it (the Jepsen run's non-monotonic poll after a restart).
+    """
+    import threading
+    import time
+
+    from txnstream import ManagedLedger, testing
+    from txnstream.config import BrokerConfig
+
+    cfg = BrokerConfig(transaction_timeout_ms=200)
+    with Broker.open(tmp_path, cfg, registry=None) as b:
+        client = b.client("first")
+        p = client.producer("t")
+        p.send(b"m0")
+        p.send(b"m1")
+        c = client.subscribe("t", "s")
+        m0 = c.receive(5_000)
+        assert m0 is not None and m0.value == b"m0"
+        txn = client.transaction(timeout_ms=200)
+        c.ack(m0, txn=txn)
+        txn.wait_durable(5_000)  # the ACK record is durable; the transaction never ends
+    time.sleep(0.3)  # past its timeout: the coordinator aborts it when it recovers
+    with Broker.open(tmp_path, cfg, registry=None) as b:
+        # Faults act on the whole data directory: hold its syncs through any ledger.
+        pending_log = ManagedLedger.open(tmp_path, "fault-handle")
+        testing.hold_fault(pending_log, "sync")  # the release cannot be durable yet
+        opened: list[Consumer] = []
+        t = threading.Thread(target=lambda: opened.append(b.client("second").subscribe("t", "s")))
+        t.start()
+        try:
+            assert testing.wait_fault_held(pending_log, "sync", timeout_ms=10_000)
+            time.sleep(0.2)
+            assert not opened, "the subscription served before the held acks were released"
+        finally:
+            testing.release_fault(pending_log, "sync")
+        t.join(30)
+        assert not t.is_alive() and opened
+        first = opened[0].receive(5_000)
+        assert first is not None and first.value == b"m0"
+        pending_log.close()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -264,7 +265,18 @@ class Topic:
             )
             sub = Subscription(self.full, name, self.ml, cursor, self.tb, store, isolation)
             store.recover()
-            store.reconcile()
+            # Serve nothing before what an ended transaction held is released:
+            # otherwise later messages go out first and the held ones come back
+            # after them (found by the Jepsen run). Bounded by the end timeout;
+            # a release that fails or runs late is retried by the coordinator.
+            deadline = time.monotonic() + self._ctx.config.end_timeout_ms / 1000.0
+            for fut in store.reconcile():
+                try:
+                    fut.result(timeout=max(0.0, deadline - time.monotonic()))
+                except Exception as exc:
+                    log.warning(
+                        "%s/%s: releasing acks of an ended transaction: %r", self.full, name, exc
+                    )
         except BaseException:
             log_ml.close()
             raise

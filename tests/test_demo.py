@@ -50,3 +50,23 @@ def test_verifier_detects_a_duplicate_and_a_missing_output(tmp_path: Path) -> No
     assert any("1 inputs duplicated" in f and "in-1" in f for f in run.failures), run.failures
     assert any("1 inputs missing" in f and "in-3" in f for f in run.failures), run.failures
     assert run.backlog == 0
+
+
+def test_a_hung_workload_child_fails_the_job_instead_of_hanging_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import subprocess
+    import sys
+
+    from rich.console import Console
+    from rich.progress import Progress
+
+    monkeypatch.setattr(demo, "CHILD_DEADLINE_S", 0.5)
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"], stdout=subprocess.PIPE, text=True
+    )
+    run = demo.Run(inputs=10)
+    with Progress(console=Console(quiet=True)) as progress:
+        demo._follow(child, run, progress, progress.add_task("x", total=10), None)
+    assert child.returncode is not None  # killed, reaped
+    assert any("ran past" in f for f in run.failures), run.failures

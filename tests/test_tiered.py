@@ -547,7 +547,7 @@ def test_bad_input_and_missing_objects(
         TieredReader(remote, rlmm).segment_entries(seg)
 
 
-def test_remote_directory_writes_are_synced_and_atomic(tmp_path: Path) -> None:
+def test_remote_directory_writes_are_atomic_and_counted(tmp_path: Path) -> None:
     remote = RemoteStorage(tmp_path / "r")
     remote.put("t/1-a.data", b"x" * 100, "segment")
     assert remote.get("t/1-a.data", "segment", 10, 20) == b"x" * 10

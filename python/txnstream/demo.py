@@ -23,6 +23,7 @@ It prints a report and exits non-zero when any check fails.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import os
@@ -30,6 +31,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -50,6 +52,8 @@ MARKER = ".txnstream-demo"
 #: Partitions of the input topic (one workload thread each) and of each output.
 INPUT_PARTITIONS = 4
 OUTPUT_PARTITIONS = 2
+#: Longest a workload child may run before the job kills it and fails.
+CHILD_DEADLINE_S = 300.0
 
 
 @dataclass
@@ -101,7 +105,36 @@ def _child(data: Path, seed_: int) -> subprocess.Popen[str]:
 def _follow(
     proc: subprocess.Popen[str], run: Run, progress: Progress, task: Any, kill_at: int | None
 ) -> None:
-    """Read the child's outcome lines; SIGKILL it once ``kill_at`` inputs committed."""
+    """Read the child's outcome lines; SIGKILL it once ``kill_at`` inputs committed.
+
+    A child that runs past :data:`CHILD_DEADLINE_S` is killed too (a hung
+    workload fails the job instead of hanging it).
+    """
+    assert proc.stdout is not None
+    timed_out = threading.Event()
+
+    def overdue() -> None:
+        timed_out.set()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(proc.pid, signal.SIGKILL)
+
+    watchdog = threading.Timer(CHILD_DEADLINE_S, overdue)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        _read_outcomes(proc, run, progress, task, kill_at)
+        proc.wait(timeout=60)
+    finally:
+        watchdog.cancel()
+    if timed_out.is_set():
+        run.failures.append(f"workload child ran past {CHILD_DEADLINE_S:.0f} s and was killed")
+    elif kill_at is None and proc.returncode != 0:
+        run.failures.append(f"workload child exited with status {proc.returncode}")
+
+
+def _read_outcomes(
+    proc: subprocess.Popen[str], run: Run, progress: Progress, task: Any, kill_at: int | None
+) -> None:
     assert proc.stdout is not None
     for line in proc.stdout:
         msg = json.loads(line)
@@ -118,9 +151,6 @@ def _follow(
             run.outcomes["aborted"] += 1
         elif "s" in msg:
             run.outcomes["abandoned (timed out)"] += 1
-    proc.wait(timeout=60)
-    if kill_at is None and proc.returncode != 0:
-        run.failures.append(f"workload child exited with status {proc.returncode}")
 
 
 def recover(data: Path, run: Run) -> None:

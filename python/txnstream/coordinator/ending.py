@@ -56,7 +56,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Protocol, cast, runtime_checkable
+from typing import Any, Protocol, cast, runtime_checkable
 
 from txnstream._native import TxnPosition, encode_txn_update
 from txnstream.coordinator.config import CoordinatorConfig, RetryPolicy
@@ -237,6 +237,23 @@ def end_participants(
     return retries
 
 
+def _all_done(futures: list[Future[Any]]) -> threading.Event:
+    """Return an event set once all of ``futures`` are done (wait on it with a deadline)."""
+    all_done = threading.Event()
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def one_done(_: Future[Any]) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0] == 0:
+                all_done.set()
+
+    for fut in futures:
+        fut.add_done_callback(one_done)
+    return all_done
+
+
 def _attempt(
     txn_id: TxnID,
     commit: bool,
@@ -259,18 +276,7 @@ def _attempt(
         if fut is not None:
             waiting.append((label, get, fut))
     if waiting:
-        all_done = threading.Event()
-        left = [len(waiting)]
-        lock = threading.Lock()
-
-        def one_done(_: Future[None]) -> None:
-            with lock:
-                left[0] -= 1
-                if left[0] == 0:
-                    all_done.set()
-
-        for _, _, fut in waiting:
-            fut.add_done_callback(one_done)
+        all_done = _all_done([fut for _, _, fut in waiting])
         if trace is not None and not all_done.is_set():
             trace.waited("participants")
         clock.wait(all_done, deadline_ms - clock.monotonic_ms())
@@ -800,18 +806,7 @@ class EndDriver:
             except Exception as exc:
                 failed[i] = (label, repr(exc))
         if waiting:
-            all_done = threading.Event()
-            left = [len(waiting)]
-            lock = threading.Lock()
-
-            def one_done(_: Future[None]) -> None:
-                with lock:
-                    left[0] -= 1
-                    if left[0] == 0:
-                        all_done.set()
-
-            for _, _, fut in waiting:
-                fut.add_done_callback(one_done)
+            all_done = _all_done([fut for _, _, fut in waiting])
             if traces is not None and not all_done.is_set():
                 for i in {i for i, _, _ in waiting}:
                     trace = traces[i]

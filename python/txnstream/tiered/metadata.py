@@ -240,11 +240,6 @@ class RemoteLogMetadataManager:
         with self._lock:
             return set(self._finished.get(topic, {}))
 
-    def segment_at(self, topic: str, position: Position) -> SegmentInfo | None:
-        """Return the readable segment holding ``position``, or the first after it."""
-        self._remote._count("metadata", "segment_at")
-        return self._at_or_after(topic, position, skip_empty=False)
-
     def next_segment_with_txn_index(self, topic: str, position: Position) -> SegmentInfo | None:
         """Return the next segment at or after ``position`` whose index must be fetched.
 

@@ -61,6 +61,10 @@ class TopicTxnIndexes:
                 with open(path, "ab") as f:
                     f.write(record)
             except OSError as e:
+                # Memory holds a record the file does not: forget it, so the
+                # next append starts from the file (the offloader rebuilds an
+                # index that misses a marker).
+                del self._open[key]
                 raise StorageError(f"append to {path} failed: {e}", errno=e.errno) from e
 
     def _load_or_new(self, path: Path, ledger_id: int) -> AbortedTxnIndex:
@@ -97,9 +101,3 @@ class TopicTxnIndexes:
                     p.unlink(missing_ok=True)
                     n += 1
         return n
-
-    def remove(self, topic: str, ledger_id: int) -> None:
-        """Forgets one ledger's index (after the ledger is deleted)."""
-        with self._lock:
-            self._open.pop((topic, ledger_id), None)
-            self.path(topic, ledger_id).unlink(missing_ok=True)

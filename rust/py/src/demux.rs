@@ -6,7 +6,7 @@ use crate::ledger::PyManagedLedger;
 use crate::position::PyPosition;
 use parking_lot::Mutex;
 use pyo3::prelude::*;
-use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+use pyo3::types::{PyBytes, PyDict, PyTuple};
 use txnstream_core::demux::{Routed, SnapshotDemux};
 use txnstream_core::Error;
 
@@ -57,30 +57,6 @@ impl PySnapshotDemux {
         let inner = &ml.get().inner;
         let r = py.detach(|| self.inner.lock().take(inner, &topic))?;
         Ok(answer(py, r)?)
-    }
-
-    /// `take` for many topics at once (one catch-up), in order.
-    fn take_many<'py>(
-        &self,
-        py: Python<'py>,
-        ml: &Bound<'py, PyManagedLedger>,
-        topics: &Bound<'py, PyAny>,
-    ) -> BindResult<Bound<'py, PyList>> {
-        let mut names = Vec::new();
-        for (i, t) in topics.try_iter()?.enumerate() {
-            names.push(topic_arg(&t?, &format!("topics[{i}]"))?);
-        }
-        let inner = &ml.get().inner;
-        let rs = py.detach(|| -> txnstream_core::Result<Vec<Option<Routed>>> {
-            let mut d = self.inner.lock();
-            d.catch_up(inner)?;
-            Ok(names.iter().map(|t| d.take_routed(t)).collect())
-        })?;
-        let out = PyList::empty(py);
-        for r in rs {
-            out.append(answer(py, r)?)?;
-        }
-        Ok(out)
     }
 
     /// Read about `max_entries` entries toward the end (GIL released); True at the end.

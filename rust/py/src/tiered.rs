@@ -240,39 +240,6 @@ impl PySegmentIndex {
     fn data_len(&self) -> u64 {
         self.inner.data_len
     }
-
-    /// Byte range `(start, end)` of entries `first..=last` in the data.
-    fn range(&self, first: &Bound<'_, PyAny>, last: &Bound<'_, PyAny>) -> BindResult<(u64, u64)> {
-        Ok(self
-            .inner
-            .range(id_arg(first, "first")?, id_arg(last, "last")?)?)
-    }
-
-    /// Splits data fetched from entry `first`'s offset into checked entries.
-    fn split<'py>(
-        &self,
-        py: Python<'py>,
-        first: &Bound<'py, PyAny>,
-        data: &Bound<'py, PyAny>,
-    ) -> BindResult<Bound<'py, PyList>> {
-        let first = id_arg(first, "first")?;
-        let b = record_bytes(data, "data")?;
-        let bytes = b.as_bytes();
-        let parts = py.detach(|| -> Result<Vec<(usize, usize)>> {
-            let base = bytes.as_ptr() as usize;
-            Ok(self
-                .inner
-                .split(first, bytes)?
-                .iter()
-                .map(|e| (e.as_ptr() as usize - base, e.len()))
-                .collect())
-        })?;
-        let items = parts
-            .into_iter()
-            .map(|(at, len)| PyBytes::new(py, &bytes[at..at + len]))
-            .collect::<Vec<_>>();
-        Ok(PyList::new(py, items)?)
-    }
 }
 
 /// A closed ledger of `ml` as a segment: `(data, offset_index_bytes, aborts)`

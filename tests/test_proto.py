@@ -77,7 +77,23 @@ def test_spec_field_numbers() -> None:
         "max_read_position_ledgerId": 2,
         "max_read_position_entryId": 3,
         "abort_txn_metadata": 4,
+        # txnstream's own, from 1000 (Pulsar skips them): deduplication state.
+        "producer_sequences": 1000,
+        "message_txns": 1001,
+        "snapshot_time_ms": 1002,
+        "dedup_complete": 1003,
     }
+    assert fields(proto.ProducerSequence) == {
+        "producer_name": 1,
+        "last_sequence_id": 2,
+        "sequence_ids": 3,
+        "ledger_ids": 4,
+        "entry_ids": 5,
+        "batch_indexes": 6,
+        "batch_sizes": 7,
+        "txn_refs": 8,
+    }
+    assert fields(proto.TxnRef) == {"txnid_most_bits": 1, "txnid_least_bits": 2}
     assert fields(proto.AbortTxnMetadata) == {
         "txnid_least_bits": 1,
         "txnid_most_bits": 2,

@@ -37,7 +37,12 @@ from txnstream.proto.pulsar_api_pb2 import (
     SingleMessageMetadata,
 )
 from txnstream.proto.remote_log_pb2 import RemoteLogSegmentMetadata
-from txnstream.proto.tb_snapshot_pb2 import AbortTxnMetadata, TransactionBufferSnapshot
+from txnstream.proto.tb_snapshot_pb2 import (
+    AbortTxnMetadata,
+    ProducerSequence,
+    TransactionBufferSnapshot,
+    TxnRef,
+)
 from txnstream.proto.terminated_pb2 import TerminatedTxn, TerminatedTxnState
 from txnstream.proto.txn_log_pb2 import (
     ABORTED,
@@ -83,6 +88,7 @@ __all__ = [
     "PendingAckMetadata",
     "PendingAckMetadataEntry",
     "PendingAckOp",
+    "ProducerSequence",
     "RemoteLogSegmentMetadata",
     "SingleMessageMetadata",
     "Subscription",
@@ -90,5 +96,6 @@ __all__ = [
     "TerminatedTxnState",
     "TransactionBufferSnapshot",
     "TransactionMetadataEntry",
+    "TxnRef",
     "TxnStatus",
 ]

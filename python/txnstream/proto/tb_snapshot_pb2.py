@@ -24,15 +24,31 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11tb_snapshot.proto\x12\ttxnstream\"h\n\x10\x41\x62ortTxnMetadata\x12\x18\n\x10txnid_least_bits\x18\x01 \x01(\x04\x12\x17\n\x0ftxnid_most_bits\x18\x02 \x01(\x04\x12\x10\n\x08ledgerId\x18\x03 \x02(\x04\x12\x0f\n\x07\x65ntryId\x18\x04 \x02(\x04\"\xaf\x01\n\x19TransactionBufferSnapshot\x12\x12\n\ntopic_name\x18\x01 \x01(\t\x12\"\n\x1amax_read_position_ledgerId\x18\x02 \x01(\x04\x12!\n\x19max_read_position_entryId\x18\x03 \x01(\x04\x12\x37\n\x12\x61\x62ort_txn_metadata\x18\x04 \x03(\x0b\x32\x1b.txnstream.AbortTxnMetadata')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x11tb_snapshot.proto\x12\ttxnstream\"h\n\x10\x41\x62ortTxnMetadata\x12\x18\n\x10txnid_least_bits\x18\x01 \x01(\x04\x12\x17\n\x0ftxnid_most_bits\x18\x02 \x01(\x04\x12\x10\n\x08ledgerId\x18\x03 \x02(\x04\x12\x0f\n\x07\x65ntryId\x18\x04 \x02(\x04\"\xd6\x01\n\x10ProducerSequence\x12\x15\n\rproducer_name\x18\x01 \x01(\t\x12\x18\n\x10last_sequence_id\x18\x02 \x01(\x03\x12\x18\n\x0csequence_ids\x18\x03 \x03(\x03\x42\x02\x10\x01\x12\x16\n\nledger_ids\x18\x04 \x03(\x04\x42\x02\x10\x01\x12\x15\n\tentry_ids\x18\x05 \x03(\x04\x42\x02\x10\x01\x12\x19\n\rbatch_indexes\x18\x06 \x03(\rB\x02\x10\x01\x12\x17\n\x0b\x62\x61tch_sizes\x18\x07 \x03(\rB\x02\x10\x01\x12\x14\n\x08txn_refs\x18\x08 \x03(\rB\x02\x10\x01\";\n\x06TxnRef\x12\x17\n\x0ftxnid_most_bits\x18\x01 \x01(\x04\x12\x18\n\x10txnid_least_bits\x18\x02 \x01(\x04\"\xc7\x02\n\x19TransactionBufferSnapshot\x12\x12\n\ntopic_name\x18\x01 \x01(\t\x12\"\n\x1amax_read_position_ledgerId\x18\x02 \x01(\x04\x12!\n\x19max_read_position_entryId\x18\x03 \x01(\x04\x12\x37\n\x12\x61\x62ort_txn_metadata\x18\x04 \x03(\x0b\x32\x1b.txnstream.AbortTxnMetadata\x12\x38\n\x12producer_sequences\x18\xe8\x07 \x03(\x0b\x32\x1b.txnstream.ProducerSequence\x12(\n\x0cmessage_txns\x18\xe9\x07 \x03(\x0b\x32\x11.txnstream.TxnRef\x12\x19\n\x10snapshot_time_ms\x18\xea\x07 \x01(\x04\x12\x17\n\x0e\x64\x65\x64up_complete\x18\xeb\x07 \x01(\x08')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tb_snapshot_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_PRODUCERSEQUENCE'].fields_by_name['sequence_ids']._loaded_options = None
+  _globals['_PRODUCERSEQUENCE'].fields_by_name['sequence_ids']._serialized_options = b'\020\001'
+  _globals['_PRODUCERSEQUENCE'].fields_by_name['ledger_ids']._loaded_options = None
+  _globals['_PRODUCERSEQUENCE'].fields_by_name['ledger_ids']._serialized_options = b'\020\001'
+  _globals['_PRODUCERSEQUENCE'].fields_by_name['entry_ids']._loaded_options = None
+  _globals['_PRODUCERSEQUENCE'].fields_by_name['entry_ids']._serialized_options = b'\020\001'
+  _globals['_PRODUCERSEQUENCE'].fields_by_name['batch_indexes']._loaded_options = None
+  _globals['_PRODUCERSEQUENCE'].fields_by_name['batch_indexes']._serialized_options = b'\020\001'
+  _globals['_PRODUCERSEQUENCE'].fields_by_name['batch_sizes']._loaded_options = None
+  _globals['_PRODUCERSEQUENCE'].fields_by_name['batch_sizes']._serialized_options = b'\020\001'
+  _globals['_PRODUCERSEQUENCE'].fields_by_name['txn_refs']._loaded_options = None
+  _globals['_PRODUCERSEQUENCE'].fields_by_name['txn_refs']._serialized_options = b'\020\001'
   _globals['_ABORTTXNMETADATA']._serialized_start=32
   _globals['_ABORTTXNMETADATA']._serialized_end=136
-  _globals['_TRANSACTIONBUFFERSNAPSHOT']._serialized_start=139
-  _globals['_TRANSACTIONBUFFERSNAPSHOT']._serialized_end=314
+  _globals['_PRODUCERSEQUENCE']._serialized_start=139
+  _globals['_PRODUCERSEQUENCE']._serialized_end=353
+  _globals['_TXNREF']._serialized_start=355
+  _globals['_TXNREF']._serialized_end=414
+  _globals['_TRANSACTIONBUFFERSNAPSHOT']._serialized_start=417
+  _globals['_TRANSACTIONBUFFERSNAPSHOT']._serialized_end=744
 # @@protoc_insertion_point(module_scope)

@@ -580,6 +580,41 @@ fn compacted_topic_keeps_newest_per_key() {
 }
 
 #[test]
+fn write_only_compacted_topic_reads_nothing_at_open_and_compacts_from_the_log() {
+    let tmp = tempfile::tempdir().unwrap();
+    let t = CompactedTopic::open_write_only(tmp.path(), "ns/__snap", opts()).unwrap();
+    assert!(t.is_write_only());
+    for round in 0..4u8 {
+        for k in 0..10u8 {
+            t.put(&format!("k{k}"), Some(&[round, k])).unwrap();
+        }
+    }
+    t.put("k1", None).unwrap();
+    // No index: nothing is remembered per key.
+    assert_eq!(t.get("k2"), None);
+    t.close().unwrap();
+    // Reopening reads nothing: a corrupt record is not even looked at.
+    let t = CompactedTopic::open_write_only(tmp.path(), "ns/__snap", opts()).unwrap();
+    assert_eq!(t.ledger().entry_count(), 41);
+    t.put("k2", Some(b"two")).unwrap();
+    let stats = t.compact().unwrap();
+    assert_eq!(stats.entries_before, 42);
+    assert_eq!(stats.entries_after, 9);
+    t.close().unwrap();
+    let r = CompactedTopic::open(tmp.path(), "ns/__snap", opts()).unwrap();
+    assert_eq!(r.len(), 9);
+    assert_eq!(r.get("k1"), None);
+    assert_eq!(r.get("k2"), Some(b"two".to_vec()));
+    assert_eq!(r.get("k9"), Some(vec![3, 9]));
+    r.close().unwrap();
+    let ro = LedgerOptions {
+        read_only: true,
+        ..opts()
+    };
+    assert!(CompactedTopic::open_write_only(tmp.path(), "ns/__snap", ro).is_err());
+}
+
+#[test]
 fn injected_faults_fail_waiters_and_leave_log_clean() {
     let tmp = tempfile::tempdir().unwrap();
     let ml = ManagedLedger::open(tmp.path(), "f", opts()).unwrap();

@@ -618,8 +618,12 @@ pub struct PyCompactedTopic {
 impl PyCompactedTopic {
     /// Open (creating if needed) compacted topic ``name`` under ``directory``.
     #[staticmethod]
+    ///
+    /// ``write_only`` keeps no key index: nothing is read at open and
+    /// ``get``/``items``/``keys``/``len`` raise (see the Rust docs).
     #[pyo3(signature = (directory, name, *, read_only=false, max_entries_per_ledger=None,
-        max_bytes_per_ledger=None, preallocate_bytes=None))]
+        max_bytes_per_ledger=None, preallocate_bytes=None, write_only=false))]
+    #[allow(clippy::too_many_arguments)]
     fn open(
         py: Python<'_>,
         directory: PathBuf,
@@ -628,6 +632,7 @@ impl PyCompactedTopic {
         max_entries_per_ledger: Option<Bound<'_, PyAny>>,
         max_bytes_per_ledger: Option<Bound<'_, PyAny>>,
         preallocate_bytes: Option<Bound<'_, PyAny>>,
+        write_only: bool,
     ) -> BindResult<Self> {
         let opts = options(OpenArgs {
             max_entries_per_ledger: int_opt(
@@ -639,7 +644,13 @@ impl PyCompactedTopic {
             preallocate_bytes: int_opt(preallocate_bytes.as_ref(), "preallocate_bytes")?,
             ..OpenArgs::default()
         })?;
-        let t = py.detach(|| CompactedTopic::open(&directory, name, opts))?;
+        let t = py.detach(|| {
+            if write_only {
+                CompactedTopic::open_write_only(&directory, name, opts)
+            } else {
+                CompactedTopic::open(&directory, name, opts)
+            }
+        })?;
         Ok(Self { inner: Arc::new(t) })
     }
 
@@ -665,32 +676,43 @@ impl PyCompactedTopic {
     }
 
     /// The newest value of ``key``, or ``None``.
-    fn get<'py>(&self, py: Python<'py>, key: &str) -> Option<Bound<'py, PyBytes>> {
-        self.inner.get(key).map(|v| PyBytes::new(py, &v))
+    fn get<'py>(&self, py: Python<'py>, key: &str) -> BindResult<Option<Bound<'py, PyBytes>>> {
+        self.readable()?;
+        Ok(self.inner.get(key).map(|v| PyBytes::new(py, &v)))
     }
 
     /// ``(key, value)`` of every live key, in key order.
-    fn items<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyList>> {
+    fn items<'py>(&self, py: Python<'py>) -> BindResult<Bound<'py, PyList>> {
+        self.readable()?;
         let items = self
             .inner
             .items()
             .into_iter()
             .map(|(k, v)| (k, PyBytes::new(py, &v)).into_bound_py_any(py))
             .collect::<PyResult<Vec<_>>>()?;
-        PyList::new(py, items)
+        Ok(PyList::new(py, items)?)
     }
 
     /// Live keys in order.
-    fn keys(&self) -> Vec<String> {
-        self.inner.items().into_iter().map(|(k, _)| k).collect()
+    fn keys(&self) -> BindResult<Vec<String>> {
+        self.readable()?;
+        Ok(self.inner.items().into_iter().map(|(k, _)| k).collect())
     }
 
-    fn __len__(&self) -> usize {
-        self.inner.len()
+    fn __len__(&self) -> BindResult<usize> {
+        self.readable()?;
+        Ok(self.inner.len())
     }
 
-    fn __contains__(&self, key: &str) -> bool {
-        self.inner.get(key).is_some()
+    fn __contains__(&self, key: &str) -> BindResult<bool> {
+        self.readable()?;
+        Ok(self.inner.get(key).is_some())
+    }
+
+    /// True if opened with ``write_only=True``.
+    #[getter]
+    fn write_only(&self) -> bool {
+        self.inner.is_write_only()
     }
 
     /// Rewrite live records into one new ledger; returns counts before/after.
@@ -727,10 +749,29 @@ impl PyCompactedTopic {
     }
 
     fn __repr__(&self) -> String {
+        if self.inner.is_write_only() {
+            return format!(
+                "CompactedTopic({:?}, write_only)",
+                self.inner.ledger().name()
+            );
+        }
         format!(
             "CompactedTopic({:?}, keys={})",
             self.inner.ledger().name(),
             self.inner.len()
         )
+    }
+}
+
+impl PyCompactedTopic {
+    fn readable(&self) -> BindResult<()> {
+        if self.inner.is_write_only() {
+            return Err(Error::InvalidArgument(format!(
+                "compacted topic {} was opened write_only: it keeps no key index to read",
+                self.inner.ledger().name()
+            ))
+            .into());
+        }
+        Ok(())
     }
 }

@@ -33,6 +33,8 @@ type Index = BTreeMap<String, (Position, Option<Vec<u8>>)>;
 pub struct CompactedTopic {
     ml: Arc<ManagedLedger>,
     index: Mutex<Index>,
+    /// No key index (see the module docs).
+    write_only: bool,
     /// Puts share it, compaction takes it alone: no put can land between
     /// compaction's snapshot and the swap.
     gate: RwLock<()>,
@@ -67,6 +69,26 @@ fn apply(index: &mut Index, pos: Position, rec: CompactedRecord) {
 impl CompactedTopic {
     /// Opens (creating if needed) compacted topic `name` under `data_dir`.
     pub fn open(data_dir: &Path, name: &str, opts: LedgerOptions) -> Result<Self> {
+        Self::open_with(data_dir, name, opts, false)
+    }
+
+    /// Opens (creating if needed) `name` for writing without a key index:
+    /// nothing is read at open (see the module docs).
+    pub fn open_write_only(data_dir: &Path, name: &str, opts: LedgerOptions) -> Result<Self> {
+        if opts.read_only {
+            return Err(Error::InvalidArgument(
+                "a write-only compacted topic cannot be opened read-only".into(),
+            ));
+        }
+        Self::open_with(data_dir, name, opts, true)
+    }
+
+    fn open_with(
+        data_dir: &Path,
+        name: &str,
+        opts: LedgerOptions,
+        write_only: bool,
+    ) -> Result<Self> {
         let read_only = opts.read_only;
         let ml = ManagedLedger::open(data_dir, name, opts)?;
         if !read_only {
@@ -75,13 +97,27 @@ impl CompactedTopic {
         let t = Self {
             ml,
             index: Mutex::new(Index::new()),
+            write_only,
             gate: RwLock::new(()),
         };
-        t.replay()?;
+        if !write_only {
+            *t.index.lock() = t.read_index()?;
+        }
         Ok(t)
     }
 
+    /// True if opened with [`CompactedTopic::open_write_only`].
+    pub fn is_write_only(&self) -> bool {
+        self.write_only
+    }
+
     fn replay(&self) -> Result<()> {
+        *self.index.lock() = self.read_index()?;
+        Ok(())
+    }
+
+    /// Reads the whole log: the newest record of every key.
+    fn read_index(&self) -> Result<Index> {
         let mut index = Index::new();
         let mut next = self.ml.first_position();
         let last = self.ml.last_position();
@@ -103,8 +139,7 @@ impl CompactedTopic {
             }
             next = self.ml.next_after(Some(tail));
         }
-        *self.index.lock() = index;
-        Ok(())
+        Ok(index)
     }
 
     /// The underlying managed ledger.
@@ -116,6 +151,9 @@ impl CompactedTopic {
     pub fn put(&self, key: &str, value: Option<&[u8]>) -> Result<Position> {
         let _g = self.gate.read();
         let pos = self.ml.append(&encode(key, value))?;
+        if self.write_only {
+            return Ok(pos);
+        }
         let rec = CompactedRecord {
             key: key.to_owned(),
             value: value.map(<[u8]>::to_vec),
@@ -132,6 +170,9 @@ impl CompactedTopic {
             .map(|(k, v)| encode(k, v.as_deref()))
             .collect();
         let positions = self.ml.append_many(entries)?;
+        if self.write_only {
+            return Ok(positions);
+        }
         let mut index = self.index.lock();
         for ((key, value), &pos) in records.into_iter().zip(&positions) {
             apply(&mut index, pos, CompactedRecord { key, value });
@@ -168,10 +209,19 @@ impl CompactedTopic {
     }
 
     /// Rewrites the live records into one new ledger and drops the old ones.
+    ///
+    /// A write-only topic reads its log once here to find them.
     pub fn compact(&self) -> Result<CompactionStats> {
         let _g = self.gate.write();
         let entries_before = self.ml.entry_count();
-        let live: Vec<(String, Vec<u8>)> = self.items();
+        let live: Vec<(String, Vec<u8>)> = if self.write_only {
+            self.read_index()?
+                .into_iter()
+                .filter_map(|(k, (_, v))| v.map(|v| (k, v)))
+                .collect()
+        } else {
+            self.items()
+        };
         let entries = live.iter().map(|(k, v)| encode(k, Some(v))).collect();
         let positions = self.ml.replace_all(entries)?;
         let mut index = Index::new();
@@ -179,7 +229,9 @@ impl CompactedTopic {
             index.insert(k, (pos, Some(v)));
         }
         let entries_after = index.len() as u64;
-        *self.index.lock() = index;
+        if !self.write_only {
+            *self.index.lock() = index;
+        }
         Ok(CompactionStats {
             entries_before,
             entries_after,

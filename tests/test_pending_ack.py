@@ -291,7 +291,11 @@ def test_reopened_subscription_serves_released_acks_first(tmp_path: Path) -> Non
     """Acks an ended transaction held are released before the subscription serves.
 
     Otherwise a later message goes out first and the held one comes back
-    after it (the Jepsen run's non-monotonic poll after a restart).
+    after it (the Jepsen run's non-monotonic poll after a restart). The
+    transaction is aborted after the restart, before anyone opened the
+    subscription; syncs are held from the moment its abort decision is
+    durable (a step hook), so its release cannot be durable yet when the
+    subscription is asked for.
     """
     import threading
     import time
@@ -299,7 +303,7 @@ def test_reopened_subscription_serves_released_acks_first(tmp_path: Path) -> Non
     from txnstream import ManagedLedger, testing
     from txnstream.config import BrokerConfig
 
-    cfg = BrokerConfig(transaction_timeout_ms=200)
+    cfg = BrokerConfig(transaction_timeout_ms=600_000)
     with Broker.open(tmp_path, cfg, registry=None) as b:
         client = b.client("first")
         p = client.producer("t")
@@ -308,24 +312,35 @@ def test_reopened_subscription_serves_released_acks_first(tmp_path: Path) -> Non
         c = client.subscribe("t", "s")
         m0 = c.receive(5_000)
         assert m0 is not None and m0.value == b"m0"
-        txn = client.transaction(timeout_ms=200)
+        txn = client.transaction(timeout_ms=600_000)
         c.ack(m0, txn=txn)
-        txn.wait_durable(5_000)  # the ACK record is durable; the transaction never ends
-    time.sleep(0.3)  # past its timeout: the coordinator aborts it when it recovers
+        txn.wait_durable(5_000)  # the ACK record is durable; the transaction is left open
+        txn_id = txn.txn_id
     with Broker.open(tmp_path, cfg, registry=None) as b:
+        assert not b.loaded_topics()  # nobody opened the subscription yet
         # Faults act on the whole data directory: hold its syncs through any ledger.
         pending_log = ManagedLedger.open(tmp_path, "fault-handle")
-        testing.hold_fault(pending_log, "sync")  # the release cannot be durable yet
+        tc = b._coordinators().get(txn_id.most_bits)
+
+        def hold_after_decision(step: str, t: object) -> None:
+            if step == "ending_logged" and t == txn_id:
+                testing.hold_fault(pending_log, "sync")  # the release cannot be durable yet
+
+        testing.set_step_hook(tc, hold_after_decision)
+        aborting = threading.Thread(target=lambda: b.admin.force_abort(txn_id))
+        aborting.start()
         opened: list[Consumer] = []
         t = threading.Thread(target=lambda: opened.append(b.client("second").subscribe("t", "s")))
-        t.start()
         try:
             assert testing.wait_fault_held(pending_log, "sync", timeout_ms=10_000)
+            t.start()
             time.sleep(0.2)
             assert not opened, "the subscription served before the held acks were released"
         finally:
+            testing.set_step_hook(tc, None)
             testing.release_fault(pending_log, "sync")
         t.join(30)
+        aborting.join(30)
         assert not t.is_alive() and opened
         first = opened[0].receive(5_000)
         assert first is not None and first.value == b"m0"

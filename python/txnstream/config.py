@@ -138,6 +138,12 @@ _COERCE: Final = {
 }
 
 
+def _as_recovery_mode(key: str, value: object) -> str:
+    if value not in ("lazy", "eager"):
+        raise _error(key, value, "must be 'lazy' or 'eager'")
+    return str(value)
+
+
 def _as_partition_type(key: str, value: object) -> str:
     if isinstance(value, str) and value.strip() in ("non-partitioned", "partitioned"):
         return value.strip()
@@ -163,6 +169,15 @@ BROKER_SETTINGS: Final[dict[str, tuple[str, Any, int | None, int | None]]] = {
     "managedLedgerOffloadThresholdInBytes": ("offload_threshold_bytes", _as_int, -1, 1 << 50),
     "managedLedgerOffloadThresholdMs": ("offload_threshold_ms", _as_int, -1, 1 << 50),
     "fileSystemURI": ("tiered_storage_location", _as_str, None, None),
+    "transactionBufferSnapshotMaxTransactionCount": (
+        "tb_snapshot_max_changes",
+        _as_int,
+        1,
+        1 << 31,
+    ),
+    "transactionBufferSnapshotMinTimeInMillis": ("tb_snapshot_min_time_ms", _as_int, 1, 1 << 40),
+    "topicRecoveryMode": ("topic_recovery", _as_recovery_mode, None, None),
+    "topicRecoveryThreads": ("topic_recovery_threads", _as_int, 1, 64),
 }
 _SETTING_KEY: Final = {attr: key for key, (attr, _, _, _) in BROKER_SETTINGS.items()}
 
@@ -275,6 +290,15 @@ class BrokerConfig:
     offload_threshold_ms: int = -1
     #: Where offloaded segments go: a directory or an fsspec URL ("": ``<data>/remote``).
     tiered_storage_location: str = ""
+    #: A partition's transaction buffer writes a snapshot (SPEC §4.5) after
+    #: this many changes (entries and markers) ...
+    tb_snapshot_max_changes: int = 1000
+    #: ... or this long after its last one when anything changed, and on close.
+    tb_snapshot_min_time_ms: int = 5000
+    #: ``lazy``: a partition recovers on first use; ``eager``: every partition
+    #: recovers in the background from open, on ``topic_recovery_threads`` threads.
+    topic_recovery: str = "lazy"
+    topic_recovery_threads: int = 4
 
     def __post_init__(self) -> None:
         """Validate every section under its Pulsar key names."""

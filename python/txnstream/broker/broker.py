@@ -15,10 +15,21 @@ ledgers of their own.
 - **Coordinators** ``0..n-1`` share the broker's timer service. They run
   with idempotent end on (PIP-255, ``transactionMetaPersistCount`` default
   1000 per client name) and complete ends off the client's path.
-- **Topics open lazily**: a partition is opened, replayed and reconciled on
+- **Topics open lazily**: a partition is opened, recovered and reconciled on
   first use (a send, a subscribe, or a coordinator ending a transaction on
   it). A broker with 10,000 topics opens only the ones in use; storage
-  threads and descriptors do not grow with them either.
+  threads and descriptors do not grow with them either. With
+  ``topicRecoveryMode=eager`` every partition recovers in the background
+  from open on a bounded pool (:mod:`.recovery`: progress, failures,
+  cancel on close).
+- **Snapshots** (SPEC §4.5, §4.6): a partition recovers from its newest
+  transaction-buffer snapshot plus the ledger after it. Snapshots are read
+  through one shared reader per namespace (held by the broker; its handle
+  closes after 60 s idle) and written by the maintenance thread to the
+  namespace's write-only snapshot topic when due
+  (``transactionBufferSnapshotMaxTransactionCount`` changes or
+  ``transactionBufferSnapshotMinTimeInMillis``), and for every changed
+  partition on close.
 - **Recovery reconciliation.** Coordinators recover first; a partition or
   subscription opened later asks them about every transaction it still
   holds: committed -> commit marker / acks applied; aborted, or unknown ->
@@ -47,9 +58,12 @@ from typing import TYPE_CHECKING, Any, cast
 from prometheus_client.registry import REGISTRY, CollectorRegistry
 
 from txnstream._native import BufferedWriter, CompactedTopic, ManagedLedger, Position
+from txnstream.broker.recovery import TopicRecovery
 from txnstream.broker.topic import Topic, await_opening
 from txnstream.broker.topic_name import MAX_PARTITIONS, TopicName
 from txnstream.buffer import TxnOutcomes
+from txnstream.buffer.snapshot_reader import SharedSnapshotReader, SnapshotReaders
+from txnstream.buffer.snapshot_writer import SnapshotWriter
 from txnstream.config import BrokerConfig
 from txnstream.coordinator import (
     CoordinatorConfig,
@@ -64,6 +78,7 @@ from txnstream.errors import (
     CoordinatorNotFound,
     InvalidArgumentError,
     InvalidTopicNameError,
+    TxnStreamError,
 )
 from txnstream.metrics import (
     COMMIT_LATENCY_BOUNDS_MS,
@@ -73,6 +88,7 @@ from txnstream.metrics import (
     unregister_broker,
     unregister_writer,
 )
+from txnstream.proto import TransactionBufferSnapshot
 from txnstream.tiered import (
     METADATA_LEDGER,
     Offloader,
@@ -183,6 +199,17 @@ class Broker:
         self.txn_indexes = TopicTxnIndexes(path)
         self._tiered: Tiered | None = None
         self._tiered_lock = threading.Lock()
+        self.snapshot_writer = SnapshotWriter(self._open_snapshot_topic)
+        # The broker holds the directory's writer lock: its own writer is the
+        # only one, so readers refresh only after it wrote.
+        self.snapshot_readers = SnapshotReaders(
+            self._open_ledger_ro,
+            self._scope,
+            clock,
+            generation=lambda: self.snapshot_writer.records_written,
+        )
+        self._ns_readers: dict[str, SharedSnapshotReader] = {}
+        self._topic_recovery: TopicRecovery | None = None
 
     @classmethod
     def open(
@@ -284,6 +311,41 @@ class Broker:
             "coordinators": [tc.recovery for tc in opened],
             "seconds": time.monotonic() - started,
         }
+        if cfg.topic_recovery == "eager":
+            names = [tn.full for base, _ in self.topic_names() for tn in self.partition_names(base)]
+            self._topic_recovery = TopicRecovery(names, self.topic, cfg.topic_recovery_threads)
+            self._topic_recovery.start()
+
+    def recovery_status(self) -> dict[str, Any]:
+        """Progress of the eager recovery wave (``topicRecoveryMode=eager``), and totals.
+
+        Keys: mode; total, recovered, failed, skipped, pending, errors
+        (partition -> error), seconds, cancelled (eager only); loaded partitions; how
+        they recovered (from a snapshot or a full replay; entries
+        replayed); snapshot entries read by the shared readers.
+        """
+        out: dict[str, Any] = {"mode": self.config.topic_recovery}
+        if self._topic_recovery is not None:
+            out.update(self._topic_recovery.status())
+        topics = self.loaded_topics()
+        out["loaded"] = len(topics)
+        out["from_snapshot"] = sum(t.recovery.get("from_snapshot", 0) for t in topics)
+        out["entries_replayed"] = sum(t.recovery.get("entries", 0) for t in topics)
+        with self._lock:
+            readers = list(self._ns_readers.values())
+        out["snapshot_entries_read"] = sum(r.stats().get("entries_read", 0) for r in readers)
+        return out
+
+    def wait_recovered(self, timeout_ms: int) -> bool:
+        """Wait up to ``timeout_ms`` for the eager recovery wave; True once finished (or lazy)."""
+        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 0:
+            raise InvalidArgumentError(
+                f"timeout_ms must be an int >= 0, got {timeout_ms!r}",
+                argument="timeout_ms",
+                value=timeout_ms,
+            )
+        rec = self._topic_recovery
+        return True if rec is None else rec.wait(timeout_ms)
 
     # ------------------------------------------------------------ clients
 
@@ -437,11 +499,29 @@ class Broker:
             self._check_open()
         return t
 
+    def _snapshot_of(self, tn: TopicName) -> TransactionBufferSnapshot | None:
+        """``tn``'s newest snapshot, through its namespace's shared reader (None: none)."""
+        ns = tn.namespace_name
+        with self._lock:
+            reader = self._ns_readers.get(ns)
+            if reader is None:
+                # Held until close: partitions opened later share what it read
+                # (its handle closes itself after the idle timeout).
+                reader = self._ns_readers[ns] = self.snapshot_readers.acquire(ns)
+        try:
+            return reader.read(tn.full)
+        except AlreadyClosedError:
+            raise
+        except TxnStreamError as e:  # a damaged snapshot topic: replay the ledger instead
+            log.warning("%s: snapshot unreadable (%s); replaying the whole ledger", tn.full, e)
+            return None
+
     def _open_topic(self, tn: TopicName) -> Topic:
+        snapshot = self._snapshot_of(tn)
         ml = self.open_ledger(tn.full)
         try:
             t = Topic(tn, ml, self)
-            t.recover()
+            t.recover(snapshot, cancelled=lambda: self._closed)
             if self._offload_policy_on():
                 # Trimming waits for offload from the start (no ledger is lost
                 # between the topic's load and its first offload).
@@ -466,6 +546,43 @@ class Broker:
     def wall_ms(self) -> int:
         """Wall-clock milliseconds of the broker's clock."""
         return self._clock.wall_ms()
+
+    def _open_ledger_ro(self, name: str) -> ManagedLedger:
+        return ManagedLedger.open(self.path, name, read_only=True)
+
+    def _open_snapshot_topic(self, name: str) -> CompactedTopic:
+        return CompactedTopic.open(
+            self.path,
+            name,
+            write_only=True,
+            max_entries_per_ledger=self.config.max_entries_per_ledger,
+            max_bytes_per_ledger=self.config.max_size_per_ledger_mb << 20,
+        )
+
+    def write_snapshots(self, *, due_only: bool = True) -> int:
+        """Write the snapshots of loaded partitions (those due, or every changed one).
+
+        Returns how many were written. Runs on the maintenance thread, and on
+        close; a failed write is logged and retried at the next round.
+        """
+        cfg = self.config
+        now = self.wall_ms()
+        taken: list[tuple[Topic, bytes, int]] = []
+        for t in self.loaded_topics():
+            if t.tb.changes <= 0:
+                continue
+            if due_only and not t.snapshot_due(
+                now, cfg.tb_snapshot_max_changes, cfg.tb_snapshot_min_time_ms
+            ):
+                continue
+            value, changes = t.take_snapshot()
+            taken.append((t, value, changes))
+        if not taken:
+            return 0
+        self.snapshot_writer.write([(t.name.namespace_name, t.full, v) for t, v, _ in taken])
+        for t, _, changes in taken:
+            t.tb.snapshot_written(changes, now)
+        return len(taken)
 
     def open_ledger(self, name: str) -> ManagedLedger:
         """Open (creating) managed ledger ``name`` in the data directory."""
@@ -622,6 +739,7 @@ class Broker:
             self._offload_by_policy()  # before trimming: trimming follows offload
             for t in self.loaded_topics():
                 t.trim()
+            self.write_snapshots()
         except Exception:
             if not self._closed:
                 log.exception("broker maintenance")
@@ -629,10 +747,11 @@ class Broker:
             self._schedule_maintenance()
 
     def maintain_now(self) -> None:
-        """Run maintenance (offload by policy, pending-ack trimming) now, in this thread."""
+        """Run maintenance (offload by policy, pending-ack trimming, due snapshots) now, here."""
         self._offload_by_policy()
         for t in self.loaded_topics():
             t.trim()
+        self.write_snapshots()
 
     # ------------------------------------------------------------ metrics
 
@@ -680,6 +799,10 @@ class Broker:
 
     def _shutdown(self) -> None:
         self._closed = True
+        if self._topic_recovery is not None:
+            # Recovery in progress stops: reads between chunks, the rest skipped.
+            self.snapshot_readers.close()
+            self._topic_recovery.cancel(self.config.end_timeout_ms)
         for c in list(self._clients):
             try:
                 c.close()
@@ -706,6 +829,12 @@ class Broker:
             for f in opening:
                 with contextlib.suppress(Exception):
                     f.result(timeout=max(0.0, deadline - time.monotonic()))
+        try:
+            self.write_snapshots(due_only=False)  # clean close: recovery replays nothing
+        except Exception:
+            log.exception("writing transaction-buffer snapshots on close")
+        self.snapshot_readers.close()
+        self.snapshot_writer.close()
         for t in self.loaded_topics():
             try:
                 t.close()

@@ -15,6 +15,16 @@ whose transaction aborted is gone, so its sequence id may be sent again
 the first one is still open conflicts
 (:class:`~txnstream.errors.TransactionConflictError`).
 
+**Snapshots** (issue 11): :meth:`Deduplication.snapshot` writes, per
+producer, the highest sequence id durable at the snapshot and where its
+last :data:`SNAPSHOT_RECENT` messages went (txnstream's fields of the
+transaction-buffer snapshot); :meth:`Deduplication.restore` reads them back
+before the ledger tail after the snapshot is replayed. Only messages whose
+entry is durable at the snapshot are in it: one still in flight is after
+the snapshot's position and comes back with the tail (or was never written).
+A retry of an id older than those recent ones, after a restart, raises
+:class:`DuplicateSequenceError`: it is not written again either way.
+
 The caller holds the partition's publish lock around :meth:`claim` and the
 append that follows it, so a claimed id is placed (:meth:`placed`) before
 anyone else looks. Memory is bounded: ``window`` ids per producer and
@@ -31,6 +41,7 @@ from typing import Final
 
 from txnstream._native import Position
 from txnstream.errors import DuplicateSequenceError, TransactionConflictError
+from txnstream.proto import ProducerSequence, TransactionBufferSnapshot, TxnRef
 
 TxnKey = tuple[int, int]
 #: ``(ledger_id, entry_id, batch_index, batch_size)`` of a persisted message.
@@ -40,6 +51,8 @@ Where = tuple[int, int, int, int]
 OPEN: Final = "open"
 ABORTED: Final = "aborted"
 ENDED: Final = "ended"
+#: Recent messages per producer kept in a snapshot (their original ids survive a restart).
+SNAPSHOT_RECENT: Final = 128
 
 
 class Sent:
@@ -191,9 +204,79 @@ class Deduplication:
         if sequence_ids:
             self.placed(producer, sequence_ids, txn, None, entry, len(sequence_ids) > 1)
 
+    def snapshot(self, durable_end: Position | None, out: TransactionBufferSnapshot) -> None:
+        """Write the state durable up to ``durable_end`` into ``out`` (under the publish lock)."""
+        out.dedup_complete = True
+        if durable_end is None:
+            return
+        txn_refs: dict[TxnKey, int] = {}
+        for name, p in self._producers.items():
+            kept: list[tuple[int, Position, Sent]] = []
+            for seq, sent in p.window.items():
+                entry = sent.entry
+                if entry is None:
+                    fut = sent.pending
+                    if fut is None or not fut.done() or fut.exception() is not None:
+                        continue
+                    entry = fut.result()
+                if entry <= durable_end:
+                    kept.append((seq, entry, sent))
+            if not kept:
+                continue
+            ps: ProducerSequence = out.producer_sequences.add()
+            ps.producer_name = name
+            ps.last_sequence_id = max(seq for seq, _, _ in kept)
+            for seq, entry, sent in kept[-SNAPSHOT_RECENT:]:
+                ps.sequence_ids.append(seq)
+                ps.ledger_ids.append(entry.ledger_id)
+                ps.entry_ids.append(entry.entry_id)
+                ps.batch_indexes.append(sent.index)
+                ps.batch_sizes.append(sent.size)
+                ref = 0
+                if sent.txn is not None:
+                    ref = txn_refs.get(sent.txn, 0)
+                    if not ref:
+                        out.message_txns.append(
+                            TxnRef(txnid_most_bits=sent.txn[0], txnid_least_bits=sent.txn[1])
+                        )
+                        ref = txn_refs[sent.txn] = len(out.message_txns)
+                ps.txn_refs.append(ref)
+
+    def restore(self, snap: TransactionBufferSnapshot) -> None:
+        """Load a snapshot's state (recovery, before the tail after it is replayed)."""
+        txns = [(t.txnid_most_bits, t.txnid_least_bits) for t in snap.message_txns]
+        for ps in snap.producer_sequences:
+            p = self._get(ps.producer_name)
+            p.last = max(p.last, ps.last_sequence_id)
+            n = len(ps.sequence_ids)
+            if not (
+                len(ps.ledger_ids)
+                == len(ps.entry_ids)
+                == len(ps.batch_indexes)
+                == len(ps.batch_sizes)
+                == len(ps.txn_refs)
+                == n
+            ):
+                raise ValueError(
+                    f"producer {ps.producer_name!r}: the snapshot's message arrays differ in length"
+                )
+            for i in range(n):
+                ref = ps.txn_refs[i]
+                if ref > len(txns):
+                    raise ValueError(f"producer {ps.producer_name!r}: txn reference {ref} unknown")
+                txn = txns[ref - 1] if ref else None
+                p.window[ps.sequence_ids[i]] = Sent(
+                    Position(ps.ledger_ids[i], ps.entry_ids[i]),
+                    ps.batch_indexes[i],
+                    ps.batch_sizes[i],
+                    txn,
+                )
+            while len(p.window) > self.window:
+                p.window.popitem(last=False)
+
     def stats(self) -> dict[str, int]:
         """Return the producers tracked and the duplicates answered."""
         return {"producers": len(self._producers), "duplicates": self.duplicates}
 
 
-__all__ = ["ABORTED", "ENDED", "OPEN", "Deduplication", "Sent", "Where"]
+__all__ = ["ABORTED", "ENDED", "OPEN", "SNAPSHOT_RECENT", "Deduplication", "Sent", "Where"]

@@ -15,9 +15,12 @@ group commits.
   readable yet) and ``durable`` (which the transaction waits for before its
   commit decision).
 
-Opening a partition recovers it: the ledger is replayed into the
-transaction buffer and the deduplication state, then transactions left by
-an earlier run are reconciled with their coordinators. A subscription is
+Opening a partition recovers it: from its newest snapshot (transaction
+buffer and deduplication state, one record of the namespace's snapshot
+topic) and a replay of the ledger after it -- or the whole ledger when it
+has no usable snapshot -- then transactions left by an earlier run are
+reconciled with their coordinators. :meth:`Topic.take_snapshot` builds the
+record; the broker decides when and writes it. A subscription is
 opened on first use, with its pending-ack log recovered and reconciled the
 same way.
 """
@@ -28,6 +31,7 @@ import functools
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Protocol, TypeVar
@@ -37,10 +41,12 @@ from txnstream.broker.dedup import ABORTED, ENDED, OPEN, Deduplication, Sent
 from txnstream.broker.subscription import ISOLATIONS, READ_COMMITTED, Subscription
 from txnstream.broker.topic_name import TopicName
 from txnstream.buffer import TransactionBuffer, TxnOutcomes
+from txnstream.buffer.transaction_buffer import EntryHook
 from txnstream.config import BrokerConfig
 from txnstream.coordinator import TxnID
 from txnstream.errors import AlreadyClosedError, InvalidArgumentError, OperationTimeoutError
 from txnstream.pendingack import CursorAcks, PendingAckStore
+from txnstream.proto import TransactionBufferSnapshot
 
 log = logging.getLogger(__name__)
 _T = TypeVar("_T")
@@ -129,17 +135,68 @@ class Topic:
 
     # ------------------------------------------------------------ recovery
 
-    def recover(self) -> None:
-        """Replay the ledger into the transaction buffer and deduplication; reconcile."""
-        dedup = self.dedup
+    def recover(
+        self,
+        snapshot: TransactionBufferSnapshot | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> None:
+        """Recover from ``snapshot`` (None: none) plus the ledger after it; reconcile.
+
+        A snapshot that does not fit (another topic's, a position past the
+        log, malformed deduplication state, or one without deduplication
+        state while deduplication is on) is logged and the whole ledger is
+        replayed instead.
+        """
+        if snapshot is not None:
+            try:
+                dedup = Deduplication(self.dedup.window, self.dedup.max_producers)
+                if self._dedup_on:
+                    if not snapshot.dedup_complete:
+                        raise ValueError("it carries no deduplication state")
+                    dedup.restore(snapshot)
+                self.recovery = self.tb.recover(self._replayed(dedup), snapshot, cancelled)
+                self.dedup = dedup
+            except ValueError as e:
+                log.warning("%s: snapshot not used (%s); replaying the whole ledger", self.full, e)
+                snapshot = None
+        if snapshot is None:
+            dedup = Deduplication(self.dedup.window, self.dedup.max_producers)
+            self.recovery = self.tb.recover(self._replayed(dedup), None, cancelled)
+            self.dedup = dedup
+        self.recovery["reconciled"] = len(self.tb.reconcile())
+
+    def _replayed(self, dedup: Deduplication) -> EntryHook | None:
+        if not self._dedup_on:
+            return None
 
         def on_entry(
             pos: Position, producer: str, seqs: list[int], txn: tuple[int, int] | None
         ) -> None:
             dedup.replayed(producer, seqs, txn, pos)
 
-        self.recovery = self.tb.recover(on_entry if self._dedup_on else None)
-        self.recovery["reconciled"] = len(self.tb.reconcile())
+        return on_entry
+
+    def take_snapshot(self) -> tuple[bytes, int]:
+        """Return this partition's snapshot record and the change count it covers.
+
+        Built under the publish lock (a consistent cut: buffer state and
+        deduplication as of the same durable end); pass the count to
+        ``tb.snapshot_written`` once the record is durable.
+        """
+        snap = TransactionBufferSnapshot()
+        with self.lock:
+            end = self.tb.fill_snapshot(snap)
+            if self._dedup_on:
+                self.dedup.snapshot(end, snap)
+            changes = self.tb.changes
+        return snap.SerializeToString(), changes
+
+    def snapshot_due(self, now_ms: int, max_changes: int, min_time_ms: int) -> bool:
+        """Return True when ``max_changes`` changes accrued, or any after ``min_time_ms``."""
+        tb = self.tb
+        if tb.changes >= max_changes:
+            return True
+        return tb.changes > 0 and now_ms - tb.snapshot_base_ms >= min_time_ms
 
     # ------------------------------------------------------------ publishing
 

@@ -74,6 +74,7 @@ class SharedSnapshotReader:
         self._last_used_ms = owner.clock.monotonic_ms()
         self._idle_timer: TimerHandle | None = None
         self._stats: dict[str, int] = {}
+        self._refreshed_at: int | None = None
 
     def read(self, topic: str) -> TransactionBufferSnapshot | None:
         """Return ``topic``'s newest snapshot (None: it has none); one answer per topic.
@@ -101,7 +102,11 @@ class SharedSnapshotReader:
                 self._demux = SnapshotDemux()
                 self.opened += 1
             if self._ml.read_only:
-                self._ml.refresh()  # see snapshots synced since (writers in this process too)
+                gen = self._owner.generation
+                seen = None if gen is None else gen()
+                if seen is None or seen != self._refreshed_at:
+                    self._ml.refresh()  # see snapshots synced since (writers in this process too)
+                    self._refreshed_at = seen
             while not self._demux.catch_up(self._ml, CHUNK_ENTRIES):
                 if self._owner.closed:
                     raise AlreadyClosedError(
@@ -156,7 +161,10 @@ class SharedSnapshotReader:
         if self._idle_timer is not None:
             self._owner.scope.cancel(self._idle_timer)
         due = self._last_used_ms + self._owner.idle_timeout_ms
-        self._idle_timer = self._owner.scope.schedule(due, self._idle_check)
+        try:
+            self._idle_timer = self._owner.scope.schedule(due, self._idle_check)
+        except RuntimeError:  # the timer scope is closed: the owner closes readers itself
+            self._idle_timer = None
 
     def _idle_check(self) -> None:
         # On the shared timer thread: never wait for a read in progress.
@@ -195,6 +203,12 @@ class SnapshotReaders:
     ``open_ledger`` opens a managed ledger of the broker's data directory
     read-only (the broker owns ledgers; the snapshot topic's writer may be
     open in the same process); ``scope`` runs the idle timers.
+
+    ``generation``, when given, counts the snapshot records written so far by
+    the only writer of the directory (the broker's own): a reader then
+    refreshes its view of the topic only when that count moved, instead of
+    before every answer (a refresh costs about a millisecond, which at
+    10,000 topics was most of the recovery).
     """
 
     def __init__(
@@ -204,6 +218,7 @@ class SnapshotReaders:
         clock: Clock,
         *,
         idle_timeout_ms: int = DEFAULT_IDLE_TIMEOUT_MS,
+        generation: Callable[[], int] | None = None,
     ) -> None:
         if (
             isinstance(idle_timeout_ms, bool)
@@ -219,6 +234,7 @@ class SnapshotReaders:
         self.scope = scope
         self.clock = clock
         self.idle_timeout_ms = idle_timeout_ms
+        self.generation = generation
         self._lock = threading.Lock()
         self._readers: dict[str, SharedSnapshotReader] = {}
         self._closed = False

@@ -28,8 +28,20 @@ coordinator, or of one already ended here, is refused
 leftover that pins the partition. Ended transactions above the LWM are
 remembered until the LWM passes them.
 
-**Recovery.** :meth:`recover` replays the partition's ledger (issue 11 adds
-snapshots) rebuilding ``ongoing`` and ``aborted``; :meth:`reconcile` then
+**Snapshots.** :meth:`fill_snapshot` writes Pulsar's
+``TransactionBufferSnapshot`` fields: ``max_read_position`` and the aborted
+transactions with their marker positions. Every transaction with a message
+before ``max_read_position`` has ended (that is what the position means),
+and its end, if an abort, is in the aborted list or after the position. So
+**recovery** (:meth:`recover`) starts from the newest snapshot and replays
+the ledger only after ``max_read_position``, rebuilding ``ongoing`` and the
+rest of ``aborted``; aborted transactions whose ABORT marker was trimmed
+away leave the set. A snapshot that does not fit the ledger (another
+topic's, or a position past the log's end) is not used: the whole ledger is
+replayed. The broker decides when snapshots are written (every
+``transactionBufferSnapshotMaxTransactionCount`` :attr:`changes`, every
+``transactionBufferSnapshotMinTimeInMillis``, on close) and where (the
+namespace's snapshot topic). :meth:`reconcile` then
 asks the coordinator about every ongoing transaction: decided or remembered
 commit -> COMMIT marker; abort, or unknown (an id nobody will end) -> ABORT
 marker; still open -> it stays ongoing until its own end. So no partition
@@ -51,7 +63,8 @@ from typing import Protocol
 
 from txnstream._native import ManagedLedger, Position, encode_marker, scan_topic
 from txnstream.coordinator import TxnID
-from txnstream.errors import InvalidTxnStatusError
+from txnstream.errors import AlreadyClosedError, InvalidTxnStatusError
+from txnstream.proto import AbortTxnMetadata, TransactionBufferSnapshot
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +133,13 @@ class TransactionBuffer:
         self._limit: Position | None = None
         self.markers_written = 0
         self.rejected_appends = 0
+        #: Entries and markers made durable since the last snapshot (under :attr:`lock`).
+        self.changes = 0
+        #: Wall-clock ms of the last snapshot written (or recovered from); 0: none.
+        self.snapshot_time_ms = 0
+        #: Wall-clock ms the time trigger counts from: the last snapshot, or the load.
+        self.snapshot_base_ms = wall_ms()
+        self.snapshots_written = 0
         self._recompute()
 
     # ------------------------------------------------------------ limits
@@ -230,6 +250,7 @@ class TransactionBuffer:
             if last is not None and pos <= last:
                 return
             self._last_durable = pos
+            self.changes += 1
             self._recompute()
         self._on_change()
 
@@ -282,6 +303,7 @@ class TransactionBuffer:
                 self.aborted[(txn_id.most_bits, txn_id.least_bits)] = pos
             self._remember_ended(txn_id)
             self.markers_written += 1
+            self.changes += 1
             if self._last_durable is None or pos > self._last_durable:
                 self._last_durable = pos
             self._recompute()
@@ -310,18 +332,93 @@ class TransactionBuffer:
 
     # ------------------------------------------------------------ recovery
 
-    def recover(self, on_entry: EntryHook | None = None) -> dict[str, int]:
-        """Replay the partition's ledger into ``ongoing`` / ``aborted`` (before any use).
+    def fill_snapshot(self, out: TransactionBufferSnapshot) -> Position | None:
+        """Under :attr:`lock`: write this buffer's snapshot fields; return the durable end.
 
-        ``on_entry`` sees every non-marker entry (deduplication state).
-        Returns counts: entries, markers, ongoing, aborted.
+        Everything the snapshot says holds up to that end (the caller adds
+        state of its own, e.g. deduplication, as of the same end).
+        """
+        out.topic_name = self.partition
+        mrp = self.max_read_position
+        if mrp is not None:
+            out.max_read_position_ledgerId = mrp.ledger_id
+            out.max_read_position_entryId = mrp.entry_id
+        for (most, least), pos in self.aborted.items():
+            out.abort_txn_metadata.append(
+                AbortTxnMetadata(
+                    txnid_most_bits=most,
+                    txnid_least_bits=least,
+                    ledgerId=pos.ledger_id,
+                    entryId=pos.entry_id,
+                )
+            )
+        out.snapshot_time_ms = self._wall_ms()
+        return self._last_durable
+
+    def snapshot_written(self, changes: int, time_ms: int) -> None:
+        """Record that a snapshot taken when :attr:`changes` was ``changes`` is durable."""
+        with self.lock:
+            self.changes = max(0, self.changes - changes)
+            self.snapshot_time_ms = self.snapshot_base_ms = time_ms
+            self.snapshots_written += 1
+
+    def _start_of(
+        self, snap: TransactionBufferSnapshot
+    ) -> tuple[Position | None, dict[TxnKey, Position], int]:
+        # Where replay starts after ``snap``, its aborted set, and aborts trimmed away.
+        if snap.topic_name != self.partition:
+            raise ValueError(f"it is the snapshot of {snap.topic_name!r}")
+        has_l = snap.HasField("max_read_position_ledgerId")
+        if has_l != snap.HasField("max_read_position_entryId"):
+            raise ValueError("it has half a max_read_position")
+        start = None
+        if has_l:
+            start = Position(snap.max_read_position_ledgerId, snap.max_read_position_entryId)
+            end = self._ml.last_position
+            if end is None or start > end:
+                raise ValueError(f"its max_read_position {start} is past the log's end {end}")
+        first = self._ml.first_position
+        aborted: dict[TxnKey, Position] = {}
+        trimmed = 0
+        for a in snap.abort_txn_metadata:
+            pos = Position(a.ledgerId, a.entryId)
+            if first is None or pos < first:
+                trimmed += 1  # its ABORT marker was trimmed away: it leaves the set
+                continue
+            aborted[(a.txnid_most_bits, a.txnid_least_bits)] = pos
+        return start, aborted, trimmed
+
+    def recover(
+        self,
+        on_entry: EntryHook | None = None,
+        snapshot: TransactionBufferSnapshot | None = None,
+        cancelled: Callable[[], bool] | None = None,
+    ) -> dict[str, int]:
+        """Rebuild ``ongoing`` / ``aborted`` from ``snapshot`` and the ledger after it.
+
+        Without a snapshot (or with one that does not fit: see the module
+        docs) the whole ledger is replayed. ``on_entry`` sees every
+        non-marker entry replayed (deduplication state). ``cancelled`` is
+        asked between chunks; once true, :class:`AlreadyClosedError` stops
+        the replay (a broker closing). Returns counts: entries (replayed),
+        markers, ongoing, aborted, from_snapshot (0/1), aborted_trimmed.
         """
         ongoing: dict[TxnID, Position | None] = {}
         ended: set[TxnKey] = set()
         aborted: dict[TxnKey, Position] = {}
+        start: Position | None = None
+        from_snapshot = trimmed = 0
+        if snapshot is not None:
+            start, aborted, trimmed = self._start_of(snapshot)
+            from_snapshot = 1
         entries = markers = 0
-        last: Position | None = None
+        last = start
+        last_row: Position | None = None
         while True:
+            if cancelled is not None and cancelled():
+                raise AlreadyClosedError(
+                    f"recovery of {self.partition} cancelled (closing)", what="topic"
+                )
             rows = scan_topic(self._ml, last, REPLAY_CHUNK)
             if not rows:
                 break
@@ -342,19 +439,24 @@ class TransactionBuffer:
                         ongoing[key] = pos
                 if on_entry is not None:
                     on_entry(pos, producer, seqs, txn)
-            last = Position(rows[-1][0], rows[-1][1])
+            last = last_row = Position(rows[-1][0], rows[-1][1])
         with self.lock:
             self.ongoing = ongoing
             self._fences = {}
             self.aborted = aborted
-            if last is not None:
-                self._last_durable = last
+            if last_row is not None:
+                self._last_durable = last_row
+            self.changes = entries
+            if snapshot is not None:
+                self.snapshot_time_ms = snapshot.snapshot_time_ms
             self._recompute()
         return {
             "entries": entries,
             "markers": markers,
             "ongoing": len(ongoing),
             "aborted": len(aborted),
+            "from_snapshot": from_snapshot,
+            "aborted_trimmed": trimmed,
         }
 
     def reconcile(self) -> list[Future[Position]]:
@@ -397,6 +499,12 @@ class TransactionBuffer:
                 "ending": len(self._ending),
                 "markers_written": self.markers_written,
                 "rejected_appends": self.rejected_appends,
+                "changes_since_snapshot": self.changes,
+                "snapshots_written": self.snapshots_written,
+                "snapshot_time_ms": self.snapshot_time_ms,
+                "snapshot_age_ms": (
+                    self._wall_ms() - self.snapshot_time_ms if self.snapshot_time_ms else None
+                ),
                 "last_durable": self._last_durable,
                 "read_limit": self._limit,
             }

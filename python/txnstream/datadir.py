@@ -83,9 +83,11 @@ __all__ = [
     "BATCH_BYTES_BUCKETS",
     "BATCH_DELAY_BUCKETS_S",
     "BATCH_RECORDS_BUCKETS",
+    "CATALOG_FILE",
     "LOCK_FILE",
     "LOG_KINDS",
     "batch_stats",
+    "check_data_dir",
     "coordinator_ids",
     "coordinator_stats",
     "describe_logs",
@@ -109,6 +111,8 @@ __all__ = [
 
 #: The writer's lock file (``rust/core/src/ledger/store.rs``).
 LOCK_FILE: Final = "LOCK"
+#: The storage catalog every data directory holds (``rust/core/src/ledger/catalog.rs``).
+CATALOG_FILE: Final = "CATALOG"
 #: The compacted topic of topic metadata: base topic name -> partition count
 #: (``txnstream.broker.broker.TOPICS_REGISTRY``, a layer above this module).
 TOPICS_REGISTRY: Final = "__txnstream_topics"
@@ -151,6 +155,23 @@ def _directory(directory: str | os.PathLike[str]) -> Path:
     if not path.is_dir():
         raise InvalidArgumentError(
             f"data directory {str(path)!r} does not exist or is not a directory",
+            argument="directory",
+            value=str(path),
+        )
+    return path
+
+
+def check_data_dir(directory: str | os.PathLike[str]) -> Path:
+    """Return ``directory`` as a Path if it is a txnstream data directory.
+
+    Raises :class:`InvalidArgumentError` naming it when it does not exist,
+    is not a directory, or holds no storage catalog (never opened by a
+    broker or a managed ledger).
+    """
+    path = _directory(directory)
+    if not (path / CATALOG_FILE).is_file():
+        raise InvalidArgumentError(
+            f"{str(path)!r} is not a txnstream data directory (no {CATALOG_FILE})",
             argument="directory",
             value=str(path),
         )

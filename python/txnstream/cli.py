@@ -346,6 +346,12 @@ def admin_logs(ctx: click.Context, as_json: bool) -> None:
 _coordinator_option = click.option(
     "-c", "--coordinator-id", type=click.IntRange(min=0), default=None, help="Only this one."
 )
+_now_option = click.option(
+    "--now-ms",
+    type=click.IntRange(min=0),
+    default=None,
+    help="Reference time (ms since the epoch). Default: now.",
+)
 
 
 @admin.command("coordinator-stats")
@@ -413,10 +419,11 @@ def admin_open_transactions(ctx: click.Context, coordinator_id: int | None, as_j
     "-t", "--time", "time_", required=True, help="Minimum age: 10s, 500ms, 5m, 2h, or seconds."
 )
 @_coordinator_option
+@_now_option
 @_json_option
 @click.pass_context
 def admin_slow_transactions(
-    ctx: click.Context, time_: str, coordinator_id: int | None, as_json: bool
+    ctx: click.Context, time_: str, coordinator_id: int | None, now_ms: int | None, as_json: bool
 ) -> None:
     """Live transactions started at least --time ago (Pulsar: slow-transactions)."""
     from txnstream.datadir import slow_transactions
@@ -424,21 +431,24 @@ def admin_slow_transactions(
     min_age_ms = parse_duration_ms(time_)
     data = _data(ctx)
     with _admin_errors():
-        txns = slow_transactions(data, min_age_ms, tc_id=coordinator_id)
+        txns = slow_transactions(data, min_age_ms, now_ms=now_ms, tc_id=coordinator_id)
     _emit(as_json, txns, lambda v: _rows_table(f"transactions older than {time_}", v, _TXN_COLUMNS))
 
 
 @admin.command("late-transactions")
 @_coordinator_option
+@_now_option
 @_json_option
 @click.pass_context
-def admin_late_transactions(ctx: click.Context, coordinator_id: int | None, as_json: bool) -> None:
+def admin_late_transactions(
+    ctx: click.Context, coordinator_id: int | None, now_ms: int | None, as_json: bool
+) -> None:
     """Live transactions past their timeout (Kafka: find-hanging)."""
     from txnstream.datadir import late_transactions
 
     data = _data(ctx)
     with _admin_errors():
-        txns = late_transactions(data, tc_id=coordinator_id)
+        txns = late_transactions(data, now_ms=now_ms, tc_id=coordinator_id)
     _emit(as_json, txns, lambda v: _rows_table("late transactions", v, _TXN_COLUMNS))
 
 
@@ -469,7 +479,7 @@ def admin_abort_transaction(
     """
     import dataclasses
 
-    from txnstream import Broker
+    from txnstream.broker import Broker
     from txnstream.config import BrokerConfig, apply_dynamic_config
     from txnstream.datadir import coordinator_ids, transaction_metadata
 

@@ -1,4 +1,5 @@
-"""The ``txnstream`` command line: ``admin logs`` and ``bench`` (``demo``, ``audit``: elsewhere)."""
+"""The ``txnstream`` command line: ``admin logs`` and ``bench`` (``demo``, ``audit``, the other
+admin commands: elsewhere)."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def test_admin_logs_lists_every_log_with_its_cursors(tmp_path: Path) -> None:
     ml.close()
     ManagedLedger.open(tmp_path, "plain").close()
 
-    res = CliRunner().invoke(main, ["admin", "logs", str(tmp_path), "--json"])
+    res = CliRunner().invoke(main, ["admin", "--data", str(tmp_path), "logs", "--json"])
     assert res.exit_code == 0, res.output
     logs = {log["name"]: log for log in json.loads(res.stdout)}
     assert set(logs) == {
@@ -47,9 +48,11 @@ def test_admin_logs_lists_every_log_with_its_cursors(tmp_path: Path) -> None:
     assert logs["plain"]["entries"] == 0 and logs["plain"]["last"] is None
     assert logs["__transaction_log_3"]["entries"] > 0
 
-    table = CliRunner().invoke(main, ["admin", "logs", str(tmp_path)])
+    table = CliRunner().invoke(
+        main, ["admin", "--data", str(tmp_path), "logs"], env={"COLUMNS": "250"}
+    )
     assert table.exit_code == 0 and "in-sub__transaction_pending_ack" in table.output
-    missing = CliRunner().invoke(main, ["admin", "logs", str(tmp_path / "nope")])
+    missing = CliRunner().invoke(main, ["admin", "--data", str(tmp_path / "nope"), "logs"])
     assert missing.exit_code == 2 and "does not exist" in missing.output
 
 

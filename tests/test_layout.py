@@ -34,7 +34,7 @@ LAYERS = [
     {"pendingack"},
     {"broker.topic_name", "broker.dedup", "broker.recovery"},
     {"broker.subscription"},
-    {"broker.topic", "admin"},
+    {"broker.topic", "admin", "datadir"},
     {"broker.broker"},
     {"broker"},
     {"client.message"},
@@ -47,7 +47,7 @@ LAYERS = [
     {"spark.udfs", "spark.log_source", "spark.topic_source"},
     {"spark.session", "spark.report"},
     {"spark.audit", "spark"},
-    {"workload", "demo", "datadir", "bench", "testing"},
+    {"workload", "demo", "bench", "testing"},
     {"cli"},
 ]
 

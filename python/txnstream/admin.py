@@ -15,15 +15,27 @@ What users of Pulsar and Kafka transactions ask for, built in:
 - topic creation and stats, batched-log switches for the coordinators and
   the pending-ack stores, coordinator stats;
 - tiered storage: :meth:`Admin.offload` on demand, :meth:`Admin.offloaded_segments`,
-  :meth:`Admin.tiered_stats` (every remote call counted by kind).
+  :meth:`Admin.tiered_stats` (every remote call counted by kind);
+- :meth:`Admin.transaction_buffer_stats`, :meth:`Admin.pending_ack_stats`,
+  :meth:`Admin.internal_stats` and :meth:`Admin.batched_log_stats`: the
+  broker's live state in the shapes of the read-only file views of
+  :mod:`txnstream.datadir` (what ``txnstream admin --data DIR`` prints), so
+  the two surfaces can be compared key by key.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from txnstream.broker.topic_name import TopicName
+from txnstream._native import Position
+from txnstream.broker.topic_name import TopicName, subscription_arg
 from txnstream.coordinator import TransactionInfo, TxnID, TxnStatus
+from txnstream.datadir import (
+    LOG_KINDS,
+    ledger_internal_stats,
+    position_str,
+    snapshot_info,
+)
 from txnstream.errors import InvalidArgumentError
 from txnstream.tiered import SegmentInfo
 
@@ -50,6 +62,19 @@ def _txn_id(value: object) -> TxnID:
         argument="txn_id",
         value=value,
     )
+
+
+#: Why a writer flushed a batch (its ``flush_<cause>`` counters).
+_FLUSH_CAUSES = ("max_records", "max_size", "max_delay", "large_data", "forced")
+
+
+def _pos(value: object) -> str | None:
+    """``"ledger:entry"`` of a position-valued stat (None stays None)."""
+    if value is None:
+        return None
+    if not isinstance(value, Position):
+        raise TypeError(f"expected a Position, got {value!r}")
+    return position_str(value)
 
 
 class Admin:
@@ -130,6 +155,58 @@ class Admin:
         """Batch stats of every open pending-ack log's writer."""
         return {w.name: w.stats() for w in self._broker.pending_ack_writers()}
 
+    def batched_log_stats(self, log: str) -> dict[str, Any]:
+        """PIP-160 batch stats of the ``"coordinator"`` or ``"pending-ack"`` logs' writers.
+
+        Seed 000's admin section: ``enabled`` (the switch now), and per
+        writer (``writers``, by log name) its ``batch_enabled``, ``entries``,
+        ``batched_entries``, ``records``, ``bytes``, the histograms
+        ``records_per_entry``, ``bytes_per_entry`` and
+        ``oldest_record_delay_seconds`` (seed 000's buckets), and
+        ``flush_triggers`` by cause (``max_records``, ``max_size``,
+        ``max_delay``, ``large_data``, ``forced``). Counted since the
+        writer opened (``txnstream.datadir.batch_stats`` counts the stored
+        entries instead). Pending-ack writers are listed once their
+        subscription is open in this process.
+        """
+        if log not in LOG_KINDS:
+            raise InvalidArgumentError(
+                f"log must be one of {list(LOG_KINDS)}, got {log!r}", argument="log", value=log
+            )
+        if log == "coordinator":
+            raw = [tc.stats()["log"] for tc in self._broker._coordinators().coordinators()]
+            enabled = all(w["batch_enabled"] for w in raw)
+        else:
+            raw = [w.stats() for w in self._broker.pending_ack_writers()]
+            enabled = self._broker.config.pending_ack_batched_write.enabled
+        writers = []
+        for w in raw:
+            writers.append(
+                {
+                    "name": w["name"],
+                    "batch_enabled": w["batch_enabled"],
+                    "entries": w["entries"],
+                    "batched_entries": w["batched_entries"],
+                    "records": w["records"],
+                    "bytes": w["bytes"],
+                    "records_per_entry": w["batch_records"],
+                    "bytes_per_entry": w["batch_size_bytes"],
+                    "oldest_record_delay_seconds": w["oldest_record_delay_seconds"],
+                    "flush_triggers": {
+                        cause: w[f"flush_{cause}"]
+                        for cause in (
+                            "max_records",
+                            "max_size",
+                            "max_delay",
+                            "large_data",
+                            "forced",
+                        )
+                    },
+                }
+            )
+        writers.sort(key=lambda w: str(w["name"]))
+        return {"log": log, "enabled": enabled, "source": "writer", "writers": writers}
+
     # ------------------------------------------------------------ topics
 
     def create_topic(self, topic: str, partitions: int = 0) -> int:
@@ -157,6 +234,103 @@ class Admin:
         for tn in self._broker.partition_names(topic):
             out[tn.full] = self._broker.topic(tn).tb.lag()
         return out
+
+    def _partitions(self, topic: str) -> list[TopicName]:
+        """Partitions of an existing ``topic`` (an unknown one is an error, not created)."""
+        TopicName.parse(topic)
+        self._broker.partitions(topic, create=False)
+        return self._broker.partition_names(topic)
+
+    def transaction_buffer_stats(self, topic: str) -> list[dict[str, Any]]:
+        """Return each partition's transaction buffer (Pulsar's ``transaction-buffer-stats``).
+
+        ``topic``, ``max_read_position`` and ``last_position``
+        (``"ledger:entry"`` or None), ``lag``, ``ongoing`` and ``aborted``
+        counts, ``ongoing_transactions`` (``txn_id``, ``first_position``,
+        oldest first), ``ending``, ``markers_written``,
+        ``rejected_appends``, every coordinator's ``low_water_marks`` (keys
+        are coordinator ids as text) and ``snapshot`` (the newest durable
+        snapshot, None when there is none). The same keys as
+        :func:`txnstream.datadir.transaction_buffer_stats`.
+        """
+        partitions = self._partitions(topic)
+        lwm = {str(k): v for k, v in self._broker._coordinators().low_water_marks().items()}
+        out: list[dict[str, Any]] = []
+        for tn in partitions:
+            tb = self._broker.topic(tn).tb
+            stats = tb.stats()
+            with tb.lock:
+                ongoing = list(tb.ongoing.items())
+            out.append(
+                {
+                    "topic": tn.full,
+                    "max_read_position": position_str(tb.max_read_position),
+                    "last_position": _pos(stats["last_durable"]),
+                    "lag": stats["lag"],
+                    "ongoing": stats["ongoing"],
+                    "aborted": stats["aborted"],
+                    "ongoing_transactions": [
+                        {"txn_id": str(txn), "first_position": position_str(first)}
+                        for txn, first in ongoing
+                    ],
+                    "ending": stats["ending"],
+                    "markers_written": stats["markers_written"],
+                    "rejected_appends": stats["rejected_appends"],
+                    "low_water_marks": lwm,
+                    "snapshot": snapshot_info(self._broker.path, tn),
+                }
+            )
+        return out
+
+    def pending_ack_stats(self, topic: str, subscription: str) -> list[dict[str, Any]]:
+        """Return ``subscription``'s pending acks per partition (Pulsar's ``pending-ack-stats``).
+
+        ``topic``, ``subscription``, ``mark_delete_position``, ``ongoing``
+        (transactions holding acks), ``held_entries``, ``pending_trim`` and
+        the store's counters (``counters``). The subscription is opened if it
+        exists and is not open yet; one that does not exist is an
+        :class:`InvalidArgumentError` (nothing is created).
+        """
+        partitions = self._partitions(topic)
+        out: list[dict[str, Any]] = []
+        for tn in partitions:
+            sub = subscription_arg(subscription, tn)
+            t = self._broker.topic(tn)
+            if sub not in t.ml.cursor_names():
+                continue
+            stats = t.subscription(sub).stats()
+            pending = dict(stats["pending_ack"])  # type: ignore[call-overload]
+            out.append(
+                {
+                    "topic": tn.full,
+                    "subscription": sub,
+                    "mark_delete_position": _pos(stats["mark_delete_position"]),
+                    "ongoing": pending.pop("transactions"),
+                    "held_entries": pending.pop("held_entries"),
+                    "pending_trim": pending.pop("pending_trim"),
+                    "counters": pending,
+                }
+            )
+        if not out:
+            raise InvalidArgumentError(
+                f"subscription {subscription!r} not found on topic {topic!r}",
+                argument="subscription",
+                value=subscription,
+            )
+        return out
+
+    def internal_stats(self, topic: str) -> dict[str, dict[str, Any]]:
+        """Managed-ledger internal stats of ``topic``'s partitions (Pulsar's ``stats-internal``).
+
+        Ledger name -> ledgers, entries, positions and cursors (mark-delete,
+        individually deleted ranges), as
+        :func:`txnstream.datadir.ledger_internal_stats` (and the CLI's
+        ``topic-internal-stats``) report them.
+        """
+        return {
+            tn.full: ledger_internal_stats(self._broker.topic(tn).ml)
+            for tn in self._partitions(topic)
+        }
 
     # ------------------------------------------------------------ tiered storage
 

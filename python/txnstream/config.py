@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -42,11 +43,16 @@ from txnstream.errors import ConfigError
 
 __all__ = [
     "BROKER_SETTINGS",
+    "DYNAMIC_CONFIG_FILE",
+    "DYNAMIC_SETTINGS",
     "MIN_BROKER_MAX_DELAY_MS",
     "MIN_BROKER_MAX_RECORDS",
     "MIN_BROKER_MAX_SIZE",
     "BatchedWriteConfig",
     "BrokerConfig",
+    "apply_dynamic_config",
+    "read_dynamic_config",
+    "write_dynamic_config",
 ]
 
 #: Smallest ``…BatchedWriteMaxRecords`` the broker accepts with the feature on.
@@ -454,3 +460,116 @@ def _parse_properties(text: str, origin: str) -> Iterator[tuple[str, str]]:
         if not key:
             raise ConfigError(f"{origin}:{lineno}: line without a key", key="", value=raw)
         yield key, value
+
+
+# -- dynamic settings persisted in the data directory --------------------------
+
+#: The data directory's persisted dynamic settings (Pulsar keeps its dynamic
+#: configuration in the metadata store; here it is a file beside the data).
+DYNAMIC_CONFIG_FILE: Final = "dynamic-config.toml"
+#: Keys that may be persisted there: the batched-write settings, Pulsar-named.
+DYNAMIC_SETTINGS: Final = tuple(_PULSAR_KEYS)
+
+
+def _dynamic_path(directory: str | os.PathLike[str]) -> Path:
+    return Path(directory) / DYNAMIC_CONFIG_FILE
+
+
+def read_dynamic_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
+    """Return the settings persisted in ``<directory>/dynamic-config.toml`` ({} if none).
+
+    Values are coerced and checked (:class:`ConfigError` naming the file
+    and the key for an unknown key, a bad value or unreadable TOML).
+    """
+    path = _dynamic_path(directory)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return {}
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot read: {e}", key=str(path), value="") from e
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        raise ConfigError(f"{path}: {e}", key=str(path), value="") from e
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in _PULSAR_KEYS:
+            raise _error(key, value, f"not a dynamic setting (in {path}); use {DYNAMIC_SETTINGS}")
+        out[key] = _COERCE[_PULSAR_KEYS[key][1]](key, value)
+    return out
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return repr(value)  # int or float
+
+
+def write_dynamic_config(
+    directory: str | os.PathLike[str], settings: Mapping[str, Any]
+) -> dict[str, Any]:
+    """Persist ``settings`` (merged over what is there) in ``<directory>/dynamic-config.toml``.
+
+    Every key must be one of :data:`DYNAMIC_SETTINGS`; values are checked
+    first (nothing is written on a :class:`ConfigError`). The file is
+    replaced atomically and durably (temp file, fsync, rename, directory
+    fsync). Returns every persisted setting. Only for a closed directory:
+    a running broker reads it at its next open.
+    """
+    if not isinstance(settings, Mapping):
+        raise ConfigError(
+            f"settings must be a mapping, got {settings!r}", key="settings", value=str(settings)
+        )
+    merged = read_dynamic_config(directory)
+    for key, value in settings.items():
+        if key not in _PULSAR_KEYS:
+            raise _error(key, value, f"not a dynamic setting; use {DYNAMIC_SETTINGS}")
+        merged[key] = _COERCE[_PULSAR_KEYS[key][1]](key, value)
+    path = _dynamic_path(directory)
+    tmp = path.with_name(path.name + ".tmp")
+    text = "# Dynamic settings persisted by `txnstream admin`; applied at Broker.open.\n" + "".join(
+        f"{k} = {_toml_value(v)}\n" for k, v in sorted(merged.items())
+    )
+    try:
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(tmp, flags, 0o644)
+        try:
+            os.write(fd, text.encode("utf-8"))
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError as e:
+        raise ConfigError(f"{path}: cannot write: {e}", key=str(path), value="") from e
+    return merged
+
+
+def apply_dynamic_config(directory: str | os.PathLike[str], config: BrokerConfig) -> BrokerConfig:
+    """Return ``config`` with the settings persisted in ``directory`` applied over it.
+
+    What ``Broker.open`` calls: dynamic settings changed while the broker
+    was closed (``txnstream admin --data DIR batched-log enable``) win over
+    the given configuration, as Pulsar's dynamic configuration wins over
+    ``broker.conf``. ``config`` itself is not changed; without a persisted
+    file it is returned as is. A persisted setting the configuration
+    rejects (e.g. batching enabled with ``max_records`` below 10) is a
+    :class:`ConfigError` naming the file.
+    """
+    settings = read_dynamic_config(directory)
+    if not settings:
+        return config
+    out = dataclasses.replace(config, extra=dict(config.extra))
+    for key, value in settings.items():
+        try:
+            out.set(key, value)
+        except ConfigError as e:
+            raise ConfigError(
+                f"{_dynamic_path(directory)}: {e.message}", key=key, value=str(value)
+            ) from e
+    return out

@@ -310,9 +310,9 @@ def test_closed_directory_abort_transaction_and_batched_log_switch(workload: Wor
     }
     assert cli(w.data, "batched-log", "stats", "--log", "coordinator")["enabled"] is False
     assert cli(w.data, "batched-log", "stats", "--log", "pending-ack")["enabled"] is True
-    config = apply_dynamic_config(w.data, BATCHED)  # what Broker.open applies
-    assert BATCHED.transaction_log_batched_write.enabled  # the given config is not changed
-    with Broker.open(w.data, config, registry=None) as broker:
+    # Broker.open applies the persisted settings over the given configuration.
+    with Broker.open(w.data, BATCHED, registry=None) as broker:
+        assert BATCHED.transaction_log_batched_write.enabled  # the given config is not changed
         assert broker.admin.batched_log_stats("coordinator")["enabled"] is False
         with broker.client().transaction():
             pass
@@ -326,9 +326,18 @@ def test_closed_directory_abort_transaction_and_batched_log_switch(workload: Wor
 
 def test_snapshot_age_from_the_namespace_snapshot_topic(workload: Workload) -> None:
     w = workload
-    w.broker.close()
-    [part] = [p for p in cli(w.data, "transaction-buffer-stats", "-t", "out")][1:]
-    assert part["snapshot"] is None
+    live = {tn.full: w.broker.topic(tn).tb.stats() for tn in w.broker.partition_names("out")}
+    w.broker.close()  # a clean close snapshots every changed partition
+    written = 0
+    for part in cli(w.data, "transaction-buffer-stats", "-t", "out"):
+        snap = part["snapshot"]
+        if part["entries"] == 0:
+            assert snap is None, part  # nothing ever changed there: no snapshot
+            continue
+        written += 1
+        assert snap["snapshot_time_ms"] > 0, part
+        assert snap["aborted"] == live[part["topic"]]["aborted"]
+    assert written >= 1
     taken = time.time_ns() // 1_000_000 - 5_000
     snap = TransactionBufferSnapshot(
         topic_name=w.out_partition,
@@ -345,7 +354,7 @@ def test_snapshot_age_from_the_namespace_snapshot_topic(workload: Workload) -> N
     assert got["max_read_position"] == "1:2" and got["aborted"] == 1
     assert got["snapshot_time_ms"] == taken and 5_000 <= got["age_ms"] < 5_000 + 60_000
     others = [p["snapshot"] for t, p in stats.items() if t != w.out_partition]
-    assert others == [None]
+    assert len(others) == 1  # the other partition's, as the broker left it
 
 
 def test_table_output_renders(workload: Workload) -> None:

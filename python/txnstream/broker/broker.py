@@ -64,7 +64,7 @@ from txnstream.broker.topic_name import MAX_PARTITIONS, TopicName
 from txnstream.buffer import TxnOutcomes
 from txnstream.buffer.snapshot_reader import SharedSnapshotReader, SnapshotReaders
 from txnstream.buffer.snapshot_writer import SnapshotWriter
-from txnstream.config import BrokerConfig
+from txnstream.config import BrokerConfig, apply_dynamic_config
 from txnstream.coordinator import (
     CoordinatorConfig,
     TransactionCoordinator,
@@ -239,6 +239,8 @@ class Broker:
                 value=config,
             )
         config.validate()
+        # Settings changed while the broker was closed (`txnstream admin ... batched-log`).
+        config = apply_dynamic_config(directory, config)
         clk = clock_arg(clock)
         if registry is not None and not isinstance(registry, CollectorRegistry):
             raise InvalidArgumentError(

@@ -470,3 +470,15 @@ def test_kill_9_during_snapshot_writes_then_snapshot_recovery_equals_full_replay
         assert b.wait_recovered(60_000)
         st = b.recovery_status()
         assert st["recovered"] == 6 and st["from_snapshot"] == 6
+
+
+def test_eager_recovery_skips_partitions_never_written(tmp_path: Path) -> None:
+    with Broker.open(tmp_path, registry=None) as b:
+        b.create_topic("wide", 8)
+        b.client().producer("wide-partition-3").send(b"only one partition gets this")
+    before = set(ManagedLedger.names(tmp_path))
+    with Broker.open(tmp_path, BrokerConfig(topic_recovery="eager"), registry=None) as b:
+        assert b.wait_recovered(60_000)
+        st = b.recovery_status()
+        assert (st["total"], st["recovered"]) == (1, 1)
+    assert set(ManagedLedger.names(tmp_path)) == before  # no empty ledgers created

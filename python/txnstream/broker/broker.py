@@ -314,7 +314,15 @@ class Broker:
             "seconds": time.monotonic() - started,
         }
         if cfg.topic_recovery == "eager":
-            names = [tn.full for base, _ in self.topic_names() for tn in self.partition_names(base)]
+            # Partitions with a ledger: one never written to has nothing to
+            # recover (and is not created here: it opens on first use).
+            stored = set(ManagedLedger.names(self.path))
+            names = [
+                tn.full
+                for base, _ in self.topic_names()
+                for tn in self.partition_names(base)
+                if tn.full in stored
+            ]
             self._topic_recovery = TopicRecovery(names, self.topic, cfg.topic_recovery_threads)
             self._topic_recovery.start()
 

@@ -90,6 +90,15 @@ class TopicRecovery:
     def _finish(self) -> None:
         with self._lock:
             self._finished_at = time.monotonic()
+        st = self.status()
+        log.info(
+            "topic recovery: %d of %d partitions recovered in %.2f s (%d failed, %d skipped)",
+            st["recovered"],
+            st["total"],
+            st["seconds"],
+            st["failed"],
+            st["skipped"],
+        )
         self._all_done.set()
         pool = self._pool
         if pool is not None:

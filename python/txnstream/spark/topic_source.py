@@ -648,10 +648,11 @@ def read_marker_range(path: str, part: TopicRange) -> Iterator[pa.RecordBatch]:
         while True:
             rows = scan_topic(ml, after, _SCAN_CHUNK)
             inside = [r for r in rows if r[0] == part.ledger_id and r[1] <= part.last_entry]
-            found = [r for r in inside if r[2] is not None]
+            found = [(r[1], r[2], r[3]) for r in inside if r[2] is not None]
             if found:
                 n = len(found)
-                txns = [r[3] for r in found]
+                types = [m for _e, m, _t in found]
+                txns = [t for _e, _m, t in found]
                 no_txn = np.array([t is None for t in txns], dtype=np.bool_)
                 most = np.array([0 if t is None else t[0] for t in txns], dtype=np.uint64)
                 least = np.array([0 if t is None else t[1] for t in txns], dtype=np.uint64)
@@ -659,9 +660,9 @@ def read_marker_range(path: str, part: TopicRange) -> Iterator[pa.RecordBatch]:
                     pa.array([part.topic] * n, pa.string()),
                     pa.array(np.full(n, part.partition, dtype=np.int32)),
                     pa.array(np.full(n, part.ledger_id, dtype=np.uint64).view(np.int64)),
-                    pa.array(np.array([r[1] for r in found], dtype=np.int64)),
-                    pa.array(np.array([r[2] for r in found], dtype=np.int32)),
-                    pa.array([_marker_name(int(r[2])) for r in found], pa.string()),
+                    pa.array(np.array([e for e, _m, _t in found], dtype=np.int64)),
+                    pa.array(np.array(types, dtype=np.int32)),
+                    pa.array([_marker_name(m) for m in types], pa.string()),
                     pa.array(most.view(np.int64), pa.int64(), mask=no_txn),
                     pa.array(least.view(np.int64), pa.int64(), mask=no_txn),
                 ]

@@ -366,3 +366,34 @@ def test_planted_audit_reports_exactly_the_planted_violations(planted: Planted) 
     assert planted.result.verdict == "FAIL"
     html = planted.result.report.read_text()
     assert "Topics and exactly-once" in html and "duplicate_output" in html
+
+
+def test_markers_table_is_what_the_buffers_wrote(planted: Planted, spark: SparkSession) -> None:
+    """Mode ``markers`` of the topic source: one row per marker the transaction buffers wrote."""
+    assert planted.result is not None
+    rows = spark.read.parquet(str(planted.result.out_dir / "topic_markers")).collect()
+
+    def markers(t: TxnID) -> set[tuple[str, str]]:
+        return {
+            (r["ledger"], r["marker"])
+            for r in rows
+            if (r["txnid_most_bits"], r["txnid_least_bits"]) == (t.most_bits, t.least_bits)
+        }
+
+    assert markers(planted.lost) == set()
+    assert markers(planted.flipped) == {(log, "COMMIT") for log, *_ in planted.flipped_outputs}
+    assert markers(planted.dup) == {(planted.dup_copy[0], "COMMIT")}
+    assert {r["marker_type"] for r in rows} <= {21, 22}
+    assert all(r["entry_id"] >= 0 and r["topic"] in (OUT_A, OUT_B) for r in rows)
+
+
+def test_topic_source_refuses_an_unknown_mode(planted: Planted, spark: SparkSession) -> None:
+    assert planted.result is not None
+    with pytest.raises(Exception, match="option mode must be one of"):
+        (
+            spark.read.format("txnstream")
+            .option("path", planted.result.summary["data_dir"])
+            .option("topic", OUT_A)
+            .option("mode", "entries")
+            .load()
+        )

@@ -2,10 +2,12 @@
 
 On Spark, from the files of a data directory (read-only, live or closed):
 
-1. reads every coordinator log, then every pending-ack log (in that order: a
-   coordinator logs COMMITTED only after every participant's end is durable,
-   so a COMMITTED seen first guarantees its pending-ack COMMIT is in the
-   later read even while a broker keeps running);
+1. reads every coordinator log, then every pending-ack log, then every user
+   topic partition (messages READ_UNCOMMITTED and READ_COMMITTED, markers)
+   and the cursors of subscriptions that ack in transactions (in that order:
+   a coordinator logs COMMITTED only after every participant's end is
+   durable, so a COMMITTED seen first guarantees its pending-ack COMMIT and
+   its markers are in the later reads even while a broker keeps running);
 2. reconstructs each transaction's final state (:mod:`.transactions`);
 3. runs the checks (:data:`CHECKS`), each reporting violations with the
    transaction and the positions involved;
@@ -15,9 +17,20 @@ On Spark, from the files of a data directory (read-only, live or closed):
 5. writes Parquet tables, ``summary.json`` and ``report.html``.
 
 Checks are pluggable: a :class:`Check` names the tables it needs and returns
-violations; one whose tables are missing is reported as skipped. The topic
-half of the pipeline adds its tables (messages, markers) and checks (commit
-markers on produced partitions, the exactly-once verdict) the same way.
+violations; one whose tables are missing is reported as skipped (a directory
+without topics skips the topic checks). The topic checks are
+:class:`TopicMarkers` (markers on every partition a decided transaction
+wrote to, agreeing with its outcome), :class:`AbortedVisible` and
+:class:`ExactlyOnce`, the consume-transform-produce verdict: outputs name
+their input by key in property ``source``; output topics default to the
+topics whose committed messages carry it, input topics to the other topics
+holding a message keyed by a value the outputs name
+(:attr:`AuditOptions.input_topics` / ``output_topics``, CLI
+``--input-topic`` / ``--output-topic``, choose them). The verdict (``PASS``,
+``FAIL`` or ``not_checked`` with a reason) and its counts are
+``summary["exactly_once"]``; the pending-ack side of "a committed
+transaction's acks are committed" is :class:`PendingAckOutcomes`'
+``missing_pending_ack_commit``.
 """
 
 from __future__ import annotations

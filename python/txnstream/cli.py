@@ -73,6 +73,26 @@ class _AuditError(click.ClickException):
     type=click.IntRange(min=1),
     help="The writers' max_records, to tell flush triggers apart (default: largest batch seen).",
 )
+@click.option(
+    "--input-topic",
+    "input_topics",
+    multiple=True,
+    help="Input topic of the exactly-once check (repeatable). Default: the topics holding"
+    " a message keyed by a value the outputs' source property names.",
+)
+@click.option(
+    "--output-topic",
+    "output_topics",
+    multiple=True,
+    help="Output topic of the exactly-once check (repeatable). Default: the topics whose"
+    " committed messages carry the source property.",
+)
+@click.option(
+    "--source-property",
+    default="source",
+    show_default=True,
+    help="Message property through which an output names its input (by the input's key).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
 def audit(
     data_dir: Path,
@@ -81,9 +101,12 @@ def audit(
     stuck_after_ms: int,
     now_ms: int | None,
     max_records: int | None,
+    input_topics: tuple[str, ...],
+    output_topics: tuple[str, ...],
+    source_property: str,
     as_json: bool,
 ) -> None:
-    """Audit DATA_DIR on Spark: transactions, pending acks, batching; writes a report.
+    """Audit DATA_DIR on Spark: transactions, pending acks, topics, exactly-once; writes a report.
 
     Reads the directory read-only (it may be live). Exit status: 0 when no
     violation is found, 1 when some are (listed in the report), 2 on errors.
@@ -100,7 +123,14 @@ def audit(
     if out_dir.resolve() == data_dir.resolve() or data_dir.resolve() in out_dir.resolve().parents:
         raise click.BadParameter("must not be inside DATA_DIR", param_hint="--out")
     console = Console(stderr=True)
-    options = AuditOptions(stuck_after_ms=stuck_after_ms, now_ms=now_ms, max_records=max_records)
+    options = AuditOptions(
+        stuck_after_ms=stuck_after_ms,
+        now_ms=now_ms,
+        max_records=max_records,
+        input_topics=input_topics,
+        output_topics=output_topics,
+        source_property=source_property,
+    )
     with console.status("starting Spark") as status:
         try:
             result = run_audit(
@@ -128,7 +158,7 @@ def _print_audit(summary: dict[str, Any], console: Any) -> None:
     ent = summary["entries"]
     rows = [
         ("violations", summary["violations"]["total"]),
-        ("exactly-once", summary["exactly_once"]["verdict"]),
+        ("exactly-once", _exactly_once_line(summary["exactly_once"])),
         ("transactions", txns["total"]),
         ("by status", ", ".join(f"{k} {v}" for k, v in sorted(txns["by_status"].items()))),
         ("timed out", txns["timed_out"]),
@@ -144,6 +174,16 @@ def _print_audit(summary: dict[str, Any], console: Any) -> None:
         t.add_row(str(k), str(v))
     console.print(t)
     console.print(f"report: {Path(summary['out_dir']) / 'report.html'}")
+
+
+def _exactly_once_line(eo: dict[str, Any]) -> str:
+    if eo["verdict"] == "not_checked":
+        return f"not_checked ({eo.get('reason', '')})"
+    return (
+        f"{eo['verdict']} ({eo['inputs_consumed_committed']} inputs, {eo['outputs']} outputs,"
+        f" {eo['duplicates']} duplicated, {eo['missing']} missing,"
+        f" {eo['untraceable']} untraceable)"
+    )
 
 
 # ---------------------------------------------------------------------- admin

@@ -16,7 +16,9 @@ On a fresh data directory:
    READ_COMMITTED output of each output topic, nothing aborted is visible
    there, the input subscription has nothing left;
 6. **audit** on local Spark (when the Spark extra is installed): the
-   coordinator and pending-ack logs are audited and a report written.
+   coordinator and pending-ack logs, topic markers and the exactly-once of
+   the outputs (traced to inputs through ``source``) are audited from the
+   files and a report written.
 
 It prints a report and exits non-zero when any check fails.
 """
@@ -230,7 +232,7 @@ def audit(data: Path, run: Run, console: Console) -> None:
         "verdict": result.verdict,
         "violations": summary["violations"]["total"],
         "transactions": summary["transactions"]["total"],
-        "exactly-once (logs)": summary["exactly_once"]["verdict"],
+        "exactly-once (topics traced on Spark)": summary["exactly_once"]["verdict"],
         "entries saved by batching": summary["entries"]["saved_by_batching"],
         "report": str(out / "report.html"),
     }

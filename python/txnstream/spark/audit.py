@@ -2,10 +2,12 @@
 
 On Spark, from the files of a data directory (read-only, live or closed):
 
-1. reads every coordinator log, then every pending-ack log (in that order: a
-   coordinator logs COMMITTED only after every participant's end is durable,
-   so a COMMITTED seen first guarantees its pending-ack COMMIT is in the
-   later read even while a broker keeps running);
+1. reads every coordinator log, then every pending-ack log, then every user
+   topic partition (messages READ_UNCOMMITTED and READ_COMMITTED, markers)
+   and the cursors of subscriptions that ack in transactions (in that order:
+   a coordinator logs COMMITTED only after every participant's end is
+   durable, so a COMMITTED seen first guarantees its pending-ack COMMIT and
+   its markers are in the later reads even while a broker keeps running);
 2. reconstructs each transaction's final state (:mod:`.transactions`);
 3. runs the checks (:data:`CHECKS`), each reporting violations with the
    transaction and the positions involved;
@@ -15,9 +17,20 @@ On Spark, from the files of a data directory (read-only, live or closed):
 5. writes Parquet tables, ``summary.json`` and ``report.html``.
 
 Checks are pluggable: a :class:`Check` names the tables it needs and returns
-violations; one whose tables are missing is reported as skipped. The topic
-half of the pipeline adds its tables (messages, markers) and checks (commit
-markers on produced partitions, the exactly-once verdict) the same way.
+violations; one whose tables are missing is reported as skipped (a directory
+without topics skips the topic checks). The topic checks are
+:class:`TopicMarkers` (markers on every partition a decided transaction
+wrote to, agreeing with its outcome), :class:`AbortedVisible` and
+:class:`ExactlyOnce`, the consume-transform-produce verdict: outputs name
+their input by key in property ``source``; output topics default to the
+topics whose committed messages carry it, input topics to the other topics
+holding a message keyed by a value the outputs name
+(:attr:`AuditOptions.input_topics` / ``output_topics``, CLI
+``--input-topic`` / ``--output-topic``, choose them). The verdict (``PASS``,
+``FAIL`` or ``not_checked`` with a reason) and its counts are
+``summary["exactly_once"]``; the pending-ack side of "a committed
+transaction's acks are committed" is :class:`PendingAckOutcomes`'
+``missing_pending_ack_commit``.
 """
 
 from __future__ import annotations
@@ -26,7 +39,7 @@ import json
 import shutil
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -42,6 +55,8 @@ from pyspark.sql.types import (
 )
 
 from txnstream._native import ManagedLedger
+from txnstream.broker.topic_name import TopicName
+from txnstream.errors import InvalidArgumentError, InvalidTopicNameError
 from txnstream.spark.log_source import (
     COORDINATOR_LOG_PREFIX,
     PENDING_ACK_LOG_SUFFIX,
@@ -49,6 +64,7 @@ from txnstream.spark.log_source import (
     schema_of,
 )
 from txnstream.spark.session import DEFAULT_MASTER, session
+from txnstream.spark.topic_source import topic_partitions
 from txnstream.spark.transactions import (
     TXN_KEY,
     final_states,
@@ -59,11 +75,13 @@ from txnstream.spark.udfs import ack_set_overlaps
 
 __all__ = [
     "CHECKS",
+    "EXACTLY_ONCE_VERDICTS",
     "VIOLATION_SCHEMA",
     "AuditContext",
     "AuditOptions",
     "AuditResult",
     "Check",
+    "pending_ack_owners",
     "run_audit",
     "violation_rows",
 ]
@@ -109,6 +127,14 @@ class AuditOptions:
     #: The writers' ``max_records``, to tell flush triggers apart; default the
     #: largest batch seen per log.
     max_records: int | None = None
+    #: Input topics of the exactly-once check (any form of topic name);
+    #: default: the topics holding a message keyed by a value the outputs name.
+    input_topics: tuple[str, ...] = ()
+    #: Output topics of the exactly-once check; default: the topics whose
+    #: READ_COMMITTED messages carry :attr:`source_property`.
+    output_topics: tuple[str, ...] = ()
+    #: The message property through which an output names its input (by key).
+    source_property: str = "source"
 
 
 @dataclass
@@ -121,6 +147,8 @@ class AuditContext:
     options: AuditOptions
     tables: dict[str, DataFrame] = field(default_factory=dict)
     reference_time_ms: int = 0
+    #: Figures checks record for the summary (``exactly_once``: verdict and counts).
+    results: dict[str, Any] = field(default_factory=dict)
 
     def table(self, name: str) -> DataFrame:
         """Return table ``name`` (KeyError if the audit has none)."""
@@ -543,6 +571,703 @@ class DoubleAck:
         )
 
 
+# ------------------------------------------------------------------ topics
+#
+# Tables (read after the coordinator and pending-ack logs, so every
+# transaction decided in the coordinator read has its markers and pending-ack
+# ends in these reads even while a broker keeps writing):
+#
+# - ``topic_messages``: every message of every user topic partition
+#   (READ_UNCOMMITTED, without ``value``), plus ``ledger`` (the partition's
+#   managed-ledger name);
+# - ``topic_committed``: the same columns for what a READ_COMMITTED read
+#   returns (the data source's own rules: ABORT markers, the read limit);
+# - ``topic_markers``: one row per COMMIT/ABORT marker (mode ``markers``);
+# - ``pending_ack_logs``: which partition and subscription each pending-ack
+#   log belongs to;
+# - ``cursor_deleted``: per (partition, subscription with a pending-ack log),
+#   the entry ranges its cursor deleted (mark-delete and individually deleted
+#   runs): acks that were applied, even once their pending-ack records are
+#   trimmed.
+
+#: Verdicts of the exactly-once check.
+EXACTLY_ONCE_VERDICTS = ("PASS", "FAIL", "not_checked")
+_DECIDED = ("COMMITTING", "COMMITTED", "ABORTING", "ABORTED")
+
+
+def _partition_ledger() -> Column:
+    """Return the managed-ledger name of a topic row's partition (the topic if unpartitioned)."""
+    return F.when(
+        F.col("partition") >= 0,
+        F.concat(F.col("topic"), F.lit("-partition-"), F.col("partition").cast("string")),
+    ).otherwise(F.col("topic"))
+
+
+def _msg_position(role: str | Column, batch_index: Column | None = None) -> Column:
+    """Return the position of a topic row (message or marker) in violation form."""
+    return F.struct(
+        F.col("ledger").alias("log"),
+        F.col("ledger_id"),
+        F.col("entry_id"),
+        (batch_index if batch_index is not None else F.col("batch_index"))
+        .cast("int")
+        .alias("batch_index"),
+        (F.lit(role) if isinstance(role, str) else role).cast("string").alias("role"),
+    )
+
+
+def _marker_position() -> Column:
+    return _msg_position(F.concat(F.col("marker"), F.lit(" marker")), F.lit(None))
+
+
+def _load_topic(spark: SparkSession, data: str, out: Path, name: str, **options: str) -> DataFrame:
+    """Read every user topic partition through the ``txnstream`` source into Parquet ``name``."""
+    reader = spark.read.format("txnstream").option("path", data).option("topic", "persistent://*")
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    df = reader.load()
+    if "value" in df.columns:
+        df = df.drop("value")
+    df = df.withColumn("ledger", _partition_ledger())
+    df.write.mode("overwrite").parquet(str(out / name))
+    return spark.read.schema(df.schema).parquet(str(out / name))
+
+
+def pending_ack_owners(
+    pending_logs: Sequence[str], partitions: Sequence[str]
+) -> list[tuple[str, str, str]]:
+    """Return ``(log, partition, subscription)`` for each pending-ack log of one of ``partitions``.
+
+    A log is named ``<partition>-<subscription>__transaction_pending_ack``;
+    when two partition names could both prefix it, the longer one wins.
+    """
+    out = []
+    for log in pending_logs:
+        if not log.endswith(PENDING_ACK_LOG_SUFFIX):
+            continue
+        owners = [p for p in partitions if log.startswith(p + "-")]
+        if not owners:
+            continue
+        p = max(owners, key=len)
+        sub = log[len(p) + 1 : -len(PENDING_ACK_LOG_SUFFIX)]
+        if sub:
+            out.append((log, p, sub))
+    return out
+
+
+_CURSOR_SCHEMA = StructType(
+    [
+        StructField("ledger", StringType()),
+        StructField("subscription", StringType()),
+        StructField("first_ledger", LongType()),
+        StructField("first_entry", LongType()),
+        StructField("last_ledger", LongType()),
+        StructField("last_entry", LongType()),
+        StructField("kind", StringType()),
+    ]
+)
+
+
+def _cursor_ranges(data: str, owners: Sequence[tuple[str, str, str]]) -> list[tuple[Any, ...]]:
+    """Entry ranges deleted by the cursors of subscriptions that ack in transactions."""
+    rows: list[tuple[Any, ...]] = []
+    by_partition: dict[str, set[str]] = {}
+    for _log, partition, sub in owners:
+        by_partition.setdefault(partition, set()).add(sub)
+    for partition, subs in sorted(by_partition.items()):
+        ml = ManagedLedger.open(data, partition, read_only=True)
+        try:
+            known = set(ml.cursor_names())
+            for sub in sorted(subs & known):
+                cursor = ml.open_cursor(sub)
+                md = cursor.mark_delete_position
+                if md is not None:
+                    rows.append((partition, sub, 0, 0, md.ledger_id, md.entry_id, "mark_delete"))
+                for a, b in cursor.deleted_ranges():
+                    rows.append(
+                        (partition, sub, a.ledger_id, a.entry_id, b.ledger_id, b.entry_id, "range")
+                    )
+        finally:
+            ml.close()
+    return rows
+
+
+@dataclass(frozen=True)
+class TopicMarkers:
+    """Topic markers agree with the coordinators' outcomes.
+
+    Every COMMITTED transaction has a COMMIT marker on each partition where
+    it has messages (a partition it added but never wrote to gets none: the
+    transaction buffer ends such a transaction at once), every ABORTED one a
+    marker there (else READ_COMMITTED readers stay stuck at its first
+    message); no marker contradicts the outcome; and a decided transaction's
+    messages are on partitions its coordinator registered (ADD_PARTITION).
+    """
+
+    name: str = "topic_markers"
+    description: str = (
+        "COMMIT markers on every partition a committed transaction wrote to;"
+        " markers match outcomes; partitions registered"
+    )
+    requires: tuple[str, ...] = ("transactions", "topic_messages", "topic_markers")
+
+    def run(self, ctx: AuditContext) -> DataFrame:
+        """Return missing or contradicting markers and unregistered partitions."""
+        txns = ctx.table("transactions").select(
+            *TXN_KEY, "status", "partitions", "start_time", "final_position"
+        )
+        msgs = ctx.table("topic_messages").filter(F.col("txnid_most_bits").isNotNull())
+        per = msgs.groupBy("ledger", *TXN_KEY).agg(
+            F.count(F.lit(1)).alias("messages"),
+            F.min(F.struct(_at().alias("k"), _msg_position("first message").alias("p"))).alias(
+                "first"
+            ),
+            F.max(F.struct(_at().alias("k"), _msg_position("last message").alias("p"))).alias(
+                "last"
+            ),
+        )
+        markers = ctx.table("topic_markers").filter(F.col("txnid_most_bits").isNotNull())
+        marks = markers.groupBy("ledger", *TXN_KEY).agg(
+            F.collect_list(F.when(F.col("marker") == "COMMIT", _marker_position())).alias(
+                "commits"
+            ),
+            F.collect_list(F.when(F.col("marker") == "ABORT", _marker_position())).alias("aborts"),
+        )
+        j = per.join(txns, TXN_KEY, "inner").join(marks, ["ledger", *TXN_KEY], "left")
+        n_commits = F.size(F.coalesce(F.col("commits"), F.array()))
+        n_aborts = F.size(F.coalesce(F.col("aborts"), F.array()))
+        final = F.array(F.col("final_position"))
+        span = F.array(F.col("first.p"), F.col("last.p"))
+        registered = F.array_contains(
+            F.coalesce(F.col("partitions"), F.array().cast("array<string>")), F.col("ledger")
+        )
+        led = F.col("ledger")
+        missing_commit = _violations(
+            j.filter((F.col("status") == "COMMITTED") & (n_commits == 0)),
+            "missing_commit_marker",
+            "safety",
+            F.concat(span, final),
+            F.format_string(
+                "committed transaction %s has %d message(s) on %s but no COMMIT marker there"
+                " (partition registered: %s): READ_COMMITTED readers never see them and stop"
+                " at its first message",
+                _txn(),
+                F.col("messages"),
+                led,
+                registered.cast("string"),
+            ),
+            log=led,
+        )
+        missing_abort = _violations(
+            j.filter((F.col("status") == "ABORTED") & (n_commits == 0) & (n_aborts == 0)),
+            "missing_abort_marker",
+            "liveness",
+            F.concat(span, final),
+            F.format_string(
+                "aborted transaction %s has %d message(s) on %s but no ABORT marker there:"
+                " READ_COMMITTED readers stay stuck at its first message",
+                _txn(),
+                F.col("messages"),
+                led,
+            ),
+            log=led,
+        )
+        unregistered = _violations(
+            # Only with its NEW record stored: the ADD records follow it, none trimmed.
+            j.filter(
+                F.col("status").isin(*_DECIDED) & F.col("start_time").isNotNull() & ~registered
+            ),
+            "unregistered_partition",
+            "liveness",
+            F.concat(span, final),
+            F.format_string(
+                "transaction %s wrote %d message(s) to %s, a partition its coordinator never"
+                " registered (no ADD_PARTITION): its end never reaches that partition",
+                _txn(),
+                F.col("messages"),
+                led,
+            ),
+            log=led,
+        )
+        mt = marks.join(txns, TXN_KEY, "inner")
+        contradicts = _violations(
+            mt.filter(
+                (F.col("status").isin("ABORTING", "ABORTED") & (n_commits > 0))
+                | (F.col("status").isin("COMMITTING", "COMMITTED") & (n_aborts > 0))
+            ),
+            "marker_contradicts_outcome",
+            "safety",
+            F.concat(
+                F.when(F.col("status").isin("ABORTING", "ABORTED"), F.col("commits")).otherwise(
+                    F.col("aborts")
+                ),
+                final,
+            ),
+            F.format_string(
+                "transaction %s ended %s but %s holds a %s marker for it",
+                _txn(),
+                F.col("status"),
+                led,
+                F.when(F.col("status").isin("ABORTING", "ABORTED"), F.lit("COMMIT")).otherwise(
+                    F.lit("ABORT")
+                ),
+            ),
+            log=led,
+        )
+        return (
+            missing_commit.unionByName(missing_abort)
+            .unionByName(unregistered)
+            .unionByName(contradicts)
+        )
+
+
+#: Most message positions listed in one violation (the detail gives the count).
+_MAX_LISTED = 20
+
+
+@dataclass(frozen=True)
+class AbortedVisible:
+    """Nothing aborted is visible to READ_COMMITTED readers.
+
+    A message returned by a READ_COMMITTED read (the data source's rules)
+    whose transaction the coordinator aborted, or that has an ABORT marker
+    on any partition, is a violation (Jepsen's *aborted read*, G1a).
+    """
+
+    name: str = "aborted_visible"
+    description: str = "no message of an aborted transaction is visible to READ_COMMITTED"
+    requires: tuple[str, ...] = ("transactions", "topic_committed", "topic_markers")
+
+    def run(self, ctx: AuditContext) -> DataFrame:
+        """Return one violation per (partition, aborted transaction) with visible messages."""
+        aborted = (
+            ctx.table("transactions")
+            .filter(F.col("status").isin("ABORTING", "ABORTED"))
+            .select(*TXN_KEY, "status", "final_position")
+        )
+        markers = ctx.table("topic_markers").filter(F.col("txnid_most_bits").isNotNull())
+        abort_marks = (
+            markers.filter(F.col("marker") == "ABORT")
+            .groupBy(*TXN_KEY)
+            .agg(F.collect_list(_marker_position()).alias("abort_markers"))
+        )
+        commit_marks = (
+            markers.filter(F.col("marker") == "COMMIT")
+            .groupBy("ledger", *TXN_KEY)
+            .agg(F.collect_list(_marker_position()).alias("commit_markers"))
+        )
+        visible = (
+            ctx.table("topic_committed")
+            .filter(F.col("txnid_most_bits").isNotNull())
+            .join(aborted, TXN_KEY, "left")
+            .join(abort_marks, TXN_KEY, "left")
+            .filter(F.col("status").isNotNull() | F.col("abort_markers").isNotNull())
+        )
+        per = (
+            visible.groupBy("ledger", *TXN_KEY)
+            .agg(
+                F.count(F.lit(1)).alias("n"),
+                F.sort_array(
+                    F.collect_list(F.struct(_at().alias("k"), _msg_position("visible").alias("p")))
+                ).alias("ps"),
+                F.first("status", ignorenulls=True).alias("status"),
+                F.first("final_position", ignorenulls=True).alias("final_position"),
+                F.first("abort_markers", ignorenulls=True).alias("abort_markers"),
+            )
+            .join(commit_marks, ["ledger", *TXN_KEY], "left")
+        )
+        empty = F.array().cast(ArrayType(POSITION_TYPE))
+        return _violations(
+            per,
+            "aborted_visible",
+            "safety",
+            F.concat(
+                F.transform(F.slice("ps", 1, _MAX_LISTED), lambda x: x["p"]),
+                F.coalesce(F.col("commit_markers").cast(ArrayType(POSITION_TYPE)), empty),
+                F.coalesce(F.col("abort_markers").cast(ArrayType(POSITION_TYPE)), empty),
+                F.when(
+                    F.col("final_position").isNotNull(), F.array(F.col("final_position"))
+                ).otherwise(empty),
+            ),
+            F.format_string(
+                "aborted transaction %s: %d of its message(s) on %s are visible to"
+                " READ_COMMITTED readers (%s)",
+                _txn(),
+                F.col("n"),
+                F.col("ledger"),
+                F.when(
+                    F.col("status").isNotNull(),
+                    F.concat(F.lit("its coordinator says "), F.col("status")),
+                ).otherwise(F.lit("it has an ABORT marker on another partition")),
+            ),
+            log=F.col("ledger"),
+        )
+
+
+def _index_acked(words: str, size: str, index: str) -> Column:
+    """Return whether an ack (``size`` records, ack-set ``words``: 1 = present) covers ``index``."""
+    return F.expr(
+        f"coalesce({size}, 1) <= 1 OR coalesce(shiftright(coalesce(try_element_at({words},"
+        f" cast(floor({index} / 64) as int) + 1), 0L), {index} % 64) & 1, 0) = 0"
+    )
+
+
+@dataclass(frozen=True)
+class ExactlyOnce:
+    """Exactly-once of a consume-transform-produce workload, traced through message properties.
+
+    Outputs are the READ_COMMITTED messages of the output topics; each names
+    its input in property ``source`` (:attr:`AuditOptions.source_property`)
+    by the input's key. Inputs are the READ_COMMITTED messages of the input
+    topics that were consumed and committed: acked by a COMMITTED
+    transaction (pending-ack ACK records; a cumulative ack covers everything
+    up to it) or deleted by the cursor of a subscription that acks in
+    transactions (its mark-delete and deleted ranges: applied acks, still
+    known once their pending-ack records are trimmed). Per output topic,
+    each input id must appear as many times as consumed-and-committed inputs
+    carry it (once, with unique keys): more is ``duplicate_output``, fewer
+    ``lost_input``; an output naming no such input, or without the
+    property, is ``untraceable_output``.
+
+    Output topics default to those whose READ_COMMITTED messages carry the
+    property; input topics to the other topics holding a message keyed by a
+    value the outputs name. Outputs of transactions still OPEN or
+    COMMITTING at the coordinator read (a live directory) are left out.
+    The verdict and its counts go to ``ctx.results["exactly_once"]``.
+    """
+
+    name: str = "exactly_once"
+    description: str = (
+        "every consumed-and-committed input appears exactly once in each output topic"
+    )
+    requires: tuple[str, ...] = (
+        "transactions",
+        "pending_ack_records",
+        "topic_committed",
+        "pending_ack_logs",
+        "cursor_deleted",
+    )
+
+    def run(self, ctx: AuditContext) -> DataFrame:
+        """Return duplicated, lost and untraceable outputs; record the verdict and counts."""
+        spark, opts = ctx.spark, ctx.options
+        prop = opts.source_property
+        committed = ctx.table("topic_committed").withColumn(
+            "sid", F.try_element_at(F.col("properties"), F.lit(prop))
+        )
+        none = spark.createDataFrame([], VIOLATION_SCHEMA)
+        outputs_t = list(opts.output_topics) or sorted(
+            r["topic"]
+            for r in committed.filter(F.col("sid").isNotNull()).select("topic").distinct().collect()
+        )
+        if not outputs_t:
+            ctx.results["exactly_once"] = _not_checked(
+                f"no READ_COMMITTED message carries property {prop!r}: no consume-transform-"
+                "produce output to trace (name them with --output-topic)"
+            )
+            return none
+        outs = committed.filter(F.col("topic").isin(*outputs_t))
+        inputs_t = list(opts.input_topics) or sorted(
+            r["topic"]
+            for r in committed.filter(~F.col("topic").isin(*outputs_t))
+            .join(
+                outs.select(F.col("sid").alias("key")).filter(F.col("key").isNotNull()).distinct(),
+                "key",
+                "left_semi",
+            )
+            .select("topic")
+            .distinct()
+            .collect()
+        )
+        if not inputs_t:
+            ctx.results["exactly_once"] = _not_checked(
+                f"outputs in {outputs_t} carry {prop!r} but no other topic holds a message"
+                " keyed by one of its values (name the inputs with --input-topic)",
+                output_topics=outputs_t,
+            )
+            return none
+
+        ins = committed.filter(F.col("topic").isin(*inputs_t))
+        consumed = _consumed(ctx, ins)
+        consumed = _save(consumed, ctx.out_dir, "ctp_inputs")
+        in_pos = _msg_position("input")
+        expected = consumed.groupBy("id").agg(
+            F.count(F.lit(1)).alias("e"),
+            F.sort_array(F.collect_list(F.struct(_at().alias("k"), in_pos.alias("p")))).alias(
+                "in_ps"
+            ),
+            F.min(
+                F.when(
+                    F.col("ack_most").isNotNull(), F.struct(F.col("ack_most"), F.col("ack_least"))
+                )
+            ).alias("acker"),
+        )
+        topics = spark.createDataFrame([(t,) for t in outputs_t], "topic string")
+        expected = topics.crossJoin(expected)
+
+        status = ctx.table("transactions").select(*TXN_KEY, "status")
+        outs = outs.join(status, TXN_KEY, "left")
+        in_flight = F.coalesce(F.col("status").isin("OPEN", "COMMITTING"), F.lit(False))
+        after_cut = outs.filter(in_flight).count()
+        outs = outs.filter(~in_flight)
+        out_item = F.struct(
+            F.struct("publish_time", "ledger_id", "entry_id", "batch_index").alias("k"),
+            _msg_position("output").alias("p"),
+            F.col("txnid_most_bits").alias("most"),
+            F.col("txnid_least_bits").alias("least"),
+        )
+        actual = (
+            outs.filter(F.col("sid").isNotNull())
+            .groupBy("topic", F.col("sid").alias("id"))
+            .agg(
+                F.count(F.lit(1)).alias("a"),
+                F.sort_array(F.collect_list(out_item)).alias("out_ps"),
+            )
+        )
+        lineage = _save(
+            expected.join(actual, ["topic", "id"], "full_outer").select(
+                "topic",
+                "id",
+                F.coalesce(F.col("e"), F.lit(0)).alias("expected"),
+                F.coalesce(F.col("a"), F.lit(0)).alias("actual"),
+                "in_ps",
+                "out_ps",
+                "acker",
+            ),
+            ctx.out_dir,
+            "ctp_lineage",
+        )
+        violations = _ctp_violations(lineage, outs.filter(F.col("sid").isNull()), prop)
+
+        by_topic: dict[str, dict[str, int]] = {t: {} for t in outputs_t}
+        for r in (
+            lineage.groupBy("topic")
+            .agg(
+                F.sum("actual").alias("outputs"),
+                F.sum(
+                    F.when(
+                        (F.col("expected") > 0) & (F.col("actual") > F.col("expected")),
+                        F.col("actual") - F.col("expected"),
+                    ).otherwise(0)
+                ).alias("duplicates"),
+                F.sum(
+                    F.when(
+                        F.col("expected") > F.col("actual"), F.col("expected") - F.col("actual")
+                    ).otherwise(0)
+                ).alias("missing"),
+                F.sum(F.when(F.col("expected") == 0, F.col("actual")).otherwise(0)).alias(
+                    "untraceable"
+                ),
+            )
+            .collect()
+        ):
+            by_topic[r["topic"]] = {
+                k: int(r[k] or 0) for k in ("outputs", "duplicates", "missing", "untraceable")
+            }
+        for r in outs.filter(F.col("sid").isNull()).groupBy("topic").count().collect():
+            t = by_topic.setdefault(r["topic"], {})
+            t["outputs"] = t.get("outputs", 0) + int(r["count"])
+            t["untraceable"] = t.get("untraceable", 0) + int(r["count"])
+        ways = {str(r["via"]): int(r["count"]) for r in consumed.groupBy("via").count().collect()}
+        totals = {
+            k: sum(t.get(k, 0) for t in by_topic.values())
+            for k in ("outputs", "duplicates", "missing", "untraceable")
+        }
+        inputs_n = sum(ways.values())
+        bad = totals["duplicates"] + totals["missing"] + totals["untraceable"]
+        ctx.results["exactly_once"] = {
+            "verdict": "FAIL" if bad else "PASS",
+            "reason": (
+                f"{inputs_n} consumed-and-committed input(s) traced into {len(outputs_t)}"
+                f" output topic(s) through property {prop!r}"
+            ),
+            "input_topics": inputs_t,
+            "output_topics": outputs_t,
+            "source_property": prop,
+            "topics_chosen": "options" if opts.output_topics or opts.input_topics else "detected",
+            "inputs_consumed_committed": inputs_n,
+            "inputs_by_evidence": ways,
+            "outputs_after_cut": after_cut,
+            **totals,
+            "by_output_topic": by_topic,
+        }
+        return violations
+
+
+def _not_checked(reason: str, **extra: Any) -> dict[str, Any]:
+    return {"verdict": "not_checked", "reason": reason, **extra}
+
+
+def _consumed(ctx: AuditContext, ins: DataFrame) -> DataFrame:
+    """Input messages consumed and committed: one row each, ``via`` ack or cursor."""
+    owners = ctx.table("pending_ack_logs")
+    committed = ctx.table("transactions").filter(F.col("status") == "COMMITTED").select(*TXN_KEY)
+    acks = (
+        ctx.table("pending_ack_records")
+        .filter(F.col("op") == "ACK")
+        .join(committed, TXN_KEY, "inner")
+        .join(owners, "log", "inner")
+        .select(
+            F.col("ledger").alias("a_ledger"),
+            F.col("txnid_most_bits").alias("ack_most"),
+            F.col("txnid_least_bits").alias("ack_least"),
+            (F.col("ack_type") == "Cumulative").alias("cumulative"),
+            F.explode("positions").alias("m"),
+        )
+        .select(
+            "a_ledger",
+            "ack_most",
+            "ack_least",
+            "cumulative",
+            F.col("m.ledger_id").alias("m_ledger"),
+            F.col("m.entry_id").alias("m_entry"),
+            F.col("m.batch_size").alias("m_size"),
+            F.col("m.ack_set").alias("m_acks"),
+        )
+    )
+    covered = _index_acked("m_acks", "m_size", "batch_index")
+    here = F.struct("ledger_id", "entry_id")
+    at_ack = F.struct(F.col("m_ledger").alias("ledger_id"), F.col("m_entry").alias("entry_id"))
+    same_entry = (F.col("ledger_id") == F.col("m_ledger")) & (F.col("entry_id") == F.col("m_entry"))
+    by_ack = ins.join(
+        acks,
+        (F.col("ledger") == F.col("a_ledger"))
+        & ((same_entry & covered) | (F.col("cumulative") & (here < at_ack))),
+        "inner",
+    ).select("ledger", "ledger_id", "entry_id", "batch_index", "ack_most", "ack_least")
+    cursors = ctx.table("cursor_deleted").withColumnRenamed("ledger", "c_ledger")
+    by_cursor = ins.join(
+        cursors,
+        (F.col("ledger") == F.col("c_ledger"))
+        & (
+            here
+            >= F.struct(
+                F.col("first_ledger").alias("ledger_id"), F.col("first_entry").alias("entry_id")
+            )
+        )
+        & (
+            here
+            <= F.struct(
+                F.col("last_ledger").alias("ledger_id"), F.col("last_entry").alias("entry_id")
+            )
+        ),
+        "left_semi",
+    ).select(
+        "ledger",
+        "ledger_id",
+        "entry_id",
+        "batch_index",
+        F.lit(None).cast("long").alias("ack_most"),
+        F.lit(None).cast("long").alias("ack_least"),
+    )
+    evidence = (
+        by_ack.unionByName(by_cursor)
+        .groupBy("ledger", "ledger_id", "entry_id", "batch_index")
+        .agg(
+            F.min(F.when(F.col("ack_most").isNotNull(), F.struct("ack_most", "ack_least"))).alias(
+                "t"
+            )
+        )
+    )
+    return ins.join(evidence, ["ledger", "ledger_id", "entry_id", "batch_index"], "inner").select(
+        "topic",
+        "partition",
+        "ledger",
+        "ledger_id",
+        "entry_id",
+        "batch_index",
+        "publish_time",
+        F.coalesce(F.col("key"), F.lit("")).alias("id"),
+        F.col("t.ack_most").alias("ack_most"),
+        F.col("t.ack_least").alias("ack_least"),
+        F.when(F.col("t").isNotNull(), F.lit("ack")).otherwise(F.lit("cursor")).alias("via"),
+    )
+
+
+def _ctp_violations(lineage: DataFrame, unnamed: DataFrame, prop: str) -> DataFrame:
+    """Duplicate, lost and untraceable outputs from the per (output topic, input id) table."""
+    empty = F.array().cast(ArrayType(POSITION_TYPE))
+    ins = F.coalesce(F.transform("in_ps", lambda x: x["p"]), empty)
+    outs = F.coalesce(F.transform("out_ps", lambda x: x["p"]), empty)
+    last = F.element_at("out_ps", -1)
+    dup = lineage.filter((F.col("expected") > 0) & (F.col("actual") > F.col("expected"))).select(
+        "*",
+        last["most"].alias("txnid_most_bits"),
+        last["least"].alias("txnid_least_bits"),
+    )
+    duplicate = _violations(
+        dup,
+        "duplicate_output",
+        "safety",
+        F.concat(outs, ins),
+        F.format_string(
+            "input %s appears %d times in the committed output of %s (expected %d)",
+            F.col("id"),
+            F.col("actual"),
+            F.col("topic"),
+            F.col("expected"),
+        ),
+        log=F.col("topic"),
+    )
+    lost_rows = lineage.filter(F.col("expected") > F.col("actual")).select(
+        "*",
+        F.col("acker.ack_most").alias("txnid_most_bits"),
+        F.col("acker.ack_least").alias("txnid_least_bits"),
+    )
+    lost = _violations(
+        lost_rows,
+        "lost_input",
+        "safety",
+        F.concat(ins, outs),
+        F.format_string(
+            "input %s was consumed and committed %d time(s) but appears %d time(s) in the"
+            " committed output of %s",
+            F.col("id"),
+            F.col("expected"),
+            F.col("actual"),
+            F.col("topic"),
+        ),
+        log=F.col("topic"),
+    )
+    stray = (
+        lineage.filter(F.col("expected") == 0)
+        .select("topic", "id", F.explode("out_ps").alias("o"))
+        .select(
+            "topic",
+            "id",
+            F.col("o.most").alias("txnid_most_bits"),
+            F.col("o.least").alias("txnid_least_bits"),
+            F.col("o.p").alias("p"),
+        )
+    )
+    untraceable = _violations(
+        stray,
+        "untraceable_output",
+        "safety",
+        F.array(F.col("p")),
+        F.format_string(
+            "output in %s names input %s, which no committed transaction consumed from the"
+            " input topics",
+            F.col("topic"),
+            F.col("id"),
+        ),
+        log=F.col("topic"),
+    )
+    no_source = _violations(
+        unnamed,
+        "untraceable_output",
+        "safety",
+        F.array(_msg_position("output")),
+        F.format_string(
+            "output in %s has no %s property: it cannot be traced to an input",
+            F.col("topic"),
+            F.lit(prop),
+        ),
+        log=F.col("topic"),
+    )
+    return duplicate.unionByName(lost).unionByName(untraceable).unionByName(no_source)
+
+
 #: The checks a default audit runs, in order.
 CHECKS: list[Check] = [
     CorruptRecords(),
@@ -550,6 +1275,9 @@ CHECKS: list[Check] = [
     PendingAckOutcomes(),
     PendingAckOrder(),
     DoubleAck(),
+    TopicMarkers(),
+    AbortedVisible(),
+    ExactlyOnce(),
 ]
 
 
@@ -761,6 +1489,8 @@ def run_audit(
     data = str(Path(data_dir))
     out = Path(out_dir)
     names = ManagedLedger.names(data)  # before Spark starts: not a data directory fails fast
+    partitions = topic_partitions(names)
+    opts = _checked_topics(opts, partitions)
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
@@ -778,6 +1508,11 @@ def run_audit(
     )
     ctx.tables["txn_log_records"] = txn_records
     ctx.tables["pending_ack_records"] = pending
+    if partitions:
+        # After the coordinator logs: a transaction decided there has its
+        # markers here, even while a broker keeps writing.
+        step(f"reading {len(partitions)} topic partition(s)")
+        _load_topics(ctx, partitions, pending_logs)
 
     step("reconstructing transactions")
     ctx.tables["transactions"] = _save(final_states(txn_records), out, "transactions")
@@ -828,10 +1563,8 @@ def run_audit(
         "spark_master": spark.sparkContext.master,
         "verdict": "PASS" if total_violations == 0 else "FAIL",
         "violations": {"total": total_violations, "by_kind": by_kind, "by_severity": by_severity},
-        "exactly_once": {
-            "verdict": "not_checked",
-            "reason": "topic messages and markers are not audited yet (no topic check ran)",
-        },
+        "exactly_once": _exactly_once_summary(ctx, ran),
+        "topics": _topic_counts(ctx, partitions),
         "checks": ran,
         "transactions": {
             "total": sum(status_counts.values()),
@@ -854,23 +1587,132 @@ def run_audit(
             "records_by_op": pending_ops,
             "transactions_unknown_to_coordinators": int(unknown),
         },
-        "tables": {
-            name: name + "/"
-            for name in (
-                "txn_log_records",
-                "pending_ack_records",
-                "transactions",
-                "violations",
-                "stuck_transactions",
-                "entries",
-            )
-        },
+        "tables": {name: name + "/" for name in sorted(_tables_written(out))},
     }
     step("writing the report")
     summary["seconds"] = round(time.monotonic() - started, 3)
     (out / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     report = write_report(out / "report.html", summary, _rows(violations, 500), _rows(stuck, 200))
     return AuditResult(out, summary, report)
+
+
+def _checked_topics(opts: AuditOptions, partitions: Sequence[str]) -> AuditOptions:
+    """Options with input/output topics as full names; a name the directory lacks is an error."""
+    stored = {TopicName.parse(p).base.full for p in partitions}
+
+    def full(option: str, names: tuple[str, ...]) -> tuple[str, ...]:
+        out = []
+        for name in names:
+            try:
+                tn = TopicName.parse(name).base
+            except InvalidTopicNameError as e:
+                raise InvalidArgumentError(
+                    f"{option}: bad topic name {name!r} ({e})", argument=option, value=name
+                ) from None
+            if tn.full not in stored:
+                raise InvalidArgumentError(
+                    f"{option}: topic {name!r} is not stored in the directory"
+                    f" (topics: {sorted(stored)[:20]})",
+                    argument=option,
+                    value=name,
+                )
+            out.append(tn.full)
+        return tuple(dict.fromkeys(out))
+
+    inputs = full("input_topics", opts.input_topics)
+    outputs = full("output_topics", opts.output_topics)
+    if set(inputs) & set(outputs):
+        raise InvalidArgumentError(
+            f"a topic cannot be both input and output: {sorted(set(inputs) & set(outputs))}",
+            argument="input_topics",
+            value=inputs,
+        )
+    if not opts.source_property:
+        raise InvalidArgumentError(
+            "source_property must not be empty", argument="source_property", value=""
+        )
+    return replace(opts, input_topics=inputs, output_topics=outputs)
+
+
+def _load_topics(ctx: AuditContext, partitions: Sequence[str], pending_logs: Sequence[str]) -> None:
+    """Read the topic tables of ``ctx`` (see the topics section)."""
+    spark, data, out = ctx.spark, ctx.data_dir, ctx.out_dir
+    owners = pending_ack_owners(pending_logs, partitions)
+    ctx.tables["pending_ack_logs"] = _save(
+        spark.createDataFrame(owners, "log string, ledger string, subscription string"),
+        out,
+        "pending_ack_logs",
+    )
+    ctx.tables["topic_markers"] = _load_topic(spark, data, out, "topic_markers", mode="markers")
+    ctx.tables["topic_messages"] = _load_topic(
+        spark, data, out, "topic_messages", isolation="read_uncommitted"
+    )
+    ctx.tables["topic_committed"] = _load_topic(
+        spark, data, out, "topic_committed", isolation="read_committed"
+    )
+    ctx.tables["cursor_deleted"] = _save(
+        spark.createDataFrame(_cursor_ranges(data, owners), _CURSOR_SCHEMA), out, "cursor_deleted"
+    )
+
+
+def _exactly_once_summary(ctx: AuditContext, ran: Sequence[dict[str, str]]) -> dict[str, Any]:
+    found = ctx.results.get("exactly_once")
+    if found is not None:
+        return dict(found)
+    if "topic_messages" not in ctx.tables:
+        return _not_checked("no topic partition in the directory: no output to trace")
+    why = next((c.get("reason", "") for c in ran if c["name"] == ExactlyOnce.name), None)
+    return _not_checked(f"the exactly-once check did not run ({why or 'not selected'})")
+
+
+def _topic_counts(ctx: AuditContext, partitions: Sequence[str]) -> dict[str, Any]:
+    """Per topic: partitions, messages stored, READ_COMMITTED-visible, in transactions, markers."""
+    by_topic: dict[str, dict[str, Any]] = {}
+    for p in partitions:
+        t = by_topic.setdefault(
+            TopicName.parse(p).base.full,
+            {
+                "partitions": 0,
+                "messages": 0,
+                "visible": 0,
+                "transactional": 0,
+                "commit_markers": 0,
+                "abort_markers": 0,
+            },
+        )
+        t["partitions"] += 1
+    if "topic_messages" in ctx.tables:
+        for r in (
+            ctx.table("topic_messages")
+            .groupBy("topic")
+            .agg(
+                F.count(F.lit(1)).alias("messages"),
+                F.count("txnid_most_bits").alias("transactional"),
+            )
+            .collect()
+        ):
+            if r["topic"] in by_topic:
+                by_topic[r["topic"]].update(
+                    messages=int(r["messages"]), transactional=int(r["transactional"])
+                )
+        for r in ctx.table("topic_committed").groupBy("topic").count().collect():
+            if r["topic"] in by_topic:
+                by_topic[r["topic"]]["visible"] = int(r["count"])
+        for r in ctx.table("topic_markers").groupBy("topic", "marker").count().collect():
+            key = {"COMMIT": "commit_markers", "ABORT": "abort_markers"}.get(r["marker"])
+            if key and r["topic"] in by_topic:
+                by_topic[r["topic"]][key] = int(r["count"])
+    return {
+        "partitions": len(partitions),
+        "topics": len(by_topic),
+        "messages": sum(t["messages"] for t in by_topic.values()),
+        "visible": sum(t["visible"] for t in by_topic.values()),
+        "by_topic": by_topic,
+    }
+
+
+def _tables_written(out: Path) -> list[str]:
+    return [p.name for p in out.iterdir() if p.is_dir()]
 
 
 def _rows(df: DataFrame, limit: int | None) -> list[dict[str, Any]]:

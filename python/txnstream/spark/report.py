@@ -312,6 +312,7 @@ def render(
         ],
         "No log.",
     )
+    topics = _topics_section(summary)
     figures = "".join(
         f"<figure><img id='{_e(i)}' alt='{_e(i)}' src='{uri}'></figure>" for i, uri in imgs.items()
     )
@@ -341,12 +342,68 @@ th {{ background: #f5f5f5; }} .muted {{ color: #777; }} code {{ font-size: 12px;
 <h2>Charts</h2><div class="charts">{figures}</div>
 <h2>Checks</h2>{checks}
 <h2>Violations</h2>{vtable}
+<h2>Topics and exactly-once</h2>{topics}
 <h2>Stuck transactions</h2>{stable}
 <h2>Batching and entries freed per log</h2>{btable}
 <p class="muted">Tables (Parquet) beside this page:
 {_e(", ".join(sorted(summary["tables"])))}; figures in <code>summary.json</code>.</p>
 </body></html>
 """
+
+
+def _topics_section(summary: Mapping[str, Any]) -> str:
+    """Return the exactly-once verdict with its counts, and one row per topic."""
+    eo = summary["exactly_once"]
+    topics = summary.get("topics", {}).get("by_topic", {})
+    role = {t: "input" for t in eo.get("input_topics", [])}
+    role.update({t: "output" for t in eo.get("output_topics", [])})
+    if eo["verdict"] == "not_checked":
+        head = f"<p>Exactly-once: <b>not checked</b>: {_e(eo.get('reason'))}</p>"
+    else:
+        head = (
+            f"<p>Exactly-once: <b>{_e(eo['verdict'])}</b>. "
+            f"{_e(eo['inputs_consumed_committed'])} input(s) consumed and committed"
+            f" (evidence: {_e(', '.join(f'{k} {n}' for k, n in eo['inputs_by_evidence'].items()))}"
+            f"), {_e(eo['outputs'])} committed output(s) traced through property"
+            f" <code>{_e(eo['source_property'])}</code>: {_e(eo['duplicates'])} duplicated,"
+            f" {_e(eo['missing'])} missing, {_e(eo['untraceable'])} untraceable."
+            f" Topics {_e(eo['topics_chosen'])}.</p>"
+        )
+    per = eo.get("by_output_topic", {})
+    rows = [
+        [
+            f"<code>{_e(name)}</code>",
+            _e(role.get(name, "")),
+            _e(t["partitions"]),
+            _e(t["messages"]),
+            _e(t["visible"]),
+            _e(t["transactional"]),
+            _e(t["commit_markers"]),
+            _e(t["abort_markers"]),
+            _e(
+                ", ".join(f"{k} {n}" for k, n in per[name].items() if k != "outputs")
+                if name in per
+                else ""
+            ),
+        ]
+        for name, t in sorted(topics.items())
+    ]
+    table = _table(
+        [
+            "topic",
+            "role",
+            "partitions",
+            "messages",
+            "READ_COMMITTED visible",
+            "in transactions",
+            "COMMIT markers",
+            "ABORT markers",
+            "exactly-once",
+        ],
+        rows,
+        "No topic in the directory.",
+    )
+    return head + table
 
 
 def _p(stats: Mapping[str, Any] | None) -> str:

@@ -35,6 +35,13 @@ Options (case-insensitive):
 ``maxEntriesPerPartition``
     Spark partitions are ledgers of topic partitions, split into ranges of
     at most this many entries (default 8192).
+``mode``
+    ``messages`` (default: the columns below) or ``markers``: one row per
+    marker entry (:data:`MARKER_FIELDS`: ``topic``, ``partition``,
+    ``ledger_id``, ``entry_id``, ``marker_type``, ``marker`` =
+    ``COMMIT``/``ABORT``/the type number, and the transaction id), from the
+    Rust entry-metadata scanner (``scan_topic``). ``isolation`` does not
+    apply: markers are read to the end seen at planning.
 
 Columns: ``value`` (binary), ``key``, ``topic`` (the topic's full name,
 without the partition suffix), ``partition`` (-1: not partitioned),
@@ -98,18 +105,25 @@ from txnstream.spark.columns import arrow_type, struct_type
 
 __all__ = [
     "ISOLATIONS",
+    "MARKER_FIELDS",
+    "MODES",
     "TOPIC_FIELDS",
     "PartitionScan",
     "TopicDataSource",
     "TopicRange",
     "TopicSelection",
     "TopicStreamReader",
+    "read_marker_range",
     "read_topic_range",
+    "topic_partitions",
 ]
 
 READ_COMMITTED = "read_committed"
 READ_UNCOMMITTED = "read_uncommitted"
 ISOLATIONS = (READ_COMMITTED, READ_UNCOMMITTED)
+MESSAGES = "messages"
+MARKERS = "markers"
+MODES = (MESSAGES, MARKERS)
 EARLIEST = "earliest"
 LATEST = "latest"
 #: Marker types (Pulsar ``PulsarMarkers.proto``): transaction COMMIT and ABORT.
@@ -139,6 +153,19 @@ TOPIC_FIELDS = [
     StructField("properties", MapType(StringType(), StringType())),
 ]
 SCHEMA = struct_type(TOPIC_FIELDS)
+
+#: The schema of mode ``markers``: one row per marker entry.
+MARKER_FIELDS = [
+    StructField("topic", StringType()),
+    StructField("partition", IntegerType()),
+    StructField("ledger_id", LongType()),
+    StructField("entry_id", LongType()),
+    StructField("marker_type", IntegerType()),
+    StructField("marker", StringType()),
+    StructField("txnid_most_bits", LongType()),
+    StructField("txnid_least_bits", LongType()),
+]
+MARKER_SCHEMA = struct_type(MARKER_FIELDS)
 
 TxnKey = tuple[int, int]
 #: An exclusive or inclusive entry position as ``(ledger_id, entry_id)``.
@@ -325,6 +352,8 @@ class TopicSelection:
     starting: tuple[str, dict[tuple[str, int], Pos | str]]
     ending: tuple[str, dict[tuple[str, int], Pos | str]]
     max_entries_per_partition: int
+    #: ``messages`` or ``markers`` (option ``mode``).
+    mode: str = MESSAGES
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> TopicSelection:
@@ -337,6 +366,9 @@ class TopicSelection:
         isolation = (_option(options, "isolation") or READ_COMMITTED).strip().lower()
         if isolation not in ISOLATIONS:
             raise _bad("isolation", isolation, f"must be one of {ISOLATIONS}")
+        mode = (_option(options, "mode") or MESSAGES).strip().lower()
+        if mode not in MODES:
+            raise _bad("mode", mode, f"must be one of {MODES}")
         raw_max = _option(options, "maxEntriesPerPartition")
         max_entries = DEFAULT_MAX_ENTRIES_PER_PARTITION
         if raw_max is not None:
@@ -365,12 +397,12 @@ class TopicSelection:
                         "names a partition the option topic does not select "
                         f"(selected: {sorted(known)[:10]})",
                     )
-        return cls(path, ledgers, isolation, starting, ending, max_entries)
+        return cls(path, ledgers, isolation, starting, ending, max_entries, mode)
 
     @property
     def schema(self) -> StructType:
-        """Return the Spark schema of this read (:data:`TOPIC_FIELDS`)."""
-        return SCHEMA
+        """Return the Spark schema of this read (:data:`TOPIC_FIELDS` or :data:`MARKER_FIELDS`)."""
+        return MARKER_SCHEMA if self.mode == MARKERS else SCHEMA
 
     def scan(self, ledger: str) -> tuple[PartitionScan, list[tuple[int, int, bool]]]:
         """Scan one partition's metadata; return the scan and its ledgers."""
@@ -383,8 +415,10 @@ class TopicSelection:
             ml.close()
 
     def limit(self, state: PartitionScan) -> Pos:
-        """Return the exclusive end the isolation allows in ``state``."""
-        return state.read_limit if self.isolation == READ_COMMITTED else state.end
+        """Return the exclusive end the isolation allows in ``state`` (markers: the end)."""
+        if self.mode == MARKERS or self.isolation != READ_COMMITTED:
+            return state.end
+        return state.read_limit
 
     def bounds(self, state: PartitionScan, ledgers: list[tuple[int, int, bool]]) -> tuple[Pos, Pos]:
         """Inclusive start and exclusive end of one partition under the options."""
@@ -416,7 +450,8 @@ class TopicSelection:
                 continue
             lo = start[1] if lid == start[0] else 0
             hi = min(count, end[1] if lid == end[0] else count)
-            aborted = state.aborted_in(lid) if self.isolation == READ_COMMITTED else frozenset()
+            committed = self.isolation == READ_COMMITTED and self.mode == MESSAGES
+            aborted = state.aborted_in(lid) if committed else frozenset()
             for first in range(lo, hi, step):
                 last = min(first + step, hi) - 1
                 out.append(TopicRange(state.ledger, topic, index, lid, first, last, aborted))
@@ -442,6 +477,19 @@ def _resolve(
         return limit
     assert isinstance(pos, tuple)
     return pos
+
+
+def topic_partitions(names: Sequence[str], *, system: bool = False) -> list[str]:
+    """Return the managed-ledger names among ``names`` that are topic partitions, sorted.
+
+    A partition (or non-partitioned topic) is stored under its full name;
+    system topics (local names starting with ``__``) only when ``system``.
+    """
+    return sorted(
+        name
+        for name, tn in _topic_ledgers(names).items()
+        if system or not tn.local.startswith("__")
+    )
 
 
 def _topic_ledgers(names: Sequence[str]) -> dict[str, TopicName]:
@@ -572,6 +620,66 @@ def read_topic_range(path: str, part: TopicRange) -> Iterator[pa.RecordBatch]:
         ml.close()
 
 
+_MARKER_ARROW_SCHEMA: pa.Schema | None = None
+
+
+def _marker_arrow_schema() -> pa.Schema:
+    global _MARKER_ARROW_SCHEMA
+    if _MARKER_ARROW_SCHEMA is None:
+        from pyspark.sql.pandas.types import to_arrow_schema
+
+        _MARKER_ARROW_SCHEMA = to_arrow_schema(MARKER_SCHEMA)
+    return _MARKER_ARROW_SCHEMA
+
+
+def _marker_name(marker: int) -> str:
+    return {TXN_COMMIT: "COMMIT", TXN_ABORT: "ABORT"}.get(marker, str(marker))
+
+
+def read_marker_range(path: str, part: TopicRange) -> Iterator[pa.RecordBatch]:
+    """Yield the marker entries of one Spark partition as Arrow record batches (mode ``markers``).
+
+    The Rust scanner decodes only each entry's metadata; entries that are
+    not markers are skipped there, so no message is parsed in Python.
+    """
+    ml = ManagedLedger.open(path, part.ledger, read_only=True)
+    try:
+        after = _before((part.ledger_id, part.first_entry))
+        while True:
+            rows = scan_topic(ml, after, _SCAN_CHUNK)
+            inside = [r for r in rows if r[0] == part.ledger_id and r[1] <= part.last_entry]
+            found = [(r[1], r[2], r[3]) for r in inside if r[2] is not None]
+            if found:
+                n = len(found)
+                types = [m for _e, m, _t in found]
+                txns = [t for _e, _m, t in found]
+                no_txn = np.array([t is None for t in txns], dtype=np.bool_)
+                most = np.array([0 if t is None else t[0] for t in txns], dtype=np.uint64)
+                least = np.array([0 if t is None else t[1] for t in txns], dtype=np.uint64)
+                arrays = [
+                    pa.array([part.topic] * n, pa.string()),
+                    pa.array(np.full(n, part.partition, dtype=np.int32)),
+                    pa.array(np.full(n, part.ledger_id, dtype=np.uint64).view(np.int64)),
+                    pa.array(np.array([e for e, _m, _t in found], dtype=np.int64)),
+                    pa.array(np.array(types, dtype=np.int32)),
+                    pa.array([_marker_name(m) for m in types], pa.string()),
+                    pa.array(most.view(np.int64), pa.int64(), mask=no_txn),
+                    pa.array(least.view(np.int64), pa.int64(), mask=no_txn),
+                ]
+                yield pa.RecordBatch.from_arrays(arrays, schema=_marker_arrow_schema())
+            if len(inside) < len(rows) or not rows:
+                return
+            after = Position(rows[-1][0], rows[-1][1])
+    finally:
+        ml.close()
+
+
+def _read_range(sel: TopicSelection, part: TopicRange) -> Iterator[pa.RecordBatch]:
+    if sel.mode == MARKERS:
+        return read_marker_range(sel.path, part)
+    return read_topic_range(sel.path, part)
+
+
 class _Reader(DataSourceReader):
     def __init__(self, sel: TopicSelection) -> None:
         self.sel = sel
@@ -583,7 +691,7 @@ class _Reader(DataSourceReader):
         if not isinstance(partition, TopicRange):
             # Spark reads one default partition when partitions() has none.
             return iter(())
-        return read_topic_range(self.sel.path, partition)
+        return _read_range(self.sel, partition)
 
 
 def _offset_of(pos: Pos) -> str:
@@ -684,7 +792,7 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """Read one ledger range (as the batch reader does)."""
         if not isinstance(partition, TopicRange):
             return iter(())
-        return read_topic_range(self.sel.path, partition)
+        return _read_range(self.sel, partition)
 
     def commit(self, end: dict[str, Any]) -> None:
         """Nothing to release: the source holds no resources between batches."""
@@ -703,8 +811,8 @@ class TopicDataSource(DataSource):
         return "txnstream"
 
     def schema(self) -> StructType:
-        """Return :data:`TOPIC_FIELDS` as a Spark schema."""
-        return SCHEMA
+        """Return :data:`TOPIC_FIELDS` (mode ``markers``: :data:`MARKER_FIELDS`) as a schema."""
+        return self.selection.schema
 
     def reader(self, schema: StructType) -> DataSourceReader:
         """Return the batch reader."""

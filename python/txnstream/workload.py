@@ -44,12 +44,18 @@ class _PlannedAbortError(Exception):
 
 
 def broker_config(timeout_ms: int = 1_500) -> BrokerConfig:
-    """Return the main job's broker settings: short timeouts, batched logs (PIP-160)."""
+    """Return the main job's broker settings.
+
+    Short timeouts, batched logs (PIP-160), and transaction-buffer snapshots
+    every second (Pulsar's default is 5 s) so the run killed part-way has
+    snapshots to recover from.
+    """
     return BrokerConfig(
         coordinators=2,
         transaction_timeout_ms=timeout_ms,
         transaction_log_batched_write=BatchedWriteConfig(enabled=True),
         pending_ack_batched_write=BatchedWriteConfig(enabled=True),
+        tb_snapshot_min_time_ms=1_000,
     )
 
 

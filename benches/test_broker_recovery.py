@@ -39,6 +39,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import procstats
 import pytest
 
 from txnstream import Broker, BrokerConfig, ManagedLedger
@@ -54,37 +55,17 @@ SNAPSHOT_ROUNDS = 3
 ROUNDS = 3
 
 
-def _peak_reset() -> None:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM (the peak RSS) to the current RSS
-    except OSError:
-        pass
-
-
-def _peak_kib() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return 0
-
-
-def _fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
-
-
 class _FdSampler:
     """The most descriptors open at once while it runs (sampled)."""
 
     def __init__(self) -> None:
-        self.peak = _fds()
+        self.peak = procstats.fds()
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(0.005):
-            self.peak = max(self.peak, _fds())
+            self.peak = max(self.peak, procstats.fds())
 
     def __enter__(self) -> _FdSampler:
         self._t.start()
@@ -93,7 +74,7 @@ class _FdSampler:
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._t.join()
-        self.peak = max(self.peak, _fds())
+        self.peak = max(self.peak, procstats.fds())
 
 
 class PerTopicReaderBroker(Broker):
@@ -158,7 +139,7 @@ def _check(b: Broker, names: list[str]) -> None:
 
 def _recover(path: Path, mode: str, names: list[str]) -> dict[str, Any]:
     """One recovery (in a fresh process: RSS and descriptors are its own); its figures."""
-    _peak_reset()
+    procstats.peak_reset()
     with _FdSampler() as fds:
         if mode == "shared":
             cfg = BrokerConfig(topic_recovery="eager", topic_recovery_threads=THREADS)
@@ -193,7 +174,7 @@ def _recover(path: Path, mode: str, names: list[str]) -> dict[str, Any]:
                 t.tb.changes = 0  # leave the directory as it was
         finally:
             b.close()
-    out.update(fds=fds.peak, peak_rss_kib=_peak_kib())
+    out.update(fds=fds.peak, peak_rss_kib=procstats.peak_kib())
     return out
 
 

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import procstats
 import pytest
 
 from txnstream import CompactedTopic, ManagedLedger
@@ -36,26 +37,6 @@ NS = "public/default"
 TOPICS = [int(s) for s in os.environ.get("SNAPSHOT_TOPICS", "300").split(",")]
 SAMPLE = int(os.environ.get("SNAPSHOT_PER_TOPIC_SAMPLE", "1000"))
 ROUNDS = 3
-
-
-def _peak_reset() -> None:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM (the peak RSS) to the current RSS
-    except OSError:
-        pass
-
-
-def _peak_kib() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1])
-    return 0
-
-
-def _fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 @pytest.fixture(scope="module", params=TOPICS, ids=lambda n: f"{n}topics")
@@ -86,7 +67,7 @@ def test_one_reader_per_topic(benchmark: Any, namespace: tuple[Path, int]) -> No
     info: dict[str, Any] = {}
 
     def round_() -> None:
-        _peak_reset()
+        procstats.peak_reset()
         entries = 0
         fds = 0
         started = time.perf_counter()
@@ -96,12 +77,12 @@ def test_one_reader_per_topic(benchmark: Any, namespace: tuple[Path, int]) -> No
             got = d.take(ml, f"persistent://{NS}/t{t}")
             assert got is not None
             entries += d.stats()["entries_read"]
-            fds = max(fds, _fds())
+            fds = max(fds, procstats.fds())
             ml.close()
         info.update(
             seconds_measured=time.perf_counter() - started,
             entries_read=entries * n // sample,
-            peak_rss_kib=_peak_kib(),
+            peak_rss_kib=procstats.peak_kib(),
             fds=fds,
         )
 
@@ -123,7 +104,7 @@ def test_shared_reader(benchmark: Any, namespace: tuple[Path, int]) -> None:
     info: dict[str, Any] = {}
 
     def round_() -> None:
-        _peak_reset()
+        procstats.peak_reset()
         clock = ManualClock()
         timers = TimerService(clock, start=False)
         readers = SnapshotReaders(
@@ -136,8 +117,10 @@ def test_shared_reader(benchmark: Any, namespace: tuple[Path, int]) -> None:
             assert s is not None
             assert s.max_read_position_entryId == (ROUNDS - 1) * n + t
             if t % 1000 == 0:
-                fds = max(fds, _fds())
-        info.update(entries_read=reader.stats()["entries_read"], peak_rss_kib=_peak_kib(), fds=fds)
+                fds = max(fds, procstats.fds())
+        info.update(
+            entries_read=reader.stats()["entries_read"], peak_rss_kib=procstats.peak_kib(), fds=fds
+        )
         reader.release()
         readers.close()
         timers.close()

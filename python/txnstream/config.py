@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from txnstream.durable_file import write_atomically
 from txnstream.errors import ConfigError
 
 __all__ = [
@@ -527,24 +528,11 @@ def write_dynamic_config(
             raise _error(key, value, f"not a dynamic setting; use {DYNAMIC_SETTINGS}")
         merged[key] = _COERCE[_PULSAR_KEYS[key][1]](key, value)
     path = _dynamic_path(directory)
-    tmp = path.with_name(path.name + ".tmp")
     text = "# Dynamic settings persisted by `txnstream admin`; applied at Broker.open.\n" + "".join(
         f"{k} = {_toml_value(v)}\n" for k, v in sorted(merged.items())
     )
     try:
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
-        fd = os.open(tmp, flags, 0o644)
-        try:
-            os.write(fd, text.encode("utf-8"))
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
-        dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
+        write_atomically(path, text.encode("utf-8"))
     except OSError as e:
         raise ConfigError(f"{path}: cannot write: {e}", key=str(path), value="") from e
     return merged

@@ -68,12 +68,12 @@ from txnstream.errors import (
     TransactionNotFound,
 )
 from txnstream.pendingack.store import LOG_CURSOR as PENDING_ACK_LOG_CURSOR
+from txnstream.pendingack.store import parse_record
 from txnstream.proto import (
     ABORT,
     ACK,
     COMMIT,
     Cumulative,
-    PendingAckMetadataEntry,
     TerminatedTxnState,
     TransactionBufferSnapshot,
 )
@@ -878,15 +878,7 @@ def pending_ack_stats(
                 live = replay(log_ml, PENDING_ACK_LOG_CURSOR)
                 for pos, data in live:
                     records += 1
-                    e = PendingAckMetadataEntry()
-                    try:
-                        e.ParseFromString(data)
-                    except Exception as exc:
-                        raise CorruptEntryError(
-                            f"pending-ack log {log_ml_name}: record at {pos!r} is not a "
-                            f"PendingAckMetadataEntry ({exc})",
-                            position=(pos.ledger_id, pos.entry_id),
-                        ) from None
+                    e = parse_record(data, pos, log_ml_name)
                     txn = (e.txnid_most_bits, e.txnid_least_bits)
                     if e.pending_ack_op == ACK:
                         t = ongoing.setdefault(

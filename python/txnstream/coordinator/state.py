@@ -49,6 +49,7 @@ from txnstream._native import (
 )
 from txnstream.config import BatchedWriteConfig
 from txnstream.coordinator.metadata import TxnID, TxnMeta, TxnStatus
+from txnstream.durable_file import fsync_dir
 from txnstream.errors import (
     CoordinatorNotFound,
     CorruptEntryError,
@@ -477,15 +478,6 @@ class SequenceStore(Protocol):
 
     def store(self, mark: int) -> None:
         """Durably replace the mark (raise if it is not durable)."""
-
-
-def fsync_dir(path: Path) -> None:
-    """Make the entries of directory ``path`` durable."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def make_dirs_durable(path: Path, root: Path) -> None:

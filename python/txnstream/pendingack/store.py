@@ -154,6 +154,19 @@ def encode_end(txn: TxnID, commit: bool) -> bytes:
     ).SerializeToString()
 
 
+def parse_record(data: bytes, pos: TxnPosition, log: str) -> PendingAckMetadataEntry:
+    """Decode the pending-ack log record at ``pos`` (``log`` names the log in errors)."""
+    e = PendingAckMetadataEntry()
+    try:
+        e.ParseFromString(data)
+    except Exception as exc:
+        raise CorruptEntryError(
+            f"pending-ack log {log}: record at {pos!r} is not a PendingAckMetadataEntry ({exc})",
+            position=(pos.ledger_id, pos.entry_id),
+        ) from None
+    return e
+
+
 class PendingAckStore:
     """Pending transactional acks of one subscription, their log and their conflicts.
 
@@ -504,15 +517,7 @@ class PendingAckStore:
         records = 0
         for pos, data in live:
             records += 1
-            e = PendingAckMetadataEntry()
-            try:
-                e.ParseFromString(data)
-            except Exception as exc:
-                raise CorruptEntryError(
-                    f"pending-ack log of {self.partition}/{self.subscription}: record at "
-                    f"{pos!r} is not a PendingAckMetadataEntry ({exc})",
-                    position=(pos.ledger_id, pos.entry_id),
-                ) from None
+            e = parse_record(data, pos, f"of {self.partition}/{self.subscription}")
             txn = TxnID(e.txnid_most_bits, e.txnid_least_bits)
             if e.pending_ack_op == ACK:
                 acks = found.setdefault(txn, _TxnAcks())
@@ -613,4 +618,4 @@ class PendingAckStore:
         self.writer.close()
 
 
-__all__ = ["LOG_CURSOR", "EndHook", "PendingAckStore", "encode_ack", "encode_end"]
+__all__ = ["LOG_CURSOR", "EndHook", "PendingAckStore", "encode_ack", "encode_end", "parse_record"]

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -24,6 +23,7 @@ from typing import Any, Final
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from txnstream.durable_file import write_atomically
 from txnstream.errors import InvalidArgumentError, StorageError
 
 #: Kinds of remote calls, as counted and exported.
@@ -115,7 +115,7 @@ class RemoteStorage:
                 self._fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
                 self._fs.pipe_file(path, data)
                 return
-            _atomic_write(Path(path), data)
+            write_atomically(Path(path), data)
         except OSError as e:
             raise StorageError(f"remote put of {name} failed: {e}", errno=e.errno) from e
 
@@ -169,25 +169,6 @@ class RemoteStorage:
             tmp.unlink(missing_ok=True)
             n += 1
         return n
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
-    try:
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
 
 
 class _RemoteCollector(Collector):

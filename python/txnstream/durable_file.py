@@ -1,0 +1,51 @@
+"""Small files replaced atomically and durably (temp file, fsync, rename, directory fsync).
+
+For the few plain files txnstream keeps beside its ledgers: remote-segment
+files of the local tiered store, the dynamic settings ``txnstream admin``
+persists, and (their own variant, with fault hooks) the coordinators'
+sequence marks. A reader sees the old file or the new one, never a mix;
+once the call returns, a power cut keeps the new one.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the entries of directory ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` atomically and durably (creating its parents).
+
+    The temp file is ``.<name>.<pid>.<ns>.tmp`` beside it, created with
+    ``O_EXCL | O_NOFOLLOW`` (no symlink is followed, no other writer's temp
+    file is reused). Raises ``OSError``; the temp file is removed then.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+__all__ = ["fsync_dir", "write_atomically"]

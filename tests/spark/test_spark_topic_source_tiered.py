@@ -105,10 +105,8 @@ def drain(broker: Broker) -> list[tuple[Any, ...]]:
     deadline = time.monotonic() + 30
     while (m := consumer.receive(timeout_ms=300)) is not None:
         mid = m.message_id
-        out.append(
-            (mid.ledger_id, mid.entry_id, mid.batch_index, m.value, m.key, m.producer_name)
-            + (m.sequence_id,)
-        )
+        row = (mid.ledger_id, mid.entry_id, mid.batch_index, m.value, m.key, m.producer_name)
+        out.append((*row, m.sequence_id))
         consumer.ack(m)
         assert time.monotonic() < deadline, "the consumer never went idle"
     consumer.close()
@@ -128,7 +126,9 @@ def test_offloaded_and_trimmed_ledgers_read_from_remote(
         broker.create_topic(TOPIC, 0)
         broker.client("r").subscribe(TOPIC, "rc").close()  # keeps data local until consumed
         committed, aborted, late = workload(broker)
-        before = {iso: spark_rows(spark, data, iso) for iso in ("read_committed", "read_uncommitted")}
+        before = {
+            iso: spark_rows(spark, data, iso) for iso in ("read_committed", "read_uncommitted")
+        }
         assert {r[4] for r in before["read_committed"]} == committed
         assert {r[4] for r in before["read_uncommitted"]} == committed | aborted | late
 

@@ -368,8 +368,6 @@ class TopicSelection:
     max_entries_per_partition: int
     #: Remote storage location (option ``remote``; ``<path>/remote`` by default).
     remote: str = ""
-    #: Whether the option ``remote`` was given (a default location may be absent).
-    remote_explicit: bool = False
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> TopicSelection:
@@ -422,7 +420,6 @@ class TopicSelection:
             ending,
             max_entries,
             remote,
-            raw_remote is not None,
         )
 
     @property

@@ -370,6 +370,29 @@ def scan_topic(
     max_entries: int = 4096,
 ) -> list[tuple[int, int, int | None, tuple[int, int] | None, str, list[int]]]: ...
 
+# Columnar topic scans (rust/py/src/topic_scan.rs): numpy arrays and bytes by
+# column name (value_data/value_offsets, key_*, ledger_id, entry_id, ...,
+# property_offsets, property_keys_*, property_values_*) plus the paging keys.
+def scan_topic_columns(
+    ml: ManagedLedger,
+    after: Position | TxnPosition | None = None,
+    limit: Position | TxnPosition | None = None,
+    max_entries: int | None = None,
+    max_bytes: int | None = None,
+    aborted: Iterable[tuple[int, int]] | None = None,
+) -> dict[str, Any]: ...
+def scan_segment_columns(
+    data: Buffer,
+    ledger_id: int,
+    offset: int,
+    entry_id: int,
+    start_entry: int,
+    last_entry: int,
+    max_entries: int | None = None,
+    max_bytes: int | None = None,
+    aborted: Iterable[tuple[int, int]] | None = None,
+) -> dict[str, Any]: ...
+
 # Tiered storage (rust/py/src/tiered.rs): aborted-transaction index, remote segments.
 _Txn = tuple[int, int]
 _PosLike = Position | TxnPosition | tuple[int, int]

@@ -42,6 +42,10 @@ Options (case-insensitive):
     ``COMMIT``/``ABORT``/the type number, and the transaction id), from the
     Rust entry-metadata scanner (``scan_topic``). ``isolation`` does not
     apply: markers are read to the end seen at planning.
+``remote``
+    where offloaded segments live (tiered storage, SPEC §4.8): a directory
+    or an fsspec URL; default ``<path>/remote``, the broker's default (a
+    broker configured with another ``fileSystemURI`` needs it here).
 
 Columns: ``value`` (binary), ``key``, ``topic`` (the topic's full name,
 without the partition suffix), ``partition`` (-1: not partitioned),
@@ -63,9 +67,26 @@ transactions are dropped; nothing at or after the read limit is read.
 **READ_UNCOMMITTED** drops only markers and reads to the end seen at
 planning.
 
-Tasks read their entry range with the Rust bulk reader
-(:func:`txnstream._native.read_messages`: decode and marker skipping in Rust,
-GIL released) and yield ``pyarrow.RecordBatch``es of the schema. A damaged
+**Remote segments.** When the directory has tiered storage (a
+``__remote_log_metadata`` ledger), every finished remote segment of a
+selected partition whose ledger is no longer local (offloaded, then
+trimmed) is one Spark partition, read from remote storage. READ_COMMITTED
+drops there the transactions listed by the aborted-transaction indexes of
+the partition's remote segments from the range on (a segment whose
+metadata says ``txn_idx_empty`` is skipped without a remote call; a damaged
+index is replaced, in memory only, by the segment's ABORT markers) and
+those aborted by markers in the local ledgers. The read limit comes from
+the local ledgers: the broker never trims past the oldest open
+transaction's first message while a subscription reads the topic.
+Streaming reads cover the local ledgers only.
+
+Tasks read their range with the Rust columnar scan
+(:func:`txnstream._native.scan_topic_columns` for a ledger,
+:func:`~txnstream._native.scan_segment_columns` for remote segment data:
+decode, marker skipping and aborted-transaction filtering in Rust, GIL
+released) into numpy arrays and bytes, and wrap them as a
+``pyarrow.RecordBatch`` of the schema without copying (``topic`` and
+``partition`` are constants): no Python object per message. A damaged
 entry fails the task with :class:`~txnstream.errors.CorruptEntryError`
 naming its position, as it fails a consumer.
 """
@@ -98,10 +119,21 @@ from pyspark.sql.types import (
     StructType,
 )
 
-from txnstream._native import ManagedLedger, Position, read_messages, scan_topic
+from txnstream._native import (
+    AbortedTxnIndex,
+    ManagedLedger,
+    Position,
+    decode_segment,
+    decode_topic_entry,
+    scan_segment_columns,
+    scan_topic,
+    scan_topic_columns,
+)
 from txnstream.broker.topic_name import DOMAIN, TopicName
-from txnstream.errors import InvalidArgumentError, InvalidTopicNameError
-from txnstream.spark.columns import arrow_type, struct_type
+from txnstream.errors import CorruptIndexError, InvalidArgumentError, InvalidTopicNameError
+from txnstream.spark.columns import arrow_type, fixed_array, string_array, struct_type
+from txnstream.tiered.metadata import METADATA_LEDGER, RemoteLogMetadataManager, SegmentInfo
+from txnstream.tiered.remote import RemoteStorage, object_name
 
 __all__ = [
     "ISOLATIONS",
@@ -115,6 +147,7 @@ __all__ = [
     "TopicStreamReader",
     "read_marker_range",
     "read_topic_range",
+    "topic_batch",
     "topic_partitions",
 ]
 
@@ -133,6 +166,8 @@ DEFAULT_MAX_ENTRIES_PER_PARTITION = 8192
 #: Entries per metadata scan call (driver) and per bulk read (task).
 _SCAN_CHUNK = 4096
 _READ_CHUNK = 1024
+#: Payload bytes per record batch a task yields (the scan stops past it).
+_READ_BYTES = 16 << 20
 _U64 = 1 << 64
 
 #: The schema of the data source, in column order.
@@ -339,6 +374,12 @@ class TopicRange(InputPartition):
     last_entry: int
     #: Transactions whose messages are dropped (READ_COMMITTED; empty otherwise).
     aborted: frozenset[TxnKey]
+    #: A remote segment's id when the ledger is read from remote storage.
+    segment_id: str | None = None
+    #: Remote storage location of ``segment_id`` (option ``remote``).
+    remote: str | None = None
+    #: First entry stored in the remote segment (entries before it were trimmed).
+    segment_first_entry: int = 0
 
 
 @dataclass(frozen=True)
@@ -354,6 +395,8 @@ class TopicSelection:
     max_entries_per_partition: int
     #: ``messages`` or ``markers`` (option ``mode``).
     mode: str = MESSAGES
+    #: Remote storage location (option ``remote``; ``<path>/remote`` by default).
+    remote: str = ""
 
     @classmethod
     def from_options(cls, options: Mapping[str, str]) -> TopicSelection:
@@ -397,7 +440,20 @@ class TopicSelection:
                         "names a partition the option topic does not select "
                         f"(selected: {sorted(known)[:10]})",
                     )
-        return cls(path, ledgers, isolation, starting, ending, max_entries, mode)
+        raw_remote = _option(options, "remote")
+        if raw_remote is not None and not raw_remote.strip():
+            raise _bad("remote", raw_remote, "must be a directory or an fsspec URL")
+        remote = raw_remote.strip() if raw_remote else os.path.join(path, "remote")
+        return cls(
+            path,
+            ledgers,
+            isolation,
+            starting,
+            ending,
+            max_entries,
+            mode,
+            remote,
+        )
 
     @property
     def schema(self) -> StructType:
@@ -420,21 +476,44 @@ class TopicSelection:
             return state.end
         return state.read_limit
 
-    def bounds(self, state: PartitionScan, ledgers: list[tuple[int, int, bool]]) -> tuple[Pos, Pos]:
-        """Inclusive start and exclusive end of one partition under the options."""
+    def bounds(
+        self,
+        state: PartitionScan,
+        ledgers: list[tuple[int, int, bool]],
+        remote: Sequence[SegmentInfo] = (),
+    ) -> tuple[Pos, Pos]:
+        """Inclusive start and exclusive end of one partition under the options.
+
+        ``remote``: the partition's segments read from remote storage (they
+        come before the local ledgers; with nothing local, their end is the
+        partition's end).
+        """
         key = _key_of(state.ledger)
         limit = self.limit(state)
         first = next(((lid, 0) for lid, n, _ in ledgers if n > 0), (0, 0))
+        if remote:
+            first = (remote[0].ledger_id, remote[0].first_entry)
+            if state.last is None:
+                limit = (remote[-1].ledger_id, remote[-1].last_entry + 1)
         start = _resolve(self.starting, key, first, limit)
         end = _resolve(self.ending, key, first, limit)
         return start, min(end, limit)
 
     def ranges(self) -> list[TopicRange]:
-        """Return the Spark partitions: ledger ranges of every selected topic partition."""
+        """Return the Spark partitions: ledger ranges of every selected topic partition.
+
+        With tiered storage, remote segments of ledgers no longer stored
+        locally come first, one Spark partition each (messages mode only:
+        ``markers`` reads the local ledgers).
+        """
         out: list[TopicRange] = []
+        tiered = _TieredView.open(self) if self.mode == MESSAGES else None
         for ledger in self.ledgers:
             state, ledgers = self.scan(ledger)
-            start, end = self.bounds(state, ledgers)
+            remote = tiered.remote_segments(ledger, ledgers) if tiered else []
+            start, end = self.bounds(state, ledgers, remote)
+            if tiered and remote:
+                out.extend(tiered.split(self, state, remote, start, end))
             out.extend(self.split(state, ledgers, start, end))
         return out
 
@@ -455,6 +534,137 @@ class TopicSelection:
             for first in range(lo, hi, step):
                 last = min(first + step, hi) - 1
                 out.append(TopicRange(state.ledger, topic, index, lid, first, last, aborted))
+        return out
+
+
+def _is_local(location: str) -> bool:
+    return "://" not in location or location.startswith("file://")
+
+
+class _TieredView:
+    """The directory's tiered storage as the driver plans a read: read-only.
+
+    The metadata comes from the ``__remote_log_metadata`` ledger (opened
+    read-only, folded once); remote calls are the aborted-transaction
+    indexes of segments whose metadata does not say ``txn_idx_empty``.
+    """
+
+    def __init__(self, location: str, storage: RemoteStorage, meta: RemoteLogMetadataManager):
+        self.location = location
+        self.storage = storage
+        self.metadata = meta
+
+    @classmethod
+    def open(cls, sel: TopicSelection) -> _TieredView | None:
+        """Return the view, or None when the directory has no tiered storage."""
+        if METADATA_LEDGER not in ManagedLedger.names(sel.path):
+            return None
+        log = ManagedLedger.open(sel.path, METADATA_LEDGER, read_only=True)
+        try:
+            if log.first_position is None:
+                return None
+            if _is_local(sel.remote) and not os.path.isdir(sel.remote.removeprefix("file://")):
+                raise _bad(
+                    "remote",
+                    sel.remote,
+                    "names no directory, but the data directory lists remote segments "
+                    "(give the broker's fileSystemURI)",
+                )
+            storage = RemoteStorage(sel.remote)
+            return cls(sel.remote, storage, RemoteLogMetadataManager(log, storage))
+        finally:
+            log.close()
+
+    def remote_segments(
+        self, ledger: str, ledgers: list[tuple[int, int, bool]]
+    ) -> list[SegmentInfo]:
+        """Finished remote segments of partition ``ledger`` whose ledger is not stored locally."""
+        local = {lid for lid, n, _ in ledgers if n > 0}
+        return [
+            s
+            for s in self.metadata.segments_uncounted(ledger)
+            if s.entry_count > 0 and s.ledger_id not in local
+        ]
+
+    def _aborts(self, seg: SegmentInfo) -> list[tuple[TxnKey, Pos, Pos]]:
+        """``(txn, first, last)`` of each transaction aborted by a marker in ``seg``.
+
+        From the segment's aborted-transaction index; a damaged one is
+        replaced (in memory only: the reader writes nothing) by the segment's
+        ABORT markers, with a conservative first position.
+        """
+        name = object_name(seg.topic, seg.ledger_id, seg.segment_id, "txn_index")
+        try:
+            index = AbortedTxnIndex.decode(self.storage.get(name, "txn_index"))
+            if index.ledger_id != seg.ledger_id:
+                raise CorruptIndexError(
+                    f"remote txn index {name} is of ledger {index.ledger_id}",
+                    kind="aborted-txn index",
+                    offset=12,
+                )
+            return [
+                (r[0], (r[1].ledger_id, r[1].entry_id), (r[2].ledger_id, r[2].entry_id))
+                for r in index.records()
+            ]
+        except CorruptIndexError:
+            data = self.storage.get(
+                object_name(seg.topic, seg.ledger_id, seg.segment_id, "segment"), "segment"
+            )
+            out: list[tuple[TxnKey, Pos, Pos]] = []
+            for i, entry in enumerate(decode_segment(seg.ledger_id, seg.first_entry, data)):
+                d = decode_topic_entry(entry)
+                if d["marker_type"] == TXN_ABORT and d["txn"] is not None:
+                    out.append((d["txn"], (0, 0), (seg.ledger_id, seg.first_entry + i)))
+            return out
+
+    def split(
+        self,
+        sel: TopicSelection,
+        state: PartitionScan,
+        remote: Sequence[SegmentInfo],
+        start: Pos,
+        end: Pos,
+    ) -> list[TopicRange]:
+        """One Spark partition per remote segment overlapping ``[start, end)``.
+
+        READ_COMMITTED: a segment's range drops the transactions aborted by a
+        marker in a remote segment from ``start`` on whose messages overlap
+        it (an ABORT marker follows its messages, so earlier segments hold
+        none of the range's), and those aborted by a local marker.
+        """
+        topic, index = _key_of(state.ledger)
+        committed = sel.isolation == READ_COMMITTED
+        aborts: list[tuple[TxnKey, Pos, Pos]] = []
+        if committed:
+            for seg in remote:
+                if (seg.ledger_id, seg.last_entry) < start:
+                    continue
+                if seg.has_txn_idx_flag and seg.txn_idx_empty:
+                    continue  # KIP-1058: nothing to fetch
+                aborts.extend(self._aborts(seg))
+        local = frozenset(state.aborted) if committed else frozenset()
+        out: list[TopicRange] = []
+        for seg in remote:
+            lo = max((seg.ledger_id, seg.first_entry), start)
+            hi = min((seg.ledger_id, seg.last_entry + 1), end)
+            if lo >= hi:
+                continue
+            seg_first, seg_last = (seg.ledger_id, lo[1]), (seg.ledger_id, hi[1] - 1)
+            dropped = local | {t for t, f, last in aborts if f <= seg_last and last >= seg_first}
+            out.append(
+                TopicRange(
+                    state.ledger,
+                    topic,
+                    index,
+                    seg.ledger_id,
+                    lo[1],
+                    hi[1] - 1,
+                    frozenset(dropped),
+                    segment_id=seg.segment_id,
+                    remote=self.location,
+                    segment_first_entry=seg.first_entry,
+                )
+            )
         return out
 
 
@@ -570,50 +780,71 @@ def arrow_schema() -> pa.Schema:
     return _ARROW_SCHEMA
 
 
-def _i64(values: list[int]) -> pa.Array:
-    """Unsigned 64-bit values as two's complement int64."""
-    return pa.array(np.array(values, dtype=np.uint64).view(np.int64), pa.int64())
+def topic_batch(topic: str, partition: int, c: Mapping[str, Any]) -> pa.RecordBatch:
+    """Wrap the columns of a Rust topic scan as a RecordBatch of :data:`TOPIC_FIELDS`.
 
-
-def _batch(part: TopicRange, rows: list[Any]) -> pa.RecordBatch:
-    n = len(rows)
-    txns = [r[10] for r in rows]
-    no_txn = np.array([t is None for t in txns], dtype=np.bool_)
-    most = np.array([0 if t is None else t[0] for t in txns], dtype=np.uint64).view(np.int64)
-    least = np.array([0 if t is None else t[1] for t in txns], dtype=np.uint64).view(np.int64)
+    ``c`` is what :func:`~txnstream._native.scan_topic_columns` or
+    :func:`~txnstream._native.scan_segment_columns` returns. Numbers are
+    viewed in place (``uint64`` as two's complement ``int64``), strings,
+    binaries and the properties map reuse the scan's data and offsets;
+    ``topic`` and ``partition`` are constant columns.
+    """
+    n = int(c["rows"])
+    i64, i64t = np.int64, pa.int64()
+    i32, i32t = np.int32, pa.int32()
+    txn_valid = c["txn_valid"]
     props_type = arrow_type(TOPIC_FIELDS[-1].dataType)
+    props = pa.MapArray.from_arrays(
+        fixed_array(c["property_offsets"], i32, i32t),
+        string_array(c["property_keys_data"], c["property_keys_offsets"]),
+        string_array(c["property_values_data"], c["property_values_offsets"]),
+        type=props_type,
+    )
+    value_offsets = np.ascontiguousarray(c["value_offsets"], dtype=np.int32)
     arrays = [
-        pa.array([r[4] for r in rows], pa.binary()),
-        pa.array([r[5] for r in rows], pa.string()),
-        pa.array([part.topic] * n, pa.string()),
-        pa.array(np.full(n, part.partition, dtype=np.int32)),
-        pa.array(np.full(n, part.ledger_id, dtype=np.uint64).view(np.int64)),
-        pa.array(np.array([r[1] for r in rows], dtype=np.int64)),
-        pa.array(np.array([r[2] for r in rows], dtype=np.int32)),
-        pa.array(np.array([r[3] for r in rows], dtype=np.int32)),
-        _i64([r[7] for r in rows]),
-        pa.array([r[8] for r in rows], pa.string()),
-        _i64([r[9] for r in rows]),
-        pa.array(most, pa.int64(), mask=no_txn),
-        pa.array(least, pa.int64(), mask=no_txn),
-        pa.array([list(r[6].items()) if r[6] else [] for r in rows], props_type),
+        pa.Array.from_buffers(
+            pa.binary(),
+            n,
+            [None, pa.py_buffer(value_offsets), pa.py_buffer(c["value_data"])],
+            null_count=0,
+        ),
+        string_array(c["key_data"], c["key_offsets"], c["key_valid"]),
+        pa.repeat(pa.scalar(topic, pa.string()), n),
+        pa.repeat(pa.scalar(partition, i32t), n),
+        fixed_array(c["ledger_id"], i64, i64t),
+        fixed_array(c["entry_id"], i64, i64t),
+        fixed_array(c["batch_index"], i32, i32t),
+        fixed_array(c["batch_size"], i32, i32t),
+        fixed_array(c["publish_time"], i64, i64t),
+        string_array(c["producer_name_data"], c["producer_name_offsets"]),
+        fixed_array(c["sequence_id"], i64, i64t),
+        fixed_array(c["txnid_most_bits"], i64, i64t, txn_valid),
+        fixed_array(c["txnid_least_bits"], i64, i64t, txn_valid),
+        props,
     ]
     return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema())
 
 
 def read_topic_range(path: str, part: TopicRange) -> Iterator[pa.RecordBatch]:
-    """Yield the rows of one Spark partition as Arrow record batches (what a task runs)."""
+    """Yield the rows of one Spark partition as Arrow record batches (what a task runs).
+
+    A local ledger range is scanned from the data directory (read-only), a
+    remote one from its segment's data, fetched with one remote call.
+    """
+    if part.segment_id is not None:
+        yield from _read_segment_range(part)
+        return
     ml = ManagedLedger.open(path, part.ledger, read_only=True)
     try:
         after = _before((part.ledger_id, part.first_entry))
         limit = Position(part.ledger_id, part.last_entry + 1)
+        aborted = part.aborted or None
         while True:
-            last, scanned, rows, _markers = read_messages(ml, None, after, limit, _READ_CHUNK)
-            if part.aborted:
-                rows = [r for r in rows if r[10] is None or r[10] not in part.aborted]
-            if rows:
-                yield _batch(part, rows)
-            if scanned == 0 or last is None:
+            c = scan_topic_columns(ml, after, limit, _READ_CHUNK, _READ_BYTES, aborted)
+            if c["rows"]:
+                yield topic_batch(part.topic, part.partition, c)
+            last = c["last"]
+            if c["entries"] == 0 or last is None:
                 return
             after = last
     finally:
@@ -678,6 +909,38 @@ def _read_range(sel: TopicSelection, part: TopicRange) -> Iterator[pa.RecordBatc
     if sel.mode == MARKERS:
         return read_marker_range(sel.path, part)
     return read_topic_range(sel.path, part)
+
+
+def _read_segment_range(part: TopicRange) -> Iterator[pa.RecordBatch]:
+    """Yield the rows of a remote segment's range (see :class:`_TieredView`)."""
+    if part.remote is None or part.segment_id is None:
+        raise InvalidArgumentError(
+            f"partition {part.ledger} ledger {part.ledger_id} names no remote segment",
+            argument="partition",
+            value=part.segment_id,
+        )
+    storage = RemoteStorage(part.remote)
+    name = object_name(part.ledger, part.ledger_id, part.segment_id, "segment")
+    data = storage.get(name, "segment")
+    offset, entry = 0, part.segment_first_entry
+    aborted = part.aborted or None
+    while True:
+        c = scan_segment_columns(
+            data,
+            part.ledger_id,
+            offset,
+            entry,
+            part.first_entry,
+            part.last_entry,
+            _READ_CHUNK,
+            _READ_BYTES,
+            aborted,
+        )
+        if c["rows"]:
+            yield topic_batch(part.topic, part.partition, c)
+        if c["next_offset"] is None:
+            return
+        offset, entry = c["next_offset"], c["next_entry"]
 
 
 class _Reader(DataSourceReader):

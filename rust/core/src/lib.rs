@@ -8,6 +8,8 @@
 //! - [`ledger`]: durable managed ledgers with cursors and compacted topics.
 //! - [`message`]: topic entries in Pulsar's format (metadata, batches,
 //!   transaction markers).
+//! - [`topic_scan`]: topic messages of a ledger range or a remote segment as
+//!   columns (what the Spark data source `txnstream` reads).
 //! - [`tiered`]: the aborted-transaction index and remote segment offset index.
 //! - [`writer`]: the PIP-160 `BufferedWriter` (batched log writes).
 //! - [`replay`]: live records of a mixed batched/unbatched log, columnar.
@@ -30,6 +32,7 @@ pub mod proto;
 pub mod replay;
 pub mod sink;
 pub mod tiered;
+pub mod topic_scan;
 pub mod txnlog_fold;
 pub mod txnlog_record;
 pub mod wire;

@@ -18,6 +18,7 @@ mod replay;
 #[cfg(feature = "testing")]
 mod testing;
 mod tiered;
+mod topic_scan;
 mod txnlog;
 mod writer;
 
@@ -67,6 +68,8 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(message::decode_topic_entry, m)?)?;
     m.add_function(wrap_pyfunction!(message::read_messages, m)?)?;
     m.add_function(wrap_pyfunction!(message::scan_topic, m)?)?;
+    m.add_function(wrap_pyfunction!(topic_scan::scan_topic_columns, m)?)?;
+    m.add_function(wrap_pyfunction!(topic_scan::scan_segment_columns, m)?)?;
     m.add_class::<demux::PySnapshotDemux>()?;
     m.add_class::<tiered::PyAbortedTxnIndex>()?;
     m.add_class::<tiered::PySegmentIndex>()?;

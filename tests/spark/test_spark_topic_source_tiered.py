@@ -1,0 +1,184 @@
+"""Data source ``txnstream`` over tiered storage: ledgers offloaded and trimmed locally.
+
+The oracles: the broker's own READ_COMMITTED read over remote and local data
+(``broker.tiered.read_committed``), and the same Spark read of the directory
+taken before anything was offloaded (every column, both isolations).
+"""
+
+from __future__ import annotations
+
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from txnstream import Broker, Position
+from txnstream._native import ManagedLedger, encode_message
+from txnstream.config import BrokerConfig
+from txnstream.errors import CorruptEntryError, InvalidArgumentError
+from txnstream.spark.topic_source import TopicRange, TopicSelection, read_topic_range
+from txnstream.tiered import object_name
+
+TOPIC = "persistent://public/default/tiered"
+
+Row = tuple[Any, ...]
+
+
+def spark_rows(spark: SparkSession, directory: Path, isolation: str, **options: str) -> list[Row]:
+    r = (
+        spark.read.format("txnstream")
+        .option("path", str(directory))
+        .option("topic", TOPIC)
+        .option("isolation", isolation)
+    )
+    for k, v in options.items():
+        r = r.option(k, v)
+    out = []
+    for x in r.load().collect():
+        out.append(
+            (
+                x["ledger_id"],
+                x["entry_id"],
+                x["batch_index"],
+                x["batch_size"],
+                bytes(x["value"]),
+                x["key"],
+                tuple(sorted(dict(x["properties"]).items())),
+                x["publish_time"],
+                x["producer_name"],
+                x["sequence_id"],
+                x["txnid_most_bits"],
+                x["txnid_least_bits"],
+            )
+        )
+    return sorted(out)
+
+
+def workload(broker: Broker) -> tuple[set[bytes], set[bytes], set[bytes]]:
+    """Plain, batched and transactional sends, some aborted, one transaction left open.
+
+    Returns the committed, aborted and open payloads.
+    """
+    client = broker.client("w")
+    producer = client.producer(TOPIC, name="tp")
+    committed: set[bytes] = set()
+    aborted: set[bytes] = set()
+    for i in range(40):
+        producer.send(b"plain%d" % i, key=f"k{i % 3}", properties={"i": str(i)})
+        committed.add(b"plain%d" % i)
+        t = client.transaction(timeout_ms=600_000)
+        vals = [b"t%d-%d" % (i, k) for k in range(1 + i % 3)]
+        if i % 2:
+            producer.send_many(vals, key="batch", properties={"b": "1"}, txn=t)
+        else:
+            for v in vals:
+                producer.send(v, txn=t)
+        if i % 4 == 1:
+            t.abort()
+            aborted.update(vals)
+        else:
+            t.commit()
+            committed.update(vals)
+    open_txn = client.transaction(timeout_ms=600_000)
+    producer.send(b"open", txn=open_txn)
+    producer.send(b"after-open")  # committed, but past the read limit
+    return committed, aborted, {b"open", b"after-open"}
+
+
+def wait_trimmed_past(broker: Broker, ledger_id: int) -> None:
+    ml = broker.topic(TOPIC).ml
+    deadline = time.monotonic() + 30
+    while (ml.first_position or Position(0, 0)).ledger_id <= ledger_id:
+        assert time.monotonic() < deadline, f"ledgers up to {ledger_id} were not trimmed"
+        broker.maintain_now()
+        ml.checkpoint()
+        time.sleep(0.02)
+
+
+def drain(broker: Broker) -> list[tuple[Any, ...]]:
+    """What the READ_COMMITTED subscription ``rc`` receives (all acked)."""
+    consumer = broker.client("r").subscribe(TOPIC, "rc")
+    out = []
+    deadline = time.monotonic() + 30
+    while (m := consumer.receive(timeout_ms=300)) is not None:
+        mid = m.message_id
+        row = (mid.ledger_id, mid.entry_id, mid.batch_index, m.value, m.key, m.producer_name)
+        out.append((*row, m.sequence_id))
+        consumer.ack(m)
+        assert time.monotonic() < deadline, "the consumer never went idle"
+    consumer.close()
+    return sorted(out)
+
+
+def comparable(rows: list[Row]) -> list[tuple[Any, ...]]:
+    return sorted((r[0], r[1], r[2], r[4], r[5], r[8], r[9]) for r in rows)
+
+
+def test_offloaded_and_trimmed_ledgers_read_from_remote(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    config = BrokerConfig(max_entries_per_ledger=10, transaction_timeout_ms=60_000)
+    with Broker.open(data, config, registry=None) as broker:
+        broker.create_topic(TOPIC, 0)
+        broker.client("r").subscribe(TOPIC, "rc").close()  # keeps data local until consumed
+        committed, aborted, late = workload(broker)
+        before = {
+            iso: spark_rows(spark, data, iso) for iso in ("read_committed", "read_uncommitted")
+        }
+        assert {r[4] for r in before["read_committed"]} == committed
+        assert {r[4] for r in before["read_uncommitted"]} == committed | aborted | late
+
+        segs = broker.admin.offload(TOPIC)
+        assert len(segs) >= 5 and any(not s.txn_idx_empty for s in segs)
+        consumed = drain(broker)
+        assert comparable(before["read_committed"]) == consumed
+        wait_trimmed_past(broker, segs[len(segs) // 2].ledger_id)
+        first_local = broker.topic(TOPIC).ml.first_position
+        assert first_local is not None
+
+        sel = TopicSelection.from_options({"path": str(data), "topic": TOPIC})
+        ranges = sel.ranges()
+        remote = [r for r in ranges if r.segment_id is not None]
+        assert remote and all(r.ledger_id < first_local.ledger_id for r in remote)
+        assert len({r.segment_id for r in remote}) == len(remote)  # one per segment
+
+        after = {iso: spark_rows(spark, data, iso) for iso in before}
+        assert after == before  # the same rows, every column, trimmed ledgers from remote
+        assert min(r[0] for r in after["read_committed"]) < first_local.ledger_id
+        assert comparable(after["read_committed"]) == consumed
+
+    # Remote storage somewhere else (the broker's fileSystemURI): option remote.
+    moved = tmp_path / "elsewhere"
+    shutil.move(str(data / "remote"), moved)
+    with pytest.raises(InvalidArgumentError, match="remote"):
+        TopicSelection.from_options({"path": str(data), "topic": TOPIC}).ranges()
+    for iso, rows in before.items():
+        assert spark_rows(spark, data, iso, remote=str(moved)) == rows
+
+    # A damaged aborted-txn index: the segment's ABORT markers decide, nothing is written.
+    seg = next(s for s in segs if not s.txn_idx_empty and s.ledger_id < first_local.ledger_id)
+    index = moved / object_name(seg.topic, seg.ledger_id, seg.segment_id, "txn_index")
+    damaged = bytearray(index.read_bytes())
+    damaged[-1] ^= 0xFF
+    index.write_bytes(bytes(damaged))
+    assert spark_rows(spark, data, "read_committed", remote=str(moved)) == before["read_committed"]
+    assert index.read_bytes() == bytes(damaged)
+
+
+def test_damaged_entry_fails_the_task_naming_its_position(tmp_path: Path) -> None:
+    name = "persistent://public/default/damaged"
+    ml = ManagedLedger.open(str(tmp_path), name)
+    good = encode_message(b"ok", "p", 1, 5)
+    ml.append(good)
+    bad = bytearray(good)
+    bad[-1] ^= 1  # the payload no longer matches the checksum
+    pos = ml.append(bytes(bad))
+    ml.close()
+    part = TopicRange(name, name, -1, pos.ledger_id, 0, pos.entry_id, frozenset())
+    with pytest.raises(CorruptEntryError) as e:
+        list(read_topic_range(str(tmp_path), part))
+    assert e.value.position == (pos.ledger_id, pos.entry_id)

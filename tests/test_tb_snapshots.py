@@ -17,7 +17,7 @@ from txnstream.buffer import TransactionBuffer
 from txnstream.buffer.snapshot_reader import snapshot_topic
 from txnstream.client import Transaction
 from txnstream.coordinator import TxnID
-from txnstream.errors import InvalidArgumentError
+from txnstream.errors import InvalidArgumentError, TxnStreamError
 from txnstream.proto import AbortTxnMetadata, TransactionBufferSnapshot
 from txnstream.testing import wait_until
 
@@ -482,3 +482,136 @@ def test_eager_recovery_skips_partitions_never_written(tmp_path: Path) -> None:
         st = b.recovery_status()
         assert (st["total"], st["recovered"]) == (1, 1)
     assert set(ManagedLedger.names(tmp_path)) == before  # no empty ledgers created
+
+
+# ------------------------------------------------------------------ review findings
+
+
+def test_a_transactional_send_whose_write_failed_is_not_in_the_snapshot(tmp_path: Path) -> None:
+    """Its position was assigned, its write failed: a retry after a restart must write it."""
+    import contextlib
+
+    from txnstream import testing
+    from txnstream.errors import StorageError
+
+    cfg = BrokerConfig(tb_snapshot_max_changes=1 << 30, tb_snapshot_min_time_ms=1 << 40)
+    part = "persistent://public/default/t"
+    b = Broker.open(tmp_path, cfg, registry=None)
+    try:
+        client = b.client("c")
+        p = client.producer("t", name="p")
+        for i in range(3):
+            p.send(b"%d" % i)
+        txn = client.transaction(timeout_ms=600_000)
+        p.send(b"3", txn=txn, sequence_id=3)  # the transaction's own records are written
+        txn.wait_durable(10_000)
+        testing.inject_fault(b.topic("t").ml, "write", errno=5)  # only this send is in flight
+        with contextlib.suppress(StorageError):
+            p.send(b"4", txn=txn, sequence_id=4)
+        with contextlib.suppress(StorageError, TxnStreamError):
+            txn.wait_durable(10_000)  # the failed group is over
+        client.producer("t", name="q").send(b"later")  # durable, in the next ledger
+        assert b.write_snapshots(due_only=False) == 1
+        snap = _snapshot(tmp_path, part)
+        assert snap is not None
+        ps = {x.producer_name: x for x in snap.producer_sequences}
+        assert ps["p"].last_sequence_id == 3
+        assert list(ps["p"].sequence_ids) == [0, 1, 2, 3]
+        _, dedup, _ = _recovered(tmp_path, part, snap)
+        _, full, _ = _recovered(tmp_path, part, None)
+        assert dedup.last_sequence_id("p") == full.last_sequence_id("p") == 3
+        # In this process too: a retry in another transaction writes it.
+        with client.transaction() as t2:
+            again = p.send(b"4", txn=t2, sequence_id=4)
+        assert again.ledger_id > 0 and b.topic("t").ml.entry_count() >= 6
+    finally:
+        b.close()
+
+
+def test_an_aborted_transaction_of_many_messages_can_be_sent_again_after_a_restart(
+    tmp_path: Path,
+) -> None:
+    n = 300  # more than the recent ids a snapshot keeps per producer
+    with Broker.open(tmp_path, registry=None) as b:
+        client = b.client("c")
+        p = client.producer("t", name="p")
+        txn = client.transaction(timeout_ms=600_000)
+        for i in range(n):
+            p.send(b"v%d" % i, txn=txn, sequence_id=i)
+        txn.abort()
+    with Broker.open(tmp_path, registry=None) as b:
+        assert b.topic("t").recovery["from_snapshot"] == 1
+        client = b.client("c")
+        p = client.producer("t", name="p")
+        with client.transaction() as txn:
+            ids = [p.send(b"v%d" % i, txn=txn, sequence_id=i) for i in range(n)]
+        assert len(set(ids)) == n
+        c = client.subscribe("t", "s")
+        got = []
+        while (m := c.receive(200)) is not None:
+            got.append(m.value)
+        assert got == [b"v%d" % i for i in range(n)]
+
+
+def test_recovery_stops_between_chunks_when_cancelled(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from txnstream.buffer import transaction_buffer
+    from txnstream.errors import AlreadyClosedError
+
+    with Broker.open(tmp_path, registry=None) as b:
+        p = b.client().producer("t", name="p")
+        for i in range(40):
+            p.send_async(b"%d" % i)
+        p.flush()
+    monkeypatch.setattr(transaction_buffer, "REPLAY_CHUNK", 10)
+    part = "persistent://public/default/t"
+    tb = TransactionBuffer(part, ManagedLedger.open(tmp_path, part, read_only=True), _NoOutcomes())
+    seen: list[int] = []
+    asked = [0]
+
+    def cancelled() -> bool:
+        asked[0] += 1
+        return asked[0] > 2  # two chunks read, then the broker closes
+
+    with pytest.raises(AlreadyClosedError, match="cancelled"):
+        tb.recover(lambda pos, *_: seen.append(pos.entry_id), None, cancelled)
+    assert len(seen) == 20  # stopped mid-replay, not at the end
+
+
+def test_a_failed_open_keeps_its_snapshot_for_the_retry(
+    many: tuple[Path, list[str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from txnstream.broker.topic import Topic
+
+    path, names = many
+    real = Topic.recover
+    failures = [1]
+
+    def flaky(self: Topic, *args: Any, **kwargs: Any) -> None:
+        if failures[0]:
+            failures[0] -= 1
+            raise OSError(5, "transient")
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Topic, "recover", flaky)
+    with Broker.open(path, registry=None) as b:
+        with pytest.raises(OSError, match="transient"):
+            b.topic(names[0])
+        t = b.topic(names[0])
+        assert t.recovery["from_snapshot"] == 1
+
+
+def test_compaction_of_the_snapshot_topic_under_a_shared_reader(
+    many: tuple[Path, list[str]],
+) -> None:
+    path, names = many
+    ns0 = [n for n in names if "/ns0/" in n]
+    with Broker.open(path, registry=None) as b:
+        b.topic(ns0[0])  # the namespace's reader has caught up
+        b.client().producer(ns0[0], name="p2").send(b"changed")
+        b.snapshot_writer.compact_after = -100  # the next write compacts
+        assert b.write_snapshots(due_only=False) == 1
+        assert b.snapshot_writer.stats()["compactions"] == 1
+        t = b.topic(ns0[1])  # read after the log was rewritten under the reader
+        assert t.recovery["from_snapshot"] == 1

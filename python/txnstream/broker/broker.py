@@ -206,9 +206,13 @@ class Broker:
             self._open_ledger_ro,
             self._scope,
             clock,
-            generation=lambda: self.snapshot_writer.records_written,
+            generation=lambda: self.snapshot_writer.generation,
         )
         self._ns_readers: dict[str, SharedSnapshotReader] = {}
+        # Snapshots answered to an open that then failed: the retry needs them
+        # (the shared reader answers each partition once).
+        self._unused_snapshots: dict[str, TransactionBufferSnapshot] = {}
+        self._snapshots_lock = threading.Lock()  # one write_snapshots at a time
         self._topic_recovery: TopicRecovery | None = None
 
     @classmethod
@@ -513,6 +517,9 @@ class Broker:
         """``tn``'s newest snapshot, through its namespace's shared reader (None: none)."""
         ns = tn.namespace_name
         with self._lock:
+            kept = self._unused_snapshots.pop(tn.full, None)
+            if kept is not None:
+                return kept
             reader = self._ns_readers.get(ns)
             if reader is None:
                 # Held until close: partitions opened later share what it read
@@ -528,7 +535,11 @@ class Broker:
 
     def _open_topic(self, tn: TopicName) -> Topic:
         snapshot = self._snapshot_of(tn)
-        ml = self.open_ledger(tn.full)
+        try:
+            ml = self.open_ledger(tn.full)
+        except BaseException:
+            self._keep_unused(tn, snapshot)
+            raise
         try:
             t = Topic(tn, ml, self)
             t.recover(snapshot, cancelled=lambda: self._closed)
@@ -538,8 +549,14 @@ class Broker:
                 self.tiered.offloader.hold_trimming(ml)
         except BaseException:
             ml.close()
+            self._keep_unused(tn, snapshot)
             raise
         return t
+
+    def _keep_unused(self, tn: TopicName, snapshot: TransactionBufferSnapshot | None) -> None:
+        if snapshot is not None:
+            with self._lock:
+                self._unused_snapshots[tn.full] = snapshot
 
     def loaded_topics(self) -> list[Topic]:
         """Partitions open in this process."""
@@ -575,6 +592,10 @@ class Broker:
         Returns how many were written. Runs on the maintenance thread, and on
         close; a failed write is logged and retried at the next round.
         """
+        with self._snapshots_lock:
+            return self._write_snapshots(due_only)
+
+    def _write_snapshots(self, due_only: bool) -> int:
         cfg = self.config
         now = self.wall_ms()
         taken: list[tuple[Topic, bytes, int]] = []

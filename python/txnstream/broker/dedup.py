@@ -58,7 +58,7 @@ SNAPSHOT_RECENT: Final = 128
 class Sent:
     """One remembered message: its entry (known, or the append's future), index, transaction."""
 
-    __slots__ = ("entry", "index", "pending", "size", "txn")
+    __slots__ = ("durable", "entry", "index", "pending", "size", "txn")
 
     def __init__(
         self,
@@ -67,12 +67,39 @@ class Sent:
         size: int,
         txn: TxnKey | None,
         pending: Future[Position] | None = None,
+        durable: Future[Position] | None = None,
     ) -> None:
         self.entry = entry
         self.index = index
         self.size = size
         self.txn = txn
+        #: Where the entry goes (a transactional send knows it before it is durable).
         self.pending = pending
+        #: The append's durability, when ``pending`` is only its placement.
+        self.durable = durable
+
+    def failed(self) -> bool:
+        """Return True if its append failed: the message was never written."""
+        for fut in (self.pending, self.durable):
+            if fut is not None and fut.done() and fut.exception() is not None:
+                return True
+        return False
+
+    def durable_entry(self) -> Position | None:
+        """Return its entry once known durable (None: still in flight, or failed)."""
+        d = self.durable
+        if d is not None:
+            if not d.done() or d.exception() is not None:
+                return None
+            self.durable = None
+        entry = self.entry
+        if entry is None:
+            p = self.pending
+            if p is None or not p.done() or p.exception() is not None:
+                return None
+            entry = self.entry = p.result()
+            self.pending = None
+        return entry
 
     def where(self, timeout_s: float | None = None) -> Where:
         """Where the message is; waits for an append still in flight (raises its error)."""
@@ -135,16 +162,16 @@ class Deduplication:
             p.last = sequence_ids[-1]
             return None
         sent = p.window.get(first)
-        if sent is not None and sent.pending is not None and sent.pending.done():
-            if sent.pending.exception() is not None:  # never written: send it again
-                for seq in sequence_ids:
-                    p.window.pop(seq, None)
-                return None
-            sent.entry, sent.pending = sent.pending.result(), None
+        if sent is not None and sent.failed():  # never written: send it again
+            for seq in sequence_ids:
+                p.window.pop(seq, None)
+            return None
         if sent is None:
             raise DuplicateSequenceError(
                 f"producer {producer!r} already sent sequence id {first} (the highest is "
-                f"{p.last}); it is older than the deduplication window of {self.window} "
+                f"{p.last}); it is not among the ids remembered with their message "
+                f"(the last {self.window}; after a restart from a snapshot, the last "
+                f"{SNAPSHOT_RECENT} and those of aborted or open transactions) "
                 "and is not written again",
                 producer_name=producer,
                 sequence_id=first,
@@ -174,12 +201,18 @@ class Deduplication:
         pending: Future[Position] | None,
         entry: Position | None = None,
         batched: bool = False,
+        durable: Future[Position] | None = None,
     ) -> None:
-        """Remember the entry (or its append's future) of claimed ids."""
+        """Remember the entry (or its append's futures) of claimed ids.
+
+        ``pending`` gives the entry's position; ``durable``, when the
+        position is known before the entry is durable (a transactional
+        send), says when it is.
+        """
         p = self._get(producer)
         size = len(sequence_ids) if batched else 1
         for i, seq in enumerate(sequence_ids):
-            p.window[seq] = Sent(entry, i if batched else 0, size, txn, pending)
+            p.window[seq] = Sent(entry, i if batched else 0, size, txn, pending, durable)
             p.window.move_to_end(seq)
         while len(p.window) > self.window:
             p.window.popitem(last=False)
@@ -204,29 +237,44 @@ class Deduplication:
         if sequence_ids:
             self.placed(producer, sequence_ids, txn, None, entry, len(sequence_ids) > 1)
 
-    def snapshot(self, durable_end: Position | None, out: TransactionBufferSnapshot) -> None:
-        """Write the state durable up to ``durable_end`` into ``out`` (under the publish lock)."""
+    def snapshot(
+        self,
+        durable_end: Position | None,
+        out: TransactionBufferSnapshot,
+        keep_txn: Callable[[TxnKey], bool] = lambda _t: False,
+    ) -> None:
+        """Write the state durable up to ``durable_end`` into ``out`` (under the publish lock).
+
+        Per producer: the highest durable sequence id, and where its last
+        :data:`SNAPSHOT_RECENT` durable messages went, plus every remembered
+        message of a transaction ``keep_txn`` names (the caller's aborted and
+        open ones: an aborted message may be sent again after a restart, and
+        an open one may still abort). A message whose append is in flight or
+        failed is not in it: once durable, it is after the snapshot's
+        position and comes back with the replayed tail.
+        """
         out.dedup_complete = True
         if durable_end is None:
             return
         txn_refs: dict[TxnKey, int] = {}
         for name, p in self._producers.items():
-            kept: list[tuple[int, Position, Sent]] = []
+            durable: list[tuple[int, Position, Sent]] = []
             for seq, sent in p.window.items():
-                entry = sent.entry
-                if entry is None:
-                    fut = sent.pending
-                    if fut is None or not fut.done() or fut.exception() is not None:
-                        continue
-                    entry = fut.result()
-                if entry <= durable_end:
-                    kept.append((seq, entry, sent))
-            if not kept:
+                entry = sent.durable_entry()
+                if entry is not None and entry <= durable_end:
+                    durable.append((seq, entry, sent))
+            if not durable:
                 continue
+            recent = len(durable) - SNAPSHOT_RECENT
+            kept = [
+                d
+                for i, d in enumerate(durable)
+                if i >= recent or (d[2].txn is not None and keep_txn(d[2].txn))
+            ]
             ps: ProducerSequence = out.producer_sequences.add()
             ps.producer_name = name
-            ps.last_sequence_id = max(seq for seq, _, _ in kept)
-            for seq, entry, sent in kept[-SNAPSHOT_RECENT:]:
+            ps.last_sequence_id = max(seq for seq, _, _ in durable)
+            for seq, entry, sent in kept:
                 ps.sequence_ids.append(seq)
                 ps.ledger_ids.append(entry.ledger_id)
                 ps.entry_ids.append(entry.entry_id)

@@ -184,11 +184,14 @@ class Topic:
         ``tb.snapshot_written`` once the record is durable.
         """
         snap = TransactionBufferSnapshot()
+        tb = self.tb
         with self.lock:
-            end = self.tb.fill_snapshot(snap)
+            end = tb.fill_snapshot(snap)
             if self._dedup_on:
-                self.dedup.snapshot(end, snap)
-            changes = self.tb.changes
+                self.dedup.snapshot(
+                    end, snap, lambda t: t in tb.aborted or TxnID(t[0], t[1]) in tb.ongoing
+                )
+            changes = tb.changes
         return snap.SerializeToString(), changes
 
     def snapshot_due(self, now_ms: int, max_changes: int, min_time_ms: int) -> bool:
@@ -246,7 +249,14 @@ class Topic:
                     tb.ongoing.pop(txn, None)  # nothing was queued
                 raise
             if self._dedup_on:
-                self.dedup.placed(producer, sequence_ids, key, assigned or durable, batched=batched)
+                self.dedup.placed(
+                    producer,
+                    sequence_ids,
+                    key,
+                    assigned or durable,
+                    batched=batched,
+                    durable=durable if assigned is not None else None,
+                )
         if first and assigned is not None and txn is not None:
             assigned.add_done_callback(functools.partial(tb.assigned, txn))
         durable.add_done_callback(tb.durable_cb)

@@ -56,6 +56,9 @@ class SnapshotWriter:
         self._closed = False
         self.records_written = 0
         self.compactions = 0
+        #: Moves after every write and every compaction: readers of the same
+        #: process refresh their view only when it moved.
+        self.generation = 0
 
     def write(self, records: Sequence[tuple[str, str, bytes]]) -> None:
         """Durably write ``(namespace, partition, snapshot bytes)`` records.
@@ -76,12 +79,18 @@ class SnapshotWriter:
                     ns = self._namespaces[namespace] = _Namespace(
                         self._open_topic(snapshot_topic(namespace))
                     )
-                ns.topic.put_many(recs)
+                try:
+                    ns.topic.put_many(recs)
+                finally:
+                    self.generation += 1  # a failed write may still have cut the log back
                 ns.puts += len(recs)
                 ns.keys.update(k for k, _ in recs)
                 self.records_written += len(recs)
                 if ns.puts > self.compact_after + 2 * len(ns.keys):
-                    ns.topic.compact()
+                    try:
+                        ns.topic.compact()
+                    finally:
+                        self.generation += 1  # the log was rewritten under the readers
                     ns.puts = 0
                     self.compactions += 1
 

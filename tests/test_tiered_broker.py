@@ -178,3 +178,36 @@ def test_tiered_settings_from_pulsar_keys(tmp_path: Path) -> None:
     assert cfg.offload_threshold_bytes == 1 << 20 and cfg.offload_threshold_ms == -1
     with Broker.open(tmp_path / "data", cfg, registry=None) as broker:
         assert broker.tiered.remote.location == str(tmp_path / "elsewhere")
+
+
+def test_read_committed_when_an_open_transaction_starts_a_ledger_after_trimmed_ones(
+    tmp_path: Path,
+) -> None:
+    """The read limit at entry 0 of a ledger, every earlier one trimmed: all is remote.
+
+    The transaction buffer's ``max_read_position`` (found through the local
+    ledgers) is None then; the remote read must still return everything
+    before the open transaction.
+    """
+    with Broker.open(tmp_path / "data", _config(), registry=None) as broker:
+        client = broker.client("c")
+        client.subscribe(TOPIC, "rc").close()
+        producer = client.producer(TOPIC)
+        ml = broker.topic(TOPIC).ml
+        plain: list[bytes] = []
+        while len(plain) < 15 or (ml.last_position and ml.last_position.entry_id != 9):
+            plain.append(f"plain{len(plain)}".encode())
+            producer.send(plain[-1])  # until a ledger (10 entries) is full
+        t = client.transaction()
+        producer.send(b"uncommitted", txn=t)
+        t.wait_durable(10_000)
+        first_of_txn = ml.last_position
+        assert first_of_txn is not None and first_of_txn.entry_id == 0  # starts a ledger
+        broker.admin.offload(TOPIC)
+        assert _drain(broker, "rc") == plain
+        _wait_trimmed_past(broker, first_of_txn.ledger_id - 1)
+        topic = broker.topic(TOPIC)
+        assert topic.tb.max_read_position is None  # nothing readable is stored locally
+        got = [m.payload for m in broker.tiered.read_committed(topic)]
+        assert got == plain
+        t.abort()

@@ -141,13 +141,36 @@ class Tiered:
         tb = topic.tb
         with tb.lock:
             aborted = set(tb.aborted)
+            limit = tb.read_limit
         return self.reader().read_committed(
             topic.full,
             topic.ml,
-            max_read_position=tb.max_read_position,
+            max_read_position=self._last_readable(topic, limit),
             aborted=aborted,
             start=start,
         )
+
+    def _last_readable(self, topic: Topic, limit: Position | None) -> Position | None:
+        """Return the last entry before the exclusive READ_COMMITTED ``limit``, local or remote.
+
+        The transaction buffer finds it through the local ledgers only; when
+        the limit is the first entry of a ledger and the ledgers before it
+        were trimmed after offload, it is the end of the last remote segment.
+        """
+        if limit is None:
+            return None
+        if limit.entry_id > 0:
+            return Position(limit.ledger_id, limit.entry_id - 1)
+        found = topic.tb.max_read_position
+        for s in self.metadata.segments(topic.full):
+            end = Position(s.ledger_id, s.last_entry)
+            if (
+                s.entry_count > 0
+                and s.ledger_id < limit.ledger_id
+                and (found is None or end > found)
+            ):
+                found = end
+        return found
 
     def stats(self) -> dict[str, Any]:
         """Remote calls and bytes by kind, and what the offloader did."""

@@ -93,7 +93,7 @@ def test_spec_field_numbers() -> None:
         "batch_sizes": 7,
         "txn_refs": 8,
     }
-    assert fields(proto.TxnRef) == {"txnid_most_bits": 1, "txnid_least_bits": 2}
+    assert fields(proto.TxnRef) == {"txnid_most_bits": 1, "txnid_least_bits": 2, "aborted": 3}
     assert fields(proto.AbortTxnMetadata) == {
         "txnid_least_bits": 1,
         "txnid_most_bits": 2,

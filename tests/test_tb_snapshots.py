@@ -615,3 +615,45 @@ def test_compaction_of_the_snapshot_topic_under_a_shared_reader(
         assert b.snapshot_writer.stats()["compactions"] == 1
         t = b.topic(ns0[1])  # read after the log was rewritten under the reader
         assert t.recovery["from_snapshot"] == 1
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_an_aborted_message_can_be_sent_again_after_its_marker_was_trimmed(
+    tmp_path: Path, restart: bool
+) -> None:
+    """Once its ledger is trimmed the buffer forgets the abort; deduplication must not."""
+    cfg = BrokerConfig(max_entries_per_ledger=2, pending_ack_trim_interval_ms=10)
+    b = Broker.open(tmp_path, cfg, registry=None)
+    try:
+        client = b.client("c")
+        p = client.producer("t", name="p")
+        c = client.subscribe("t", "s")
+        txn = client.transaction()
+        p.send(b"lost?", txn=txn, sequence_id=0)
+        txn.abort()
+        for i in range(1, 8):
+            p.send(b"plain%d" % i, sequence_id=i)
+        got = []
+        while (m := c.receive(300)) is not None:
+            got.append(m.value)
+            c.ack(m)
+        assert got == [b"plain%d" % i for i in range(1, 8)]
+        t = b.topic("t")
+        deadline = time.monotonic() + 20
+        while t.tb.aborted:  # the ABORT marker's ledger is trimmed; the buffer forgets it
+            assert time.monotonic() < deadline, "the aborted transaction's ledger was not trimmed"
+            b.maintain_now()
+            t.ml.checkpoint()
+            time.sleep(0.02)
+        if restart:
+            b.close()
+            b = Broker.open(tmp_path, cfg, registry=None)
+            client = b.client("c")
+            p = client.producer("t", name="p")
+            c = client.subscribe("t", "s")
+        with client.transaction() as t2:
+            again = p.send(b"sent again", txn=t2, sequence_id=0)
+        m = c.receive(5_000)
+        assert m is not None and m.value == b"sent again" and m.message_id == again
+    finally:
+        b.close()

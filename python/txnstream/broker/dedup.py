@@ -35,7 +35,7 @@ forgotten first.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from typing import Final
 
@@ -58,7 +58,7 @@ SNAPSHOT_RECENT: Final = 128
 class Sent:
     """One remembered message: its entry (known, or the append's future), index, transaction."""
 
-    __slots__ = ("durable", "entry", "index", "pending", "size", "txn")
+    __slots__ = ("aborted", "durable", "entry", "index", "pending", "size", "txn")
 
     def __init__(
         self,
@@ -77,6 +77,8 @@ class Sent:
         self.pending = pending
         #: The append's durability, when ``pending`` is only its placement.
         self.durable = durable
+        #: Its transaction aborted and the buffer forgot it (marker trimmed away).
+        self.aborted = False
 
     def failed(self) -> bool:
         """Return True if its append failed: the message was never written."""
@@ -177,7 +179,7 @@ class Deduplication:
                 sequence_id=first,
             )
         if sent.txn is not None and sent.txn != txn:
-            state = txn_state(sent.txn)
+            state = ABORTED if sent.aborted else txn_state(sent.txn)
             if state == ABORTED:
                 for seq in sequence_ids:
                     p.window.pop(seq, None)
@@ -256,7 +258,7 @@ class Deduplication:
         out.dedup_complete = True
         if durable_end is None:
             return
-        txn_refs: dict[TxnKey, int] = {}
+        txn_refs: dict[tuple[int, int, bool], int] = {}
         for name, p in self._producers.items():
             durable: list[tuple[int, Position, Sent]] = []
             for seq, sent in p.window.items():
@@ -269,7 +271,7 @@ class Deduplication:
             kept = [
                 d
                 for i, d in enumerate(durable)
-                if i >= recent or (d[2].txn is not None and keep_txn(d[2].txn))
+                if i >= recent or d[2].aborted or (d[2].txn is not None and keep_txn(d[2].txn))
             ]
             ps: ProducerSequence = out.producer_sequences.add()
             ps.producer_name = name
@@ -282,17 +284,23 @@ class Deduplication:
                 ps.batch_sizes.append(sent.size)
                 ref = 0
                 if sent.txn is not None:
-                    ref = txn_refs.get(sent.txn, 0)
+                    tk = (sent.txn[0], sent.txn[1], sent.aborted)
+                    ref = txn_refs.get(tk, 0)
                     if not ref:
                         out.message_txns.append(
-                            TxnRef(txnid_most_bits=sent.txn[0], txnid_least_bits=sent.txn[1])
+                            TxnRef(
+                                txnid_most_bits=sent.txn[0],
+                                txnid_least_bits=sent.txn[1],
+                                aborted=sent.aborted,
+                            )
                         )
-                        ref = txn_refs[sent.txn] = len(out.message_txns)
+                        ref = txn_refs[tk] = len(out.message_txns)
                 ps.txn_refs.append(ref)
 
     def restore(self, snap: TransactionBufferSnapshot) -> None:
         """Load a snapshot's state (recovery, before the tail after it is replayed)."""
         txns = [(t.txnid_most_bits, t.txnid_least_bits) for t in snap.message_txns]
+        aborted = [t.aborted for t in snap.message_txns]
         for ps in snap.producer_sequences:
             p = self._get(ps.producer_name)
             p.last = max(p.last, ps.last_sequence_id)
@@ -313,14 +321,25 @@ class Deduplication:
                 if ref > len(txns):
                     raise ValueError(f"producer {ps.producer_name!r}: txn reference {ref} unknown")
                 txn = txns[ref - 1] if ref else None
-                p.window[ps.sequence_ids[i]] = Sent(
+                sent = p.window[ps.sequence_ids[i]] = Sent(
                     Position(ps.ledger_ids[i], ps.entry_ids[i]),
                     ps.batch_indexes[i],
                     ps.batch_sizes[i],
                     txn,
                 )
+                sent.aborted = bool(ref) and aborted[ref - 1]
             while len(p.window) > self.window:
                 p.window.popitem(last=False)
+
+    def mark_aborted(self, txns: Collection[TxnKey]) -> None:
+        """Remember messages of ``txns`` as aborted (the buffer forgot them: markers trimmed)."""
+        if not txns:
+            return
+        gone = set(txns)
+        for p in self._producers.values():
+            for sent in p.window.values():
+                if sent.txn is not None and sent.txn in gone:
+                    sent.aborted = True
 
     def stats(self) -> dict[str, int]:
         """Return the producers tracked and the duplicates answered."""

@@ -155,6 +155,7 @@ class Topic:
                         raise ValueError("it carries no deduplication state")
                     dedup.restore(snapshot)
                 self.recovery = self.tb.recover(self._replayed(dedup), snapshot, cancelled)
+                dedup.mark_aborted(self.tb.trimmed_aborts)
                 self.dedup = dedup
             except ValueError as e:
                 log.warning("%s: snapshot not used (%s); replaying the whole ledger", self.full, e)
@@ -375,7 +376,10 @@ class Topic:
                             sub.name,
                             exc_info=True,
                         )
-        self.tb.forget_trimmed()
+        gone = self.tb.forget_trimmed()
+        if gone and self._dedup_on:
+            with self.lock:
+                self.dedup.mark_aborted(gone)
         return n
 
     def stats(self) -> dict[str, object]:

@@ -140,6 +140,8 @@ class TransactionBuffer:
         #: Wall-clock ms the time trigger counts from: the last snapshot, or the load.
         self.snapshot_base_ms = wall_ms()
         self.snapshots_written = 0
+        #: Aborted transactions of the snapshot recovered from whose marker was trimmed.
+        self.trimmed_aborts: list[TxnKey] = []
         self._recompute()
 
     # ------------------------------------------------------------ limits
@@ -364,7 +366,7 @@ class TransactionBuffer:
 
     def _start_of(
         self, snap: TransactionBufferSnapshot
-    ) -> tuple[Position | None, dict[TxnKey, Position], int]:
+    ) -> tuple[Position | None, dict[TxnKey, Position], list[TxnKey]]:
         # Where replay starts after ``snap``, its aborted set, and aborts trimmed away.
         if snap.topic_name != self.partition:
             raise ValueError(f"it is the snapshot of {snap.topic_name!r}")
@@ -379,13 +381,14 @@ class TransactionBuffer:
                 raise ValueError(f"its max_read_position {start} is past the log's end {end}")
         first = self._ml.first_position
         aborted: dict[TxnKey, Position] = {}
-        trimmed = 0
+        trimmed: list[TxnKey] = []
         for a in snap.abort_txn_metadata:
             pos = Position(a.ledgerId, a.entryId)
+            key = (a.txnid_most_bits, a.txnid_least_bits)
             if first is None or pos < first:
-                trimmed += 1  # its ABORT marker was trimmed away: it leaves the set
+                trimmed.append(key)  # its ABORT marker was trimmed away: it leaves the set
                 continue
-            aborted[(a.txnid_most_bits, a.txnid_least_bits)] = pos
+            aborted[key] = pos
         return start, aborted, trimmed
 
     def recover(
@@ -407,7 +410,8 @@ class TransactionBuffer:
         ended: set[TxnKey] = set()
         aborted: dict[TxnKey, Position] = {}
         start: Position | None = None
-        from_snapshot = trimmed = 0
+        from_snapshot = 0
+        trimmed: list[TxnKey] = []
         if snapshot is not None:
             start, aborted, trimmed = self._start_of(snapshot)
             from_snapshot = 1
@@ -449,6 +453,7 @@ class TransactionBuffer:
             self.changes = entries
             if snapshot is not None:
                 self.snapshot_time_ms = snapshot.snapshot_time_ms
+            self.trimmed_aborts = trimmed
             self._recompute()
         return {
             "entries": entries,
@@ -456,7 +461,7 @@ class TransactionBuffer:
             "ongoing": len(ongoing),
             "aborted": len(aborted),
             "from_snapshot": from_snapshot,
-            "aborted_trimmed": trimmed,
+            "aborted_trimmed": len(trimmed),
         }
 
     def reconcile(self) -> list[Future[Position]]:
@@ -481,14 +486,18 @@ class TransactionBuffer:
                 futures.append(fut)
         return futures
 
-    def forget_trimmed(self) -> int:
-        """Drop aborted transactions whose ABORT marker was trimmed away; return how many."""
+    def forget_trimmed(self) -> list[TxnKey]:
+        """Drop aborted transactions whose ABORT marker was trimmed away; return them.
+
+        (Deduplication remembers them as aborted: a message of theirs may
+        still be sent again.)
+        """
         first = self._ml.first_position
         with self.lock:
             gone = [t for t, p in self.aborted.items() if first is None or p < first]
             for t in gone:
                 del self.aborted[t]
-        return len(gone)
+        return gone
 
     def stats(self) -> dict[str, object]:
         """Ongoing/aborted counts, limits and lag (admin and metrics)."""

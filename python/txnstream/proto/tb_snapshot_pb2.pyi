@@ -39,12 +39,14 @@ class ProducerSequence(_message.Message):
     def __init__(self, producer_name: _Optional[str] = ..., last_sequence_id: _Optional[int] = ..., sequence_ids: _Optional[_Iterable[int]] = ..., ledger_ids: _Optional[_Iterable[int]] = ..., entry_ids: _Optional[_Iterable[int]] = ..., batch_indexes: _Optional[_Iterable[int]] = ..., batch_sizes: _Optional[_Iterable[int]] = ..., txn_refs: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class TxnRef(_message.Message):
-    __slots__ = ("txnid_most_bits", "txnid_least_bits")
+    __slots__ = ("txnid_most_bits", "txnid_least_bits", "aborted")
     TXNID_MOST_BITS_FIELD_NUMBER: _ClassVar[int]
     TXNID_LEAST_BITS_FIELD_NUMBER: _ClassVar[int]
+    ABORTED_FIELD_NUMBER: _ClassVar[int]
     txnid_most_bits: int
     txnid_least_bits: int
-    def __init__(self, txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ...) -> None: ...
+    aborted: bool
+    def __init__(self, txnid_most_bits: _Optional[int] = ..., txnid_least_bits: _Optional[int] = ..., aborted: _Optional[bool] = ...) -> None: ...
 
 class TransactionBufferSnapshot(_message.Message):
     __slots__ = ("topic_name", "max_read_position_ledgerId", "max_read_position_entryId", "abort_txn_metadata", "producer_sequences", "message_txns", "snapshot_time_ms", "dedup_complete")

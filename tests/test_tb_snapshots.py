@@ -547,7 +547,7 @@ def test_an_aborted_transaction_of_many_messages_can_be_sent_again_after_a_resta
             ids = [p.send(b"v%d" % i, txn=txn, sequence_id=i) for i in range(n)]
         assert len(set(ids)) == n
         c = client.subscribe("t", "s")
-        got = []
+        got: list[bytes] = []
         while len(got) < n and (m := c.receive(10_000)) is not None:
             got.append(m.value)
         assert got == [b"v%d" % i for i in range(n)]
@@ -634,7 +634,7 @@ def test_an_aborted_message_can_be_sent_again_after_its_marker_was_trimmed(
         txn.abort()
         for i in range(1, 8):
             p.send(b"plain%d" % i, sequence_id=i)
-        got = []
+        got: list[bytes] = []
         while len(got) < 7 and (m := c.receive(10_000)) is not None:
             got.append(m.value)
             c.ack(m)

@@ -182,3 +182,41 @@ def test_damaged_entry_fails_the_task_naming_its_position(tmp_path: Path) -> Non
     with pytest.raises(CorruptEntryError) as e:
         list(read_topic_range(str(tmp_path), part))
     assert e.value.position == (pos.ledger_id, pos.entry_id)
+
+
+def test_streaming_reads_offloaded_ledgers_from_remote(spark: SparkSession, tmp_path: Path) -> None:
+    """A query started at ``earliest`` after an offload and a trim loses nothing."""
+    data = tmp_path / "data"
+    config = BrokerConfig(max_entries_per_ledger=10, transaction_timeout_ms=60_000)
+    with Broker.open(data, config, registry=None) as broker:
+        broker.create_topic(TOPIC, 0)
+        broker.client("r").subscribe(TOPIC, "rc").close()
+        committed, _aborted, _late = workload(broker)
+        segs = broker.admin.offload(TOPIC)
+        drain(broker)
+        wait_trimmed_past(broker, segs[len(segs) // 2].ledger_id)
+        first_local = broker.topic(TOPIC).ml.first_position
+        assert first_local is not None
+        batch = spark_rows(spark, data, "read_committed")
+        assert {r[4] for r in batch} == committed
+        out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+        query = (
+            spark.readStream.format("txnstream")
+            .option("path", str(data))
+            .option("topic", TOPIC)
+            .load()
+            .writeStream.format("parquet")
+            .option("path", str(out))
+            .option("checkpointLocation", str(checkpoint))
+            .trigger(availableNow=True)
+            .start()
+        )
+        try:
+            assert query.awaitTermination(120), "the streaming query did not finish in 120 s"
+        finally:
+            query.stop()
+        assert query.exception() is None, query.exception()
+        streamed = spark.read.parquet(str(out)).collect()
+        got = sorted((x["ledger_id"], x["entry_id"], x["batch_index"]) for x in streamed)
+        assert got == sorted((r[0], r[1], r[2]) for r in batch)  # once each, remote part too
+        assert min(g[0] for g in got) < first_local.ledger_id

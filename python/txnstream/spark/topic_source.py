@@ -980,13 +980,25 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     ranges between two offsets with the aborted sets of the driver's scan.
     Spark keeps the offsets in the query's checkpoint, so a restarted query
     resumes after the last batch it committed. The partitions are the ones
-    the option ``topic`` selected when the query started.
+    the option ``topic`` selected when the query started. With tiered
+    storage, positions in ledgers offloaded and no longer stored locally are
+    read from their remote segments, as batch reads do (a query that starts
+    at ``earliest`` after an offload, or falls behind one, loses nothing).
     """
 
     def __init__(self, sel: TopicSelection) -> None:
         self.sel = sel
         self.states: dict[str, PartitionScan] = {}
         self._target: dict[str, str] | None = None
+
+    def _remote(
+        self, ledger: str, ledgers: list[tuple[int, int, bool]]
+    ) -> tuple[_TieredView | None, list[SegmentInfo]]:
+        # The metadata is read again each time: offloads go on while a query runs.
+        tiered = _TieredView.open(self.sel)
+        if tiered is None:
+            return None, []
+        return tiered, tiered.remote_segments(ledger, ledgers)
 
     def _scan(self, ledger: str) -> tuple[PartitionScan, list[tuple[int, int, bool]]]:
         state = self.states.get(ledger)
@@ -1004,15 +1016,20 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         out = {}
         for ledger in self.sel.ledgers:
             state, ledgers = self._scan(ledger)
-            start, _end = self.sel.bounds(state, ledgers)
+            _tiered, remote = self._remote(ledger, ledgers)
+            start, _end = self.sel.bounds(state, ledgers, remote)
             out[ledger] = _offset_of(start)
         return out
 
     def _latest(self, start: dict[str, Any]) -> dict[str, str]:
         out = {}
         for ledger in self.sel.ledgers:
-            state, _ledgers = self._scan(ledger)
+            state, ledgers = self._scan(ledger)
             limit = self.sel.limit(state)
+            if state.last is None:  # nothing stored locally: the remote end, if any
+                _tiered, remote = self._remote(ledger, ledgers)
+                if remote:
+                    limit = (remote[-1].ledger_id, remote[-1].last_entry + 1)
             if ledger in start:
                 limit = max(limit, _pos_of(start[ledger]))
             out[ledger] = _offset_of(limit)
@@ -1048,6 +1065,9 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if lo >= hi:
                 continue
             state, ledgers = self._scan(ledger)  # aborted sets cover everything before ``hi``
+            tiered, remote = self._remote(ledger, ledgers)
+            if tiered is not None and remote:
+                out.extend(tiered.split(self.sel, state, remote, lo, hi))
             out.extend(self.sel.split(state, ledgers, lo, hi))
         return out
 

@@ -15,7 +15,12 @@ every column of every row (the ``noop`` sink), in one session on ``local[2]``:
   Arrow-optimized Python UDF parsing each entry with the generated protobuf
   classes (upb) and building the rows in Python;
 - ``parquet``: Spark's own vectorized Parquet reader on the same rows,
-  written once by the data source (the ceiling for feeding Spark).
+  written once by the data source (the ceiling for feeding Spark);
+- ``python_source_no_decode``: the ceiling of the Python Data Source API
+  itself for this schema: a Python data source that decodes nothing and
+  yields the Parquet copy's rows as ready-made Arrow batches (one partition
+  per Parquet file). What it costs is Spark's: Arrow from the Python worker
+  to the JVM and the JVM's conversion to rows.
 
 Run: ``TXNSTREAM_BENCH_SPARK_RECORDS=10000000 .venv/bin/pytest
 benches/test_spark_decode.py --benchmark-only`` (items/s = records/s; the
@@ -26,6 +31,7 @@ and its rows are checked.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -34,7 +40,8 @@ from typing import Any
 import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType
+from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
+from pyspark.sql.types import ArrayType, StructType
 
 from txnstream import ManagedLedger, frame
 from txnstream._native import (
@@ -154,6 +161,51 @@ def _py_decode(entry: bytes) -> list[tuple[Any, ...]]:
     ]
 
 
+class _ParquetFile(InputPartition):
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+
+class _ArrowReplayReader(DataSourceReader):
+    def __init__(self, files: list[str]) -> None:
+        self.files = files
+
+    def partitions(self) -> list[InputPartition]:
+        return [_ParquetFile(f) for f in self.files]
+
+    def read(self, partition: InputPartition) -> Iterator[Any]:
+        import pyarrow.parquet as pq
+
+        assert isinstance(partition, _ParquetFile)
+        yield from pq.read_table(partition.path).to_batches(max_chunksize=65536)
+
+
+class ArrowReplaySource(DataSource):
+    """Rows already decoded, as Arrow batches: the Python Data Source API's own ceiling."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "txnstream-bench-arrow-replay"
+
+    def schema(self) -> StructType:
+        return StructType.fromJson(json.loads(self.options["schema"]))
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return _ArrowReplayReader(json.loads(self.options["files"]))
+
+
+def _replay(spark: SparkSession, d: Path) -> DataFrame:
+    spark.dataSource.register(ArrowReplaySource)
+    parquet = spark.read.parquet(str(d / "parquet"))
+    files = sorted(str(p) for p in (d / "parquet").glob("*.parquet"))
+    return (
+        spark.read.format(ArrowReplaySource.name())
+        .option("schema", parquet.schema.json())
+        .option("files", json.dumps(files))
+        .load()
+    )
+
+
 def _paths(spark: SparkSession, d: Path) -> dict[str, DataFrame]:
     py_udf = F.udf(_py_decode, ArrayType(TXN_LOG_RECORD), useArrow=True)
     return {
@@ -165,6 +217,7 @@ def _paths(spark: SparkSession, d: Path) -> dict[str, DataFrame]:
         .select(F.explode(py_udf("entry")).alias("r"))
         .select("r.*"),
         "parquet": spark.read.parquet(str(d / "parquet")),
+        "python_source_no_decode": _replay(spark, d),
     }
 
 
@@ -184,7 +237,10 @@ def _check(df: DataFrame) -> None:
     assert row["errors"] == 0
 
 
-@pytest.mark.parametrize("path", ["datasource_rust", "udf_rust", "udf_python_protobuf", "parquet"])
+@pytest.mark.parametrize(
+    "path",
+    ["datasource_rust", "udf_rust", "udf_python_protobuf", "parquet", "python_source_no_decode"],
+)
 def test_spark_decode(benchmark: Any, spark: SparkSession, data: Path, path: str) -> None:
     df = _paths(spark, data)[path]
     _check(df)

@@ -150,10 +150,10 @@ def _recover(path: Path, mode: str, names: list[str]) -> dict[str, Any]:
             st = b.recovery_status()
             entries_read = st["snapshot_entries_read"]
         else:
+            started = time.perf_counter()  # from open, as the shared mode
             pb = PerTopicReaderBroker.open(path, registry=None)
             assert isinstance(pb, PerTopicReaderBroker)
             b = pb
-            started = time.perf_counter()
             wave = TopicRecovery(names, b.topic, THREADS)
             wave.start()
             assert wave.wait(3_600_000)

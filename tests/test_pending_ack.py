@@ -275,7 +275,7 @@ def test_messages_of_a_batch_ack_are_the_cleared_indexes() -> None:
     import random
 
     from txnstream._native import AckSet
-    from txnstream.pendingack.store import _absent
+    from txnstream.pendingack.store import absent_indexes
 
     rng = random.Random(7)
     for size in (1, 2, 63, 64, 65, 128, 129, 500, 1000):
@@ -284,7 +284,7 @@ def test_messages_of_a_batch_ack_are_the_cleared_indexes() -> None:
             for i in rng.sample(range(size), rng.randint(0, size)):
                 acked.clear(i)
             present = set(acked.present())
-            assert list(_absent(acked, size)) == [i for i in range(size) if i not in present]
+            assert list(absent_indexes(acked, size)) == [i for i in range(size) if i not in present]
 
 
 def test_reopened_subscription_serves_released_acks_first(tmp_path: Path) -> None:

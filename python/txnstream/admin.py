@@ -192,16 +192,7 @@ class Admin:
                     "records_per_entry": w["batch_records"],
                     "bytes_per_entry": w["batch_size_bytes"],
                     "oldest_record_delay_seconds": w["oldest_record_delay_seconds"],
-                    "flush_triggers": {
-                        cause: w[f"flush_{cause}"]
-                        for cause in (
-                            "max_records",
-                            "max_size",
-                            "max_delay",
-                            "large_data",
-                            "forced",
-                        )
-                    },
+                    "flush_triggers": {cause: w[f"flush_{cause}"] for cause in _FLUSH_CAUSES},
                 }
             )
         writers.sort(key=lambda w: str(w["name"]))
@@ -340,11 +331,10 @@ class Admin:
         Returns the uploaded segments' metadata (ledgers offloaded before
         included). See SPEC §4.8 and :mod:`txnstream.tiered.offload`.
         """
-        TopicName.parse(topic)
-        self._broker.partitions(topic, create=False)  # an unknown topic is an error, not created
+        partitions = self._partitions(topic)  # an unknown topic is an error, not created
         tiered = self._broker.tiered
         out: list[SegmentInfo] = []
-        for tn in self._broker.partition_names(topic):
+        for tn in partitions:
             ml = self._broker.topic(tn).ml
             for lid, n, sealed in ml.ledgers():
                 if sealed and n:
@@ -355,10 +345,9 @@ class Admin:
 
     def offloaded_segments(self, topic: str) -> dict[str, list[SegmentInfo]]:
         """Per partition of ``topic``: its readable remote segments, in ledger order."""
-        TopicName.parse(topic)
-        self._broker.partitions(topic, create=False)
+        partitions = self._partitions(topic)
         meta = self._broker.tiered.metadata
-        return {tn.full: meta.segments(tn.full) for tn in self._broker.partition_names(topic)}
+        return {tn.full: meta.segments(tn.full) for tn in partitions}
 
     def tiered_stats(self) -> dict[str, Any]:
         """Return remote calls and bytes by kind, and offloader counts.

@@ -520,7 +520,7 @@ def admin_abort_transaction(
     import dataclasses
 
     from txnstream.broker import Broker
-    from txnstream.config import BrokerConfig, apply_dynamic_config
+    from txnstream.config import BrokerConfig
     from txnstream.datadir import coordinator_ids, transaction_metadata
 
     tid = _txn_id(txn_id, most_sig_bits, least_sig_bits)
@@ -532,8 +532,7 @@ def admin_abort_transaction(
         ids = coordinator_ids(data)
         if ids and config.coordinators <= max(ids):
             config = dataclasses.replace(config, coordinators=max(ids) + 1)
-        config = apply_dynamic_config(data, config)
-        with Broker.open(data, config, registry=None) as broker:
+        with Broker.open(data, config, registry=None) as broker:  # applies dynamic settings
             status = broker.admin.force_abort(tid)
     result = {"txn_id": str(tid), "status_before": before["status"], "status": status.name}
     _emit(as_json, result, lambda v: _kv_table(f"abort-transaction {tid}", v))
@@ -697,11 +696,9 @@ def _switch(ctx: click.Context, log: str, enabled: bool, as_json: bool) -> None:
     data = _data(ctx)
     verb = "enable" if enabled else "disable"
     _closed(data, f"batched-log {verb}")
-    key = (
-        "transactionLogBatchedWriteEnabled"
-        if log == "coordinator"
-        else "transactionPendingAckBatchedWriteEnabled"
-    )
+    from txnstream.datadir import BATCH_SWITCH_KEY
+
+    key = BATCH_SWITCH_KEY[log]
     with _admin_errors():
         settings = write_dynamic_config(data, {key: enabled})
     result = {"log": log, "enabled": enabled, "file": str(data / DYNAMIC_CONFIG_FILE), **settings}

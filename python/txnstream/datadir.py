@@ -46,6 +46,7 @@ import numpy as np
 import numpy.typing as npt
 
 from txnstream._native import (
+    AckSet,
     CompactedTopic,
     ManagedLedger,
     Position,
@@ -68,7 +69,7 @@ from txnstream.errors import (
     TransactionNotFound,
 )
 from txnstream.pendingack.store import LOG_CURSOR as PENDING_ACK_LOG_CURSOR
-from txnstream.pendingack.store import parse_record
+from txnstream.pendingack.store import absent_indexes, parse_record
 from txnstream.proto import (
     ABORT,
     ACK,
@@ -130,6 +131,13 @@ BATCH_DELAY_BUCKETS_S: Final = (0.001, 0.005, 0.01)
 
 
 # ------------------------------------------------------------------ helpers
+
+
+#: The dynamic setting that switches each log's batched writes (``batched-log enable``).
+BATCH_SWITCH_KEY: dict[str, str] = {
+    "coordinator": "transactionLogBatchedWriteEnabled",
+    "pending-ack": "transactionPendingAckBatchedWriteEnabled",
+}
 
 
 def log_kind(name: str) -> str:
@@ -829,13 +837,7 @@ def transaction_buffer_stats(
 
 def _acked_indexes(words: Sequence[int], size: int) -> list[int]:
     """Indexes below ``size`` whose bit is clear (acked) in an ack set."""
-    out = []
-    for i in range(size):
-        w = i // 64
-        word = words[w] if w < len(words) else 0
-        if not (word >> (i % 64)) & 1:
-            out.append(i)
-    return out
+    return list(absent_indexes(AckSet.from_words(list(words), size), size))
 
 
 def pending_ack_stats(
@@ -1069,11 +1071,7 @@ def batch_stats(
         for k in ("records", "bytes", "batched", "spread_ms")
     }
     merged["batched"] = merged["batched"].astype(np.bool_)
-    key = (
-        "transactionLogBatchedWriteEnabled"
-        if log == "coordinator"
-        else "transactionPendingAckBatchedWriteEnabled"
-    )
+    key = BATCH_SWITCH_KEY[log]
     return {
         "log": log,
         "enabled": read_dynamic_config(path).get(key),

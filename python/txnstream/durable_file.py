@@ -23,14 +23,28 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _make_parents_durable(directory: Path) -> None:
+    """Create ``directory`` and its missing parents, each new one's parent fsynced."""
+    missing: list[Path] = []
+    at = directory
+    while not at.exists():
+        missing.append(at)
+        if at.parent == at:
+            break
+        at = at.parent
+    for d in reversed(missing):
+        d.mkdir(exist_ok=True)
+        fsync_dir(d.parent)
+
+
 def write_atomically(path: Path, data: bytes) -> None:
-    """Replace ``path`` with ``data`` atomically and durably (creating its parents).
+    """Replace ``path`` with ``data`` atomically and durably (creating its parents durably).
 
     The temp file is ``.<name>.<pid>.<ns>.tmp`` beside it, created with
     ``O_EXCL | O_NOFOLLOW`` (no symlink is followed, no other writer's temp
     file is reused). Raises ``OSError``; the temp file is removed then.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    _make_parents_durable(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:

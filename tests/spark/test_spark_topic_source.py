@@ -310,13 +310,11 @@ def test_bad_option_through_spark(spark: SparkSession, live: tuple[Path, Workloa
         read(spark, d, topic="orders", isolation="dirty").collect()
 
 
-def run_stream(spark: SparkSession, directory: Path, out: Path, checkpoint: Path) -> None:
+def run_stream(
+    spark: SparkSession, directory: Path, out: Path, checkpoint: Path, topic: str = "orders"
+) -> None:
     """One ``availableNow`` run of a streaming query into Parquet, from its checkpoint."""
-    df = (
-        spark.readStream.format("txnstream")
-        .option("path", str(directory))
-        .option("topic", "orders")
-    )
+    df = spark.readStream.format("txnstream").option("path", str(directory)).option("topic", topic)
     query = (
         df.load()
         .writeStream.format("parquet")

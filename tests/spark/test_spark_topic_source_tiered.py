@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from tests.spark.test_spark_topic_source import run_stream
 from txnstream import Broker, Position
 from txnstream._native import ManagedLedger, encode_message
 from txnstream.config import BrokerConfig
@@ -199,23 +200,8 @@ def test_streaming_reads_offloaded_ledgers_from_remote(spark: SparkSession, tmp_
         assert first_local is not None
         batch = spark_rows(spark, data, "read_committed")
         assert {r[4] for r in batch} == committed
-        out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
-        query = (
-            spark.readStream.format("txnstream")
-            .option("path", str(data))
-            .option("topic", TOPIC)
-            .load()
-            .writeStream.format("parquet")
-            .option("path", str(out))
-            .option("checkpointLocation", str(checkpoint))
-            .trigger(availableNow=True)
-            .start()
-        )
-        try:
-            assert query.awaitTermination(120), "the streaming query did not finish in 120 s"
-        finally:
-            query.stop()
-        assert query.exception() is None, query.exception()
+        out = tmp_path / "out"
+        run_stream(spark, data, out, tmp_path / "checkpoint", topic=TOPIC)
         streamed = spark.read.parquet(str(out)).collect()
         got = sorted((x["ledger_id"], x["entry_id"], x["batch_index"]) for x in streamed)
         assert got == sorted((r[0], r[1], r[2]) for r in batch)  # once each, remote part too

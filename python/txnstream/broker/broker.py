@@ -139,18 +139,21 @@ class Tiered:
         and its aborted set, taken at the call), as a READ_COMMITTED consumer is.
         """
         tb = topic.tb
-        with tb.lock:
+        with tb.lock:  # one state of the buffer: its aborted set, limit and last readable entry
             aborted = set(tb.aborted)
             limit = tb.read_limit
+            local_last = tb.max_read_position
         return self.reader().read_committed(
             topic.full,
             topic.ml,
-            max_read_position=self._last_readable(topic, limit),
+            max_read_position=self._last_readable(topic, limit, local_last),
             aborted=aborted,
             start=start,
         )
 
-    def _last_readable(self, topic: Topic, limit: Position | None) -> Position | None:
+    def _last_readable(
+        self, topic: Topic, limit: Position | None, local_last: Position | None
+    ) -> Position | None:
         """Return the last entry before the exclusive READ_COMMITTED ``limit``, local or remote.
 
         The transaction buffer finds it through the local ledgers only; when
@@ -161,7 +164,7 @@ class Tiered:
             return None
         if limit.entry_id > 0:
             return Position(limit.ledger_id, limit.entry_id - 1)
-        found = topic.tb.max_read_position
+        found = local_last
         for s in self.metadata.segments(topic.full):
             end = Position(s.ledger_id, s.last_entry)
             if (

@@ -88,7 +88,8 @@ class _TxnAcks:
                 out.append(TxnPosition(pos.ledger_id, pos.entry_id))
             else:
                 out.extend(
-                    TxnPosition(pos.ledger_id, pos.entry_id, size, i) for i in _absent(acked, size)
+                    TxnPosition(pos.ledger_id, pos.entry_id, size, i)
+                    for i in absent_indexes(acked, size)
                 )
         return out
 
@@ -96,7 +97,7 @@ class _TxnAcks:
 _WORD: Final = (1 << 64) - 1
 
 
-def _absent(acked: AckSet, size: int) -> Iterator[int]:
+def absent_indexes(acked: AckSet, size: int) -> Iterator[int]:
     """Yield the indexes below ``size`` whose bit is clear (acked), in order.
 
     Walks the clear bits of the ack set's words, so a transaction that
@@ -618,4 +619,12 @@ class PendingAckStore:
         self.writer.close()
 
 
-__all__ = ["LOG_CURSOR", "EndHook", "PendingAckStore", "encode_ack", "encode_end", "parse_record"]
+__all__ = [
+    "LOG_CURSOR",
+    "EndHook",
+    "PendingAckStore",
+    "absent_indexes",
+    "encode_ack",
+    "encode_end",
+    "parse_record",
+]

@@ -876,8 +876,13 @@ def read_marker_range(path: str, part: TopicRange) -> Iterator[pa.RecordBatch]:
     ml = ManagedLedger.open(path, part.ledger, read_only=True)
     try:
         after = _before((part.ledger_id, part.first_entry))
+        next_entry = part.first_entry
         while True:
-            rows = scan_topic(ml, after, _SCAN_CHUNK)
+            # No further than the range's last entry (the scan would run into later ledgers).
+            want = min(_SCAN_CHUNK, part.last_entry - next_entry + 1)
+            if want < 1:
+                return
+            rows = scan_topic(ml, after, want)
             inside = [r for r in rows if r[0] == part.ledger_id and r[1] <= part.last_entry]
             found = [(r[1], r[2], r[3]) for r in inside if r[2] is not None]
             if found:
@@ -901,6 +906,7 @@ def read_marker_range(path: str, part: TopicRange) -> Iterator[pa.RecordBatch]:
             if len(inside) < len(rows) or not rows:
                 return
             after = Position(rows[-1][0], rows[-1][1])
+            next_entry = rows[-1][1] + 1
     finally:
         ml.close()
 
@@ -991,14 +997,11 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.states: dict[str, PartitionScan] = {}
         self._target: dict[str, str] | None = None
 
+    @staticmethod
     def _remote(
-        self, ledger: str, ledgers: list[tuple[int, int, bool]]
-    ) -> tuple[_TieredView | None, list[SegmentInfo]]:
-        # The metadata is read again each time: offloads go on while a query runs.
-        tiered = _TieredView.open(self.sel)
-        if tiered is None:
-            return None, []
-        return tiered, tiered.remote_segments(ledger, ledgers)
+        tiered: _TieredView | None, ledger: str, ledgers: list[tuple[int, int, bool]]
+    ) -> list[SegmentInfo]:
+        return [] if tiered is None else tiered.remote_segments(ledger, ledgers)
 
     def _scan(self, ledger: str) -> tuple[PartitionScan, list[tuple[int, int, bool]]]:
         state = self.states.get(ledger)
@@ -1014,20 +1017,24 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict[str, str]:  # noqa: N802 (Spark API name)
         """Return the option ``startingPositions`` resolved per partition."""
         out = {}
+        # The metadata is read once per call: offloads go on while a query runs.
+        tiered = _TieredView.open(self.sel)
         for ledger in self.sel.ledgers:
             state, ledgers = self._scan(ledger)
-            _tiered, remote = self._remote(ledger, ledgers)
+            remote = self._remote(tiered, ledger, ledgers)
             start, _end = self.sel.bounds(state, ledgers, remote)
             out[ledger] = _offset_of(start)
         return out
 
     def _latest(self, start: dict[str, Any]) -> dict[str, str]:
         out = {}
+        tiered: _TieredView | None = None
         for ledger in self.sel.ledgers:
             state, ledgers = self._scan(ledger)
             limit = self.sel.limit(state)
             if state.last is None:  # nothing stored locally: the remote end, if any
-                _tiered, remote = self._remote(ledger, ledgers)
+                tiered = tiered or _TieredView.open(self.sel)
+                remote = self._remote(tiered, ledger, ledgers)
                 if remote:
                     limit = (remote[-1].ledger_id, remote[-1].last_entry + 1)
             if ledger in start:
@@ -1058,6 +1065,7 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """Return the ledger ranges from ``start`` (inclusive) to ``end`` (exclusive)."""
         out: list[InputPartition] = []
+        tiered = _TieredView.open(self.sel)
         for ledger, until in end.items():
             if ledger not in self.sel.ledgers:
                 continue
@@ -1065,7 +1073,7 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if lo >= hi:
                 continue
             state, ledgers = self._scan(ledger)  # aborted sets cover everything before ``hi``
-            tiered, remote = self._remote(ledger, ledgers)
+            remote = self._remote(tiered, ledger, ledgers)
             if tiered is not None and remote:
                 out.extend(tiered.split(self.sel, state, remote, lo, hi))
             out.extend(self.sel.split(state, ledgers, lo, hi))

@@ -593,7 +593,7 @@ fn write_only_compacted_topic_reads_nothing_at_open_and_compacts_from_the_log() 
     // No index: nothing is remembered per key.
     assert_eq!(t.get("k2"), None);
     t.close().unwrap();
-    // Reopening reads nothing: a corrupt record is not even looked at.
+    // Reopening reads nothing (no key index is built).
     let t = CompactedTopic::open_write_only(tmp.path(), "ns/__snap", opts()).unwrap();
     assert_eq!(t.ledger().entry_count(), 41);
     t.put("k2", Some(b"two")).unwrap();
@@ -886,6 +886,7 @@ fn positions_handed_out_before_a_failed_write_are_never_reused() {
     let tmp = tempfile::tempdir().unwrap();
     let ml = ManagedLedger::open(tmp.path(), "fenced", opts()).unwrap();
     ml.append(&payload(0)).unwrap();
+    let mut handed_out = 0;
     for kind in [FaultKind::Write, FaultKind::Sync] {
         ml.inject_fault(kind, libc::EIO, 1);
         let (tx, rx) = mpsc::channel();
@@ -902,11 +903,17 @@ fn positions_handed_out_before_a_failed_write_are_never_reused() {
         );
         let after = ml.append(&payload(2)).unwrap();
         if let Ok(p) = given {
+            handed_out += 1;
             assert_ne!(after, p, "{kind:?}: position {p} handed out twice");
             assert!(after > p, "{kind:?}: {after} is not after {p}");
         }
         assert_eq!(ml.read(after).unwrap(), payload(2));
     }
+    // At least one failed write had handed its position out: the check above ran.
+    assert!(
+        handed_out > 0,
+        "no position was handed out before a failed write"
+    );
     // The data survives a reopen, in order, and the failed entries are gone.
     let positions: Vec<Position> = ml
         .read_range(Position::new(0, 0), ml.last_position().unwrap())

@@ -88,11 +88,6 @@ impl PySnapshotDemux {
         Ok(())
     }
 
-    /// Records waiting for topics that have not asked yet.
-    fn queued(&self) -> usize {
-        self.inner.lock().queued()
-    }
-
     /// Counters: entries_read, reads, routed, dropped, answered.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         let s = self.inner.lock().stats();

@@ -25,6 +25,7 @@ import pytest
 from click.testing import CliRunner
 
 from txnstream import Broker, BrokerConfig, CompactedTopic
+from txnstream._native import Position
 from txnstream.broker.broker import TOPICS_REGISTRY as BROKER_TOPICS_REGISTRY
 from txnstream.buffer.snapshot_reader import snapshot_topic
 from txnstream.cli import main
@@ -457,3 +458,67 @@ def test_dynamic_config_round_trip_and_validation(tmp_path: Path) -> None:
     (tmp_path / DYNAMIC_CONFIG_FILE).write_text("somethingElse = 1\n")
     with pytest.raises(ConfigError, match="somethingElse"):
         read_dynamic_config(tmp_path)
+
+
+def test_pending_ack_stats_fold_repeated_cumulative_and_batch_index_acks(tmp_path: Path) -> None:
+    """The CLI folds the log the way recovery does: what each transaction HOLDS.
+
+    A transaction that acks cumulatively twice holds only its later position;
+    one that acks two indexes of a batch in two calls holds one entry with
+    both indexes. After a restart, the store's own recovery of the same
+    records holds exactly that.
+    """
+    data = tmp_path / "data"
+    with Broker.open(data, registry=None) as broker:
+        client = broker.client("fold")
+        client.producer("cum").send_many([b"a", b"b", b"c"])  # one batch: indexes 0-2
+        for i in range(3):
+            client.producer("cum").send(b"x%d" % i)
+        client.producer("bat").send_many([b"p", b"q", b"r", b"s"])
+        cum = client.subscribe("cum", SUB)
+        msgs = [cum.receive(1000) for _ in range(6)]
+        assert all(m is not None for m in msgs)
+        t1 = client.transaction(timeout_ms=600_000)
+        cum.ack_cumulative(msgs[1], txn=t1)  # batch index 1
+        cum.ack_cumulative(msgs[4], txn=t1)  # replaces it: the second single entry
+        bat = client.subscribe("bat", SUB)
+        parts = [bat.receive(1000) for _ in range(4)]
+        t2 = client.transaction(timeout_ms=600_000)
+        bat.ack(parts[0], txn=t2)
+        bat.ack(parts[2], txn=t2)
+        assert t1.wait_durable() and t2.wait_durable()
+
+        [c] = cli(data, "pending-ack-stats", "-t", "cum", "-s", SUB)
+        pos = msgs[4].message_id
+        assert c["ongoing_transactions"] == [
+            {
+                "txn_id": str(t1.txn_id),
+                "ack_type": "cumulative",
+                "acks": [{"position": f"{pos.ledger_id}:{pos.entry_id}"}],
+            }
+        ]
+        assert c["log"]["records"] == 2
+        [b] = cli(data, "pending-ack-stats", "-t", "bat", "-s", SUB)
+        entry = parts[0].message_id
+        assert b["ongoing_transactions"] == [
+            {
+                "txn_id": str(t2.txn_id),
+                "ack_type": "individual",
+                "acks": [
+                    {
+                        "position": f"{entry.ledger_id}:{entry.entry_id}",
+                        "batch_size": 4,
+                        "batch_indexes": [0, 2],
+                    }
+                ],
+            }
+        ]
+        assert b["log"]["records"] == 2
+    # The store's recovery reads the same records into the same holdings.
+    with Broker.open(data, registry=None) as broker:
+        store = broker.topic("bat").subscription(SUB).pending
+        at = Position(entry.ledger_id, entry.entry_id)
+        assert store.is_held(at, 0) and store.is_held(at, 2)
+        assert not store.is_held(at, 1) and not store.is_held(at, 3)
+        [b2] = cli(data, "pending-ack-stats", "-t", "bat", "-s", SUB)
+        assert b2["ongoing_transactions"] == b["ongoing_transactions"]

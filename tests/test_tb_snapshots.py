@@ -189,6 +189,7 @@ def test_snapshot_after_crash_plus_tail_keeps_dedup(tmp_path: Path) -> None:
     assert counts == {
         "entries": 3,
         "markers": 0,
+        "committed": 0,
         "ongoing": 0,
         "aborted": 0,
         "from_snapshot": 1,

@@ -46,17 +46,15 @@ import numpy as np
 import numpy.typing as npt
 
 from txnstream._native import (
-    AckSet,
     CompactedTopic,
     ManagedLedger,
     Position,
     fold_txn_log,
     scan_log,
-    scan_topic,
 )
 from txnstream.broker.topic_name import PENDING_ACK_SUFFIX, TopicName, subscription_arg
 from txnstream.buffer.snapshot_reader import snapshot_topic
-from txnstream.buffer.transaction_buffer import TXN_ABORT, TXN_COMMIT
+from txnstream.buffer.transaction_buffer import TransactionBuffer
 from txnstream.config import read_dynamic_config
 from txnstream.coordinator.metadata import TransactionInfo, TxnID, TxnStatus
 from txnstream.coordinator.state import CURSOR as COORDINATOR_CURSOR
@@ -69,12 +67,8 @@ from txnstream.errors import (
     TransactionNotFound,
 )
 from txnstream.pendingack.store import LOG_CURSOR as PENDING_ACK_LOG_CURSOR
-from txnstream.pendingack.store import absent_indexes, parse_record
+from txnstream.pendingack.store import LogFold, TxnAcks, absent_indexes, fold_log
 from txnstream.proto import (
-    ABORT,
-    ACK,
-    COMMIT,
-    Cumulative,
     TerminatedTxnState,
     TransactionBufferSnapshot,
 )
@@ -117,8 +111,6 @@ CATALOG_FILE: Final = "CATALOG"
 #: The compacted topic of topic metadata: base topic name -> partition count
 #: (``txnstream.broker.broker.TOPICS_REGISTRY``, a layer above this module).
 TOPICS_REGISTRY: Final = "__txnstream_topics"
-#: Entries read per call while replaying a partition.
-_CHUNK: Final = 4096
 
 _COORDINATOR_PREFIX: Final = "__transaction_log_"
 #: The two kinds of batched log, by their CLI name.
@@ -665,80 +657,37 @@ def transaction_metadata(directory: str | os.PathLike[str], txn_id: TxnID | str)
 # ------------------------------------------------------- transaction buffer
 
 
-def _before(limit: Position | None, ledgers: Sequence[tuple[int, int, bool]]) -> Position | None:
-    """Return the last entry below exclusive bound ``limit`` (``max_read_position``)."""
-    if limit is None:
+class _NoOutcomes:
+    """Outcomes for a buffer only replayed (a read-only view asks none)."""
+
+    def low_water_mark(self, tc_id: int) -> int:
+        return -1
+
+    def participant_outcome(self, txn_id: TxnID) -> bool | None:
         return None
-    if limit.entry_id > 0:
-        return Position(limit.ledger_id, limit.entry_id - 1)
-    prior = [(lid, n) for lid, n, _ in ledgers if lid < limit.ledger_id and n > 0]
-    return Position(prior[-1][0], prior[-1][1] - 1) if prior else None
 
 
-def _lag(limit: Position | None, ledgers: Sequence[tuple[int, int, bool]]) -> int:
-    total = 0
-    for lid, n, _ in ledgers:
-        if limit is None or lid > limit.ledger_id:
-            total += n
-        elif lid == limit.ledger_id:
-            total += max(0, n - limit.entry_id)
-    return total
-
-
-def replay_partition(ml: ManagedLedger) -> dict[str, Any]:
-    """Replay a partition's ledger with the transaction buffer's recovery rules.
+def replay_partition(ml: ManagedLedger, partition: str) -> dict[str, Any]:
+    """Replay a partition's whole ledger with the transaction buffer's own recovery.
 
     Returns ``entries``, ``markers``, ``committed`` / ``aborted`` (markers
     seen), ``ongoing`` (txn -> first position, oldest first),
-    ``aborted_txns`` (txn -> ABORT marker position), ``last_position``,
-    ``max_read_position`` (the entry before the oldest ongoing transaction's
-    first message, else the last entry) and ``lag`` (entries from there to
-    the end). Positions are :class:`Position` objects here.
+    ``last_position``, ``max_read_position`` and ``lag`` (entries from the
+    READ_COMMITTED limit to the end), as :class:`TransactionBuffer` computes
+    them for the broker. Positions are :class:`Position` objects here.
     """
-    ongoing: dict[tuple[int, int], Position] = {}
-    ended: set[tuple[int, int]] = set()
-    aborted: dict[tuple[int, int], Position] = {}
-    entries = markers = committed = 0
-    last: Position | None = None
-    while True:
-        rows = scan_topic(ml, last, _CHUNK)
-        if not rows:
-            break
-        for lid, eid, marker, txn, _producer, _seqs in rows:
-            entries += 1
-            if marker is not None:
-                markers += 1
-                if txn is not None and marker in (TXN_COMMIT, TXN_ABORT):
-                    ongoing.pop(txn, None)
-                    ended.add(txn)
-                    if marker == TXN_ABORT:
-                        aborted[txn] = Position(lid, eid)
-                    else:
-                        committed += 1
-                continue
-            if txn is not None and txn not in ended and txn not in ongoing:
-                ongoing[txn] = Position(lid, eid)
-        last = Position(rows[-1][0], rows[-1][1])
-    last_durable = ml.last_position if last is None else last
-    limit = (
-        None
-        if last_durable is None
-        else Position(last_durable.ledger_id, last_durable.entry_id + 1)
-    )
-    for first in ongoing.values():
-        limit = first if limit is None or first < limit else limit
-        break  # the oldest ongoing transaction bounds everything after it
-    ledgers = ml.ledgers()
+    tb = TransactionBuffer(partition, ml, _NoOutcomes())
+    counts = tb.recover()
+    end = tb.uncommitted_limit  # just after the last durable entry
     return {
-        "entries": entries,
-        "markers": markers,
-        "committed": committed,
-        "aborted": len(aborted),
-        "ongoing": ongoing,
-        "aborted_txns": aborted,
-        "last_position": last_durable,
-        "max_read_position": _before(limit, ledgers),
-        "lag": _lag(limit, ledgers) if last_durable is not None else 0,
+        "entries": counts["entries"],
+        "markers": counts["markers"],
+        "committed": counts["committed"],
+        "aborted": counts["aborted"],
+        "ongoing": {(t.most_bits, t.least_bits): p for t, p in tb.ongoing.items()},
+        "last_position": None if end is None else Position(end.ledger_id, end.entry_id - 1),
+        "max_read_position": tb.max_read_position,
+        "lag": tb.lag(),
     }
 
 
@@ -809,7 +758,7 @@ def transaction_buffer_stats(
                     "lag": 0,
                 }
             else:
-                r = replay_partition(ml)
+                r = replay_partition(ml, tn.full)
         out.append(
             {
                 "topic": tn.full,
@@ -835,9 +784,27 @@ def transaction_buffer_stats(
 # ---------------------------------------------------------------- pending ack
 
 
-def _acked_indexes(words: Sequence[int], size: int) -> list[int]:
-    """Indexes below ``size`` whose bit is clear (acked) in an ack set."""
-    return list(absent_indexes(AckSet.from_words(list(words), size), size))
+def _held_dict(txn: TxnID, acks: TxnAcks) -> dict[str, Any]:
+    """One transaction's held acks as the admin shows them (JSON-ready)."""
+    held: list[dict[str, Any]] = []
+    if acks.cumulative is not None:
+        c = acks.cumulative
+        ack: dict[str, Any] = {"position": f"{c.ledger_id}:{c.entry_id}"}
+        if c.batch_size > 1:
+            ack["batch_size"] = c.batch_size
+            ack["batch_index"] = c.batch_index
+        held.append(ack)
+    for entry, (size, acked) in acks.individual.items():
+        ack = {"position": f"{entry.ledger_id}:{entry.entry_id}"}
+        if acked is not None:
+            ack["batch_size"] = size
+            ack["batch_indexes"] = list(absent_indexes(acked, size))
+        held.append(ack)
+    return {
+        "txn_id": f"({txn.most_bits},{txn.least_bits})",
+        "ack_type": "cumulative" if acks.cumulative is not None else "individual",
+        "acks": held,
+    }
 
 
 def pending_ack_stats(
@@ -847,9 +814,11 @@ def pending_ack_stats(
 
     Per partition: ``topic``, ``subscription``, ``mark_delete_position`` of
     the subscription's cursor, ``ongoing`` (transactions holding acks) with
-    ``ongoing_transactions`` (``txn_id``, ``ack_type``, ``acks``: each
+    ``ongoing_transactions`` (``txn_id``, ``ack_type``, ``acks``: what
+    the transaction holds, as the store's recovery folds its records: each
     ``position`` and, for a batched message, ``batch_size`` and the
-    ``batch_indexes`` acked), ``committed_in_log`` / ``aborted_in_log``
+    ``batch_indexes`` acked -- for a cumulative ack, its one position and
+    ``batch_index``), ``committed_in_log`` / ``aborted_in_log``
     (ended transactions whose records are not trimmed yet) and ``log``
     (``name``, ``records`` live, ``entries`` stored).
     """
@@ -871,45 +840,23 @@ def pending_ack_stats(
         if not has_cursor and log_ml_name not in names:
             continue
         found = True
-        ongoing: dict[tuple[int, int], dict[str, Any]] = {}
-        committed = aborted = records = 0
+        fold = LogFold()
         entries = 0
         with _ledger(path, log_ml_name) as log_ml:
             if log_ml is not None:
                 entries = _ml_summary(log_ml)["entries"]
-                live = replay(log_ml, PENDING_ACK_LOG_CURSOR)
-                for pos, data in live:
-                    records += 1
-                    e = parse_record(data, pos, log_ml_name)
-                    txn = (e.txnid_most_bits, e.txnid_least_bits)
-                    if e.pending_ack_op == ACK:
-                        t = ongoing.setdefault(
-                            txn, {"txn_id": f"({txn[0]},{txn[1]})", "ack_type": None, "acks": []}
-                        )
-                        t["ack_type"] = "cumulative" if e.ack_type == Cumulative else "individual"
-                        for md in e.pending_ack_metadata:
-                            ack: dict[str, Any] = {"position": f"{md.ledgerId}:{md.entryId}"}
-                            size = md.batch_size if md.HasField("batch_size") else 1
-                            if size > 1 and len(md.ack_set):
-                                ack["batch_size"] = size
-                                ack["batch_indexes"] = _acked_indexes(list(md.ack_set), size)
-                            t["acks"].append(ack)
-                    elif e.pending_ack_op in (COMMIT, ABORT):
-                        ongoing.pop(txn, None)
-                        if e.pending_ack_op == COMMIT:
-                            committed += 1
-                        else:
-                            aborted += 1
+                fold = fold_log(replay(log_ml, PENDING_ACK_LOG_CURSOR), log_ml_name)
+        ongoing = [_held_dict(txn, acks) for txn, acks in fold.pending.items()]
         out.append(
             {
                 "topic": tn.full,
                 "subscription": sub,
                 "mark_delete_position": mark,
                 "ongoing": len(ongoing),
-                "ongoing_transactions": list(ongoing.values()),
-                "committed_in_log": committed,
-                "aborted_in_log": aborted,
-                "log": {"name": log_ml_name, "records": records, "entries": entries},
+                "ongoing_transactions": ongoing,
+                "committed_in_log": len(fold.committed),
+                "aborted_in_log": len(fold.aborted),
+                "log": {"name": log_ml_name, "records": fold.records, "entries": entries},
             }
         )
     if not found:

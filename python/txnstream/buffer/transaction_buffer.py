@@ -404,7 +404,8 @@ class TransactionBuffer:
         non-marker entry replayed (deduplication state). ``cancelled`` is
         asked between chunks; once true, :class:`AlreadyClosedError` stops
         the replay (a broker closing). Returns counts: entries (replayed),
-        markers, ongoing, aborted, from_snapshot (0/1), aborted_trimmed.
+        markers, committed (COMMIT markers replayed), ongoing, aborted,
+        from_snapshot (0/1), aborted_trimmed.
         """
         ongoing: dict[TxnID, Position | None] = {}
         ended: set[TxnKey] = set()
@@ -415,7 +416,7 @@ class TransactionBuffer:
         if snapshot is not None:
             start, aborted, trimmed = self._start_of(snapshot)
             from_snapshot = 1
-        entries = markers = 0
+        entries = markers = committed = 0
         last = start
         last_row: Position | None = None
         while True:
@@ -436,6 +437,8 @@ class TransactionBuffer:
                         ended.add(txn)
                         if marker == TXN_ABORT:
                             aborted[txn] = pos
+                        else:
+                            committed += 1
                     continue
                 if txn is not None and txn not in ended:
                     key = TxnID(*txn)
@@ -458,6 +461,7 @@ class TransactionBuffer:
         return {
             "entries": entries,
             "markers": markers,
+            "committed": committed,
             "ongoing": len(ongoing),
             "aborted": len(aborted),
             "from_snapshot": from_snapshot,

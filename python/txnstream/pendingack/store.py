@@ -40,7 +40,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Final
 
@@ -70,8 +70,8 @@ LOG_CURSOR = "__pending_ack_store"
 EndHook = Callable[[TxnID, bool, list[TxnPosition], TxnPosition | None], None]
 
 
-class _TxnAcks:
-    """What one transaction holds on this subscription."""
+class TxnAcks:
+    """What one transaction holds on a subscription (its acks and their log records)."""
 
     __slots__ = ("cumulative", "individual", "records")
 
@@ -168,6 +168,79 @@ def parse_record(data: bytes, pos: TxnPosition, log: str) -> PendingAckMetadataE
     return e
 
 
+class LogFold:
+    """What a pending-ack log's live records say (:func:`fold_log`)."""
+
+    __slots__ = ("aborted", "committed", "pending", "records")
+
+    def __init__(self) -> None:
+        #: Transactions with ACK records and no end: what each holds.
+        self.pending: dict[TxnID, TxnAcks] = {}
+        #: Transactions whose COMMIT record is live: their acks (to apply again).
+        self.committed: dict[TxnID, TxnAcks] = {}
+        #: Transactions whose ABORT record is live: their acks (dropped).
+        self.aborted: dict[TxnID, TxnAcks] = {}
+        #: Live records read.
+        self.records = 0
+
+
+def _recorded_position(ledger: int, entry: int, size: int, words: list[int]) -> TxnPosition:
+    # A logged cumulative position: for a batch, its highest acked index.
+    if size <= 1 or not words:
+        return TxnPosition(ledger, entry)
+    present = set(AckSet.from_words(words, size).present())
+    acked = [i for i in range(size) if i not in present]
+    return TxnPosition(ledger, entry, size, acked[-1] if acked else 0)
+
+
+def _hold_recorded(acks: TxnAcks, ledger: int, entry_id: int, size: int, words: list[int]) -> None:
+    # A logged individual ack: the whole entry, or the indexes its ack set clears
+    # (merged with what the transaction's earlier records acked of the batch).
+    entry = Position(ledger, entry_id)
+    if size <= 1:
+        acks.individual[entry] = (1, None)
+        return
+    logged = AckSet.from_words(words, size) if words else AckSet(size)
+    mine = acks.individual.get(entry)
+    if mine is not None and mine[1] is not None:
+        logged.and_(mine[1])
+    acks.individual[entry] = (size, logged)
+
+
+def fold_log(live: Iterable[tuple[TxnPosition, bytes]], log: str) -> LogFold:
+    """Fold a pending-ack log's live records into what each transaction holds.
+
+    The one reading of the log, for recovery and for the admin's views of a
+    directory: an ACK record adds to its transaction's acks (a later
+    cumulative ack replaces the earlier one; individual acks of one batch
+    merge), COMMIT or ABORT ends the transaction with what it held.
+    ``log`` names the log in errors (a record that does not parse raises
+    :class:`~txnstream.errors.CorruptEntryError`).
+    """
+    fold = LogFold()
+    found = fold.pending
+    for pos, data in live:
+        fold.records += 1
+        e = parse_record(data, pos, log)
+        txn = TxnID(e.txnid_most_bits, e.txnid_least_bits)
+        if e.pending_ack_op == ACK:
+            acks = found.setdefault(txn, TxnAcks())
+            acks.records.append(pos)
+            cumulative = e.ack_type == Cumulative
+            for md in e.pending_ack_metadata:
+                size = md.batch_size if md.HasField("batch_size") else 1
+                words = list(md.ack_set)
+                if cumulative:
+                    acks.cumulative = _recorded_position(md.ledgerId, md.entryId, size, words)
+                else:
+                    _hold_recorded(acks, md.ledgerId, md.entryId, size, words)
+        elif e.pending_ack_op in (COMMIT, ABORT):
+            ended = found.pop(txn, None) or TxnAcks()
+            ended.records.append(pos)
+            (fold.committed if e.pending_ack_op == COMMIT else fold.aborted)[txn] = ended
+    return fold
+
+
 class PendingAckStore:
     """Pending transactional acks of one subscription, their log and their conflicts.
 
@@ -196,7 +269,7 @@ class PendingAckStore:
         self._outcomes = outcomes
         self.on_end = on_end
         self._lock = threading.Lock()
-        self._txns: dict[TxnID, _TxnAcks] = {}
+        self._txns: dict[TxnID, TxnAcks] = {}
         # entry -> holder: a TxnID (whole entry) or {txn: acked ack set} (batch indexes)
         self._held: dict[Position, TxnID | dict[TxnID, AckSet]] = {}
         self._cumulative: tuple[TxnID, TxnPosition] | None = None
@@ -319,7 +392,7 @@ class PendingAckStore:
             fut = self.writer.write(record)
             acks = self._txns.get(txn)
             if acks is None:
-                acks = self._txns[txn] = _TxnAcks()
+                acks = self._txns[txn] = TxnAcks()
             if cumulative:
                 acks.cumulative = positions[0]
                 self._cumulative = (txn, positions[0])
@@ -368,7 +441,7 @@ class PendingAckStore:
                 if other is not None:
                     raise _conflict(txn, p, f"transaction {other} holds a message below it")
 
-    def _hold(self, txn: TxnID, acks: _TxnAcks, positions: Sequence[TxnPosition]) -> None:
+    def _hold(self, txn: TxnID, acks: TxnAcks, positions: Sequence[TxnPosition]) -> None:
         # Under the lock, after the checks.
         for p in positions:
             entry = p.position
@@ -444,9 +517,9 @@ class PendingAckStore:
         if self.on_end is not None:
             self.on_end(txn, commit, messages, acks.cumulative)
 
-    def _release(self, txn: TxnID) -> _TxnAcks:
+    def _release(self, txn: TxnID) -> TxnAcks:
         # Under the lock: forget what ``txn`` holds.
-        acks = self._txns.pop(txn, None) or _TxnAcks()
+        acks = self._txns.pop(txn, None) or TxnAcks()
         for entry in acks.individual:
             h = self._held.get(entry)
             if isinstance(h, dict):
@@ -459,7 +532,7 @@ class PendingAckStore:
             self._cumulative = None
         return acks
 
-    def _apply(self, acks: _TxnAcks, messages: list[TxnPosition]) -> None:
+    def _apply(self, acks: TxnAcks, messages: list[TxnPosition]) -> None:
         try:
             self.acks.individual(messages)
             if acks.cumulative is not None:
@@ -510,42 +583,21 @@ class PendingAckStore:
 
         COMMIT applies a transaction's acks again, ABORT drops them (both
         are trimmed); transactions with only ACK records hold their
-        messages again. Returns counts.
+        messages again (:func:`fold_log`). Returns counts.
         """
-        live = replay(self.log_ml, self._log_cursor)
-        found: dict[TxnID, _TxnAcks] = {}
-        commits: list[_TxnAcks] = []
-        records = 0
-        for pos, data in live:
-            records += 1
-            e = parse_record(data, pos, f"of {self.partition}/{self.subscription}")
-            txn = TxnID(e.txnid_most_bits, e.txnid_least_bits)
-            if e.pending_ack_op == ACK:
-                acks = found.setdefault(txn, _TxnAcks())
-                acks.records.append(pos)
-                cumulative = e.ack_type == Cumulative
-                for md in e.pending_ack_metadata:
-                    size = md.batch_size if md.HasField("batch_size") else 1
-                    words = list(md.ack_set)
-                    if cumulative:
-                        acks.cumulative = self._recorded_position(
-                            md.ledgerId, md.entryId, size, words
-                        )
-                    else:
-                        self._hold_recovered(acks, md.ledgerId, md.entryId, size, words)
-            elif e.pending_ack_op in (COMMIT, ABORT):
-                ended = found.pop(txn, None) or _TxnAcks()
-                ended.records.append(pos)
-                if e.pending_ack_op == COMMIT:
-                    commits.append(ended)
-                    self._trim_after_flush.extend(ended.records)
-                else:
-                    self._trim_now.extend(ended.records)
-                self._ended.add(txn)
-        for acks in commits:
+        fold = fold_log(
+            replay(self.log_ml, self._log_cursor), f"of {self.partition}/{self.subscription}"
+        )
+        for ended in fold.committed.values():
+            self._trim_after_flush.extend(ended.records)
+        for ended in fold.aborted.values():
+            self._trim_now.extend(ended.records)
+        self._ended.update(fold.committed)
+        self._ended.update(fold.aborted)
+        for acks in fold.committed.values():
             self._apply(acks, acks.messages())
         with self._lock:
-            for txn, acks in found.items():
+            for txn, acks in fold.pending.items():
                 self._txns[txn] = acks
                 for entry, (_size, acked) in acks.individual.items():
                     if acked is None:
@@ -557,31 +609,11 @@ class PendingAckStore:
                         h[txn] = acked
                 if acks.cumulative is not None:
                     self._cumulative = (txn, acks.cumulative)
-        return {"records": records, "pending": len(found), "committed": len(commits)}
-
-    @staticmethod
-    def _recorded_position(ledger: int, entry: int, size: int, words: list[int]) -> TxnPosition:
-        # A logged cumulative position: for a batch, its highest acked index.
-        if size <= 1 or not words:
-            return TxnPosition(ledger, entry)
-        present = set(AckSet.from_words(words, size).present())
-        acked = [i for i in range(size) if i not in present]
-        return TxnPosition(ledger, entry, size, acked[-1] if acked else 0)
-
-    @staticmethod
-    def _hold_recovered(
-        acks: _TxnAcks, ledger: int, entry_id: int, size: int, words: list[int]
-    ) -> None:
-        # A logged individual ack: the whole entry, or the indexes its ack set clears.
-        entry = Position(ledger, entry_id)
-        if size <= 1:
-            acks.individual[entry] = (1, None)
-            return
-        logged = AckSet.from_words(words, size) if words else AckSet(size)
-        mine = acks.individual.get(entry)
-        if mine is not None and mine[1] is not None:
-            logged.and_(mine[1])
-        acks.individual[entry] = (size, logged)
+        return {
+            "records": fold.records,
+            "pending": len(fold.pending),
+            "committed": len(fold.committed),
+        }
 
     def reconcile(self) -> list[Future[TxnPosition]]:
         """End every held transaction its coordinator decided or forgot (after :meth:`recover`)."""

@@ -29,6 +29,7 @@ from txnstream._native import Position
 from txnstream.broker.broker import TOPICS_REGISTRY as BROKER_TOPICS_REGISTRY
 from txnstream.buffer.snapshot_reader import snapshot_topic
 from txnstream.cli import main
+from txnstream.client import Consumer, Message
 from txnstream.config import (
     DYNAMIC_CONFIG_FILE,
     apply_dynamic_config,
@@ -460,6 +461,13 @@ def test_dynamic_config_round_trip_and_validation(tmp_path: Path) -> None:
         read_dynamic_config(tmp_path)
 
 
+def take(consumer: Consumer) -> Message:
+    """The next message (there must be one)."""
+    msg = consumer.receive(1000)
+    assert msg is not None
+    return msg
+
+
 def test_pending_ack_stats_fold_repeated_cumulative_and_batch_index_acks(tmp_path: Path) -> None:
     """The CLI folds the log the way recovery does: what each transaction HOLDS.
 
@@ -476,13 +484,12 @@ def test_pending_ack_stats_fold_repeated_cumulative_and_batch_index_acks(tmp_pat
             client.producer("cum").send(b"x%d" % i)
         client.producer("bat").send_many([b"p", b"q", b"r", b"s"])
         cum = client.subscribe("cum", SUB)
-        msgs = [cum.receive(1000) for _ in range(6)]
-        assert all(m is not None for m in msgs)
+        msgs = [take(cum) for _ in range(6)]
         t1 = client.transaction(timeout_ms=600_000)
         cum.ack_cumulative(msgs[1], txn=t1)  # batch index 1
         cum.ack_cumulative(msgs[4], txn=t1)  # replaces it: the second single entry
         bat = client.subscribe("bat", SUB)
-        parts = [bat.receive(1000) for _ in range(4)]
+        parts = [take(bat) for _ in range(4)]
         t2 = client.transaction(timeout_ms=600_000)
         bat.ack(parts[0], txn=t2)
         bat.ack(parts[2], txn=t2)

@@ -560,22 +560,22 @@ fn compacted_topic_keeps_newest_per_key() {
         ("k05".into(), Some(b"five".to_vec())),
     ])
     .unwrap();
-    assert_eq!(t.get("k03"), None);
-    assert_eq!(t.get("k05"), Some(b"five".to_vec()));
-    assert_eq!(t.get("k06"), Some(vec![4, 6]));
-    assert_eq!(t.len(), 18);
-    let before = t.items();
+    assert_eq!(t.get("k03").unwrap(), None);
+    assert_eq!(t.get("k05").unwrap(), Some(b"five".to_vec()));
+    assert_eq!(t.get("k06").unwrap(), Some(vec![4, 6]));
+    assert_eq!(t.len().unwrap(), 18);
+    let before = t.items().unwrap();
     let stats = t.compact().unwrap();
     assert_eq!(stats.entries_before, 103);
     assert_eq!(stats.entries_after, 18);
-    assert_eq!(t.items(), before);
+    assert_eq!(t.items().unwrap(), before);
     assert_eq!(t.ledger().ledgers().len(), 1);
     t.put("k03", Some(b"back")).unwrap();
     t.close().unwrap();
     let t = CompactedTopic::open(tmp.path(), "ns/__snapshots", opts()).unwrap();
-    assert_eq!(t.len(), 19);
-    assert_eq!(t.get("k03"), Some(b"back".to_vec()));
-    assert_eq!(t.get("k06"), Some(vec![4, 6]));
+    assert_eq!(t.len().unwrap(), 19);
+    assert_eq!(t.get("k03").unwrap(), Some(b"back".to_vec()));
+    assert_eq!(t.get("k06").unwrap(), Some(vec![4, 6]));
     assert!(t.ledger().is_compacted());
 }
 
@@ -590,8 +590,19 @@ fn write_only_compacted_topic_reads_nothing_at_open_and_compacts_from_the_log() 
         }
     }
     t.put("k1", None).unwrap();
-    // No index: nothing is remembered per key.
-    assert_eq!(t.get("k2"), None);
+    // No index: reads are refused, not answered "no such key".
+    for err in [
+        t.get("k2").map(|_| ()),
+        t.items().map(|_| ()),
+        t.len().map(|_| ()),
+        t.is_empty().map(|_| ()),
+    ] {
+        let msg = err.unwrap_err().to_string();
+        assert!(
+            msg.contains("write_only") && msg.contains("ns/__snap"),
+            "{msg}"
+        );
+    }
     t.close().unwrap();
     // Reopening reads nothing (no key index is built).
     let t = CompactedTopic::open_write_only(tmp.path(), "ns/__snap", opts()).unwrap();
@@ -602,10 +613,10 @@ fn write_only_compacted_topic_reads_nothing_at_open_and_compacts_from_the_log() 
     assert_eq!(stats.entries_after, 9);
     t.close().unwrap();
     let r = CompactedTopic::open(tmp.path(), "ns/__snap", opts()).unwrap();
-    assert_eq!(r.len(), 9);
-    assert_eq!(r.get("k1"), None);
-    assert_eq!(r.get("k2"), Some(b"two".to_vec()));
-    assert_eq!(r.get("k9"), Some(vec![3, 9]));
+    assert_eq!(r.len().unwrap(), 9);
+    assert_eq!(r.get("k1").unwrap(), None);
+    assert_eq!(r.get("k2").unwrap(), Some(b"two".to_vec()));
+    assert_eq!(r.get("k9").unwrap(), Some(vec![3, 9]));
     r.close().unwrap();
     let ro = LedgerOptions {
         read_only: true,

@@ -677,16 +677,14 @@ impl PyCompactedTopic {
 
     /// The newest value of ``key``, or ``None``.
     fn get<'py>(&self, py: Python<'py>, key: &str) -> BindResult<Option<Bound<'py, PyBytes>>> {
-        self.readable()?;
-        Ok(self.inner.get(key).map(|v| PyBytes::new(py, &v)))
+        Ok(self.inner.get(key)?.map(|v| PyBytes::new(py, &v)))
     }
 
     /// ``(key, value)`` of every live key, in key order.
     fn items<'py>(&self, py: Python<'py>) -> BindResult<Bound<'py, PyList>> {
-        self.readable()?;
         let items = self
             .inner
-            .items()
+            .items()?
             .into_iter()
             .map(|(k, v)| (k, PyBytes::new(py, &v)).into_bound_py_any(py))
             .collect::<PyResult<Vec<_>>>()?;
@@ -695,18 +693,15 @@ impl PyCompactedTopic {
 
     /// Live keys in order.
     fn keys(&self) -> BindResult<Vec<String>> {
-        self.readable()?;
-        Ok(self.inner.items().into_iter().map(|(k, _)| k).collect())
+        Ok(self.inner.items()?.into_iter().map(|(k, _)| k).collect())
     }
 
     fn __len__(&self) -> BindResult<usize> {
-        self.readable()?;
-        Ok(self.inner.len())
+        Ok(self.inner.len()?)
     }
 
     fn __contains__(&self, key: &str) -> BindResult<bool> {
-        self.readable()?;
-        Ok(self.inner.get(key).is_some())
+        Ok(self.inner.get(key)?.is_some())
     }
 
     /// True if opened with ``write_only=True``.
@@ -749,29 +744,15 @@ impl PyCompactedTopic {
     }
 
     fn __repr__(&self) -> String {
-        if self.inner.is_write_only() {
-            return format!(
+        match self.inner.len() {
+            Ok(keys) => format!(
+                "CompactedTopic({:?}, keys={keys})",
+                self.inner.ledger().name()
+            ),
+            Err(_) => format!(
                 "CompactedTopic({:?}, write_only)",
                 self.inner.ledger().name()
-            );
+            ),
         }
-        format!(
-            "CompactedTopic({:?}, keys={})",
-            self.inner.ledger().name(),
-            self.inner.len()
-        )
-    }
-}
-
-impl PyCompactedTopic {
-    fn readable(&self) -> BindResult<()> {
-        if self.inner.is_write_only() {
-            return Err(Error::InvalidArgument(format!(
-                "compacted topic {} was opened write_only: it keeps no key index to read",
-                self.inner.ledger().name()
-            ))
-            .into());
-        }
-        Ok(())
     }
 }

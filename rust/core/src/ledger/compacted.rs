@@ -180,13 +180,31 @@ impl CompactedTopic {
         Ok(positions)
     }
 
-    /// The newest value of `key`, if it has one.
-    pub fn get(&self, key: &str) -> Option<Vec<u8>> {
-        self.index.lock().get(key).and_then(|(_, v)| v.clone())
+    /// Refuses reads of a write-only topic: it keeps no key index, so an
+    /// answer would be a silent "no such key" (see [`Self::open_write_only`]).
+    fn readable(&self) -> Result<()> {
+        if self.write_only {
+            return Err(Error::InvalidArgument(format!(
+                "compacted topic {} was opened write_only: it keeps no key index to read",
+                self.ml.name()
+            )));
+        }
+        Ok(())
     }
 
-    /// Every live key with its newest value, in key order.
-    pub fn items(&self) -> Vec<(String, Vec<u8>)> {
+    /// The newest value of `key`, if it has one (an error on a write-only topic).
+    pub fn get(&self, key: &str) -> Result<Option<Vec<u8>>> {
+        self.readable()?;
+        Ok(self.index.lock().get(key).and_then(|(_, v)| v.clone()))
+    }
+
+    /// Every live key with its newest value, in key order (an error on a write-only topic).
+    pub fn items(&self) -> Result<Vec<(String, Vec<u8>)>> {
+        self.readable()?;
+        Ok(self.live_items())
+    }
+
+    fn live_items(&self) -> Vec<(String, Vec<u8>)> {
         self.index
             .lock()
             .iter()
@@ -194,18 +212,20 @@ impl CompactedTopic {
             .collect()
     }
 
-    /// Number of live keys.
-    pub fn len(&self) -> usize {
-        self.index
+    /// Number of live keys (an error on a write-only topic).
+    pub fn len(&self) -> Result<usize> {
+        self.readable()?;
+        Ok(self
+            .index
             .lock()
             .values()
             .filter(|(_, v)| v.is_some())
-            .count()
+            .count())
     }
 
-    /// True if no key has a value.
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
+    /// True if no key has a value (an error on a write-only topic).
+    pub fn is_empty(&self) -> Result<bool> {
+        Ok(self.len()? == 0)
     }
 
     /// Rewrites the live records into one new ledger and drops the old ones.
@@ -220,7 +240,7 @@ impl CompactedTopic {
                 .filter_map(|(k, (_, v))| v.map(|v| (k, v)))
                 .collect()
         } else {
-            self.items()
+            self.live_items()
         };
         let entries = live.iter().map(|(k, v)| encode(k, Some(v))).collect();
         let positions = self.ml.replace_all(entries)?;

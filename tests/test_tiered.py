@@ -575,3 +575,36 @@ def test_remote_calls_are_exported_to_prometheus(tmp_path: Path) -> None:
     assert f'txnstream_tiered_remote_calls_total{{kind="txn_index",{where}}} 2.0' in text
     assert f'txnstream_tiered_remote_read_bytes_total{{kind="txn_index",{where}}} 3.0' in text
     assert f'txnstream_tiered_remote_calls_total{{kind="segment",{where}}} 0.0' in text
+
+
+def test_prune_deletes_trimmed_indexes_with_one_listing_per_round(tmp_path: Path) -> None:
+    """Pruning removes only the trimmed ledgers' files, of the named topics only.
+
+    A maintenance round over many topics lists the directory once, and a
+    round in which no topic's first ledger moved lists it not at all.
+    """
+    idx = TopicTxnIndexes(tmp_path / "data")
+    topics = [f"persistent://public/default/t{i}" for i in range(3)] + [
+        "persistent://public/default/t1@odd"  # "@" in a name: the ledger id is after the last
+    ]
+    for topic in topics:
+        for lid in (1, 2, 3):
+            idx.append(topic, (0, lid), Position(lid, 0), Position(lid, 1), Position(lid, 0))
+
+    def files() -> set[tuple[str, int]]:
+        return {(t, lid) for t in topics for lid in (1, 2, 3) if idx.path(t, lid).exists()}
+
+    assert len(files()) == 12
+    bounds = {topics[0]: 3, topics[1]: 2, topics[3]: 1}
+    assert idx.prune_many(bounds) == 3
+    assert idx.listings == 1
+    gone = {(topics[0], 1), (topics[0], 2), (topics[1], 1)}
+    assert files() == {(t, lid) for t in topics for lid in (1, 2, 3)} - gone
+    # Nothing moved: no listing at all.
+    assert idx.prune_many(bounds) == 0 and idx.listings == 1
+    # One topic moved: one listing, only its files go.
+    assert idx.prune_many({**bounds, topics[2]: 3}) == 2 and idx.listings == 2
+    assert (topics[2], 3) in files() and (topics[2], 2) not in files()
+    # A pruned index is loaded from its file again (not from the closed-ledger cache).
+    assert idx.load(topics[0], 1) is None
+    assert idx.load(topics[0], 3) is not None

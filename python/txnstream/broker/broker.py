@@ -697,6 +697,7 @@ class Broker:
             return
         cfg = self.config
         tiered = self.tiered
+        firsts: dict[str, int] = {}
         for t in self.loaded_topics():
             try:
                 tiered.offloader.offload_by_policy(
@@ -709,11 +710,15 @@ class Broker:
                 tiered.offloader.hold_trimming(t.ml)
                 first = t.ml.first_position
                 if first is not None:
-                    self.txn_indexes.prune(t.full, first.ledger_id)
+                    firsts[t.full] = first.ledger_id
             except Exception:
                 if self._closed:
                     return
                 log.exception("offload of %s", t.full)
+        try:
+            self.txn_indexes.prune_many(firsts)
+        except OSError:
+            log.exception("pruning aborted-transaction indexes")
 
     def pending_ack_writer(self, ml: ManagedLedger, name: str) -> BufferedWriter:
         """Return a BufferedWriter for pending-ack log ``ml`` (pending-ack store metrics)."""

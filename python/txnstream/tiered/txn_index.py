@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import threading
 import urllib.parse
+from collections.abc import Mapping
 from pathlib import Path
 
 from txnstream._native import AbortedTxnIndex, Position
@@ -31,6 +32,10 @@ class TopicTxnIndexes:
         self._dir = Path(data_dir) / INDEX_DIR
         self._lock = threading.Lock()
         self._open: dict[tuple[str, int], AbortedTxnIndex] = {}
+        # topic -> the bound of its last prune (files below it are gone).
+        self._pruned: dict[str, int] = {}
+        #: Directory listings made by :meth:`prune_many` (a count for tests).
+        self.listings = 0
 
     def path(self, topic: str, ledger_id: int) -> Path:
         """Return the index file of one topic ledger."""
@@ -86,18 +91,43 @@ class TopicTxnIndexes:
 
     def prune(self, topic: str, below_ledger: int) -> int:
         """Delete the index files of ``topic``'s ledgers below ``below_ledger`` (trimmed)."""
-        prefix = f"{urllib.parse.quote(topic, safe='')}@"
-        n = 0
+        return self.prune_many({topic: below_ledger})
+
+    def prune_many(self, bounds: Mapping[str, int]) -> int:
+        """:meth:`prune` for many topics with at most one directory listing.
+
+        ``bounds`` maps topics to their first live ledger. A topic whose
+        bound did not move since its last prune is skipped, so a maintenance
+        round over many idle topics lists nothing; otherwise the directory
+        is listed once for all of them (not once per topic).
+        """
         with self._lock:
-            if not self._dir.is_dir():
+            todo = {
+                urllib.parse.quote(topic, safe=""): (topic, below)
+                for topic, below in bounds.items()
+                if self._pruned.get(topic, -1) < below
+            }
+            if not todo:
                 return 0
-            for p in self._dir.glob(prefix + "*.txnidx"):
+            n = 0
+            self.listings += 1
+            try:
+                entries = list(os.scandir(self._dir))
+            except FileNotFoundError:
+                entries = []
+            for entry in entries:
+                quoted, at, rest = entry.name.rpartition("@")
+                if not at or not rest.endswith(".txnidx") or quoted not in todo:
+                    continue
+                topic, below = todo[quoted]
                 try:
-                    lid = int(p.name[len(prefix) : -len(".txnidx")])
+                    lid = int(rest[: -len(".txnidx")])
                 except ValueError:
                     continue
-                if lid < below_ledger:
+                if lid < below:
                     self._open.pop((topic, lid), None)
-                    p.unlink(missing_ok=True)
+                    Path(entry.path).unlink(missing_ok=True)
                     n += 1
+            for topic, below in todo.values():
+                self._pruned[topic] = below
         return n

@@ -338,7 +338,15 @@ def test_snapshot_age_from_the_namespace_snapshot_topic(workload: Workload) -> N
             continue
         written += 1
         assert snap["snapshot_time_ms"] > 0, part
-        assert snap["aborted"] == live[part["topic"]]["aborted"]
+        # The snapshot the close wrote holds the buffer's state at close (read
+        # back from the snapshot topic, not recomputed from the ledger).
+        want = live[part["topic"]]
+        assert snap["aborted"] == want["aborted"]
+        limit = want["max_read_position"]
+        assert isinstance(limit, Position)
+        assert snap["max_read_position"] == f"{limit.ledger_id}:{limit.entry_id}", part
+        # ... and it agrees with the full replay the same command made.
+        assert snap["max_read_position"] == part["max_read_position"], part
     assert written >= 1
     taken = time.time_ns() // 1_000_000 - 5_000
     snap = TransactionBufferSnapshot(
@@ -529,3 +537,36 @@ def test_pending_ack_stats_fold_repeated_cumulative_and_batch_index_acks(tmp_pat
         assert not store.is_held(at, 1) and not store.is_held(at, 3)
         [b2] = cli(data, "pending-ack-stats", "-t", "bat", "-s", SUB)
         assert b2["ongoing_transactions"] == b["ongoing_transactions"]
+
+
+def test_flush_triggers_inferred_from_files_match_the_writers_counters(tmp_path: Path) -> None:
+    """The file view tells count-triggered flushes from delay-triggered ones.
+
+    The coordinator's writer batches up to 10 records or 200 ms; 25
+    transactions begun at once (their NEW records queued without waiting)
+    fill two batches by count and leave the rest to the delay. What the CLI
+    infers from the stored entries must equal what the writer counted as
+    it flushed.
+    """
+    data = tmp_path / "data"
+    cfg = BrokerConfig.from_dict(
+        {
+            "transactionLogBatchedWriteEnabled": True,
+            "transactionLogBatchedWriteMaxRecords": 10,
+            "transactionLogBatchedWriteMaxDelayInMillis": 200,
+        }
+    )
+    with Broker.open(data, cfg, registry=None) as broker:
+        client = broker.client("triggers")
+        txns = [client.transaction(timeout_ms=600_000) for _ in range(25)]
+        assert all(t.wait_durable() for t in txns)
+        [writer] = broker.admin.batched_log_stats("coordinator")["writers"]
+        files = cli(data, "batched-log", "stats", "--log", "coordinator", "--max-records", "10")
+    counted = writer["flush_triggers"]
+    inferred = files["total"]["flush_triggers"]
+    assert counted["max_records"] >= 2  # the 25 records did fill batches by count
+    assert inferred["max_records"] == counted["max_records"]
+    assert inferred["max_delay_or_forced"] == counted["max_delay"] + counted["forced"]
+    assert inferred["max_size"] == counted["max_size"] == 0
+    assert inferred["unbatched"] == 0
+    assert files["total"]["records"] == writer["records"] == 25

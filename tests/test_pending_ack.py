@@ -345,3 +345,41 @@ def test_reopened_subscription_serves_released_acks_first(tmp_path: Path) -> Non
         first = opened[0].receive(5_000)
         assert first is not None and first.value == b"m0"
         pending_log.close()
+
+
+def test_recovery_applies_and_trims_every_end_record_of_a_transaction(tmp_path: Path) -> None:
+    """Two end records of one transaction in the log: both are applied and trimmed.
+
+    A commit whose COMMIT write reported a failure may still have reached
+    the disk; the coordinator's retry then logs a second COMMIT (and an ack
+    may sit between them). Recovery must apply every committed ack, in log
+    order, and trim every record -- not only the last end's.
+    """
+    from txnstream.coordinator import TxnID
+    from txnstream.pendingack.store import encode_ack, encode_end
+
+    with Broker.open(tmp_path, registry=None) as b:
+        _client, _c, msgs = setup(b)
+        st = store(b)
+        tx, ty = TxnID(0, 1_000_001), TxnID(0, 1_000_002)
+        records = [
+            encode_ack(tx, False, [msgs[0].message_id.position]),
+            encode_end(tx, True),
+            encode_ack(tx, False, [msgs[1].message_id.position]),
+            encode_end(tx, True),
+            encode_ack(ty, False, [msgs[2].message_id.position]),
+            encode_end(ty, True),
+            encode_end(ty, True),
+        ]
+        for f in [st.writer.write(r) for r in records]:
+            f.result(timeout=10)
+    with Broker.open(tmp_path, registry=None) as b:
+        st = store(b)
+        assert st.transactions() == []
+        c = b.client().subscribe("t", "s")
+        got = []
+        while (m := c.receive(100)) is not None:
+            got.append(m.value)
+        assert got == [b"3", b"4"]  # 0, 1 and 2 were committed acks
+        b.maintain_now()
+        assert list(replay(st.log_ml, st._log_cursor)) == []

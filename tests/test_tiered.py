@@ -585,7 +585,7 @@ def test_prune_deletes_trimmed_indexes_with_one_listing_per_round(tmp_path: Path
     """
     idx = TopicTxnIndexes(tmp_path / "data")
     topics = [f"persistent://public/default/t{i}" for i in range(3)] + [
-        "persistent://public/default/t1@odd"  # "@" in a name: the ledger id is after the last
+        "persistent://public/default/t1@2"  # looks like t1's ledger 2 unless names are quoted
     ]
     for topic in topics:
         for lid in (1, 2, 3):
@@ -595,10 +595,10 @@ def test_prune_deletes_trimmed_indexes_with_one_listing_per_round(tmp_path: Path
         return {(t, lid) for t in topics for lid in (1, 2, 3) if idx.path(t, lid).exists()}
 
     assert len(files()) == 12
-    bounds = {topics[0]: 3, topics[1]: 2, topics[3]: 1}
-    assert idx.prune_many(bounds) == 3
+    bounds = {topics[0]: 3, topics[1]: 2, topics[3]: 2}
+    assert idx.prune_many(bounds) == 4
     assert idx.listings == 1
-    gone = {(topics[0], 1), (topics[0], 2), (topics[1], 1)}
+    gone = {(topics[0], 1), (topics[0], 2), (topics[1], 1), (topics[3], 1)}
     assert files() == {(t, lid) for t in topics for lid in (1, 2, 3)} - gone
     # Nothing moved: no listing at all.
     assert idx.prune_many(bounds) == 0 and idx.listings == 1

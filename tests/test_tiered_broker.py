@@ -166,6 +166,15 @@ def test_offload_by_policy_in_maintenance(tmp_path: Path) -> None:
         segs = broker.admin.offloaded_segments(TOPIC)[TOPIC]
         closed = [lid for lid, n, sealed in broker.topic(TOPIC).ml.ledgers() if sealed and n]
         assert [s.ledger_id for s in segs] == closed
+        # Once consumed, offloaded ledgers are trimmed, and the same maintenance
+        # round deletes their local aborted-transaction indexes.
+        full = broker.topic(TOPIC).full
+        indexed = [lid for lid in closed if broker.txn_indexes.path(full, lid).exists()]
+        assert indexed, "the workload aborts transactions in closed ledgers"
+        _drain(broker, "all")
+        _wait_trimmed_past(broker, max(indexed))
+        broker.maintain_now()
+        assert [lid for lid in indexed if broker.txn_indexes.path(full, lid).exists()] == []
 
 
 def test_tiered_settings_from_pulsar_keys(tmp_path: Path) -> None:

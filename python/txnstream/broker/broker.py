@@ -717,8 +717,9 @@ class Broker:
                 log.exception("offload of %s", t.full)
         try:
             self.txn_indexes.prune_many(firsts)
-        except OSError:
-            log.exception("pruning aborted-transaction indexes")
+        except Exception:
+            if not self._closed:
+                log.exception("pruning aborted-transaction indexes")
 
     def pending_ack_writer(self, ml: ManagedLedger, name: str) -> BufferedWriter:
         """Return a BufferedWriter for pending-ack log ``ml`` (pending-ack store metrics)."""

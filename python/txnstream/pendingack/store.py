@@ -176,10 +176,12 @@ class LogFold:
     def __init__(self) -> None:
         #: Transactions with ACK records and no end: what each holds.
         self.pending: dict[TxnID, TxnAcks] = {}
-        #: Transactions whose COMMIT record is live: their acks (to apply again).
-        self.committed: dict[TxnID, TxnAcks] = {}
-        #: Transactions whose ABORT record is live: their acks (dropped).
-        self.aborted: dict[TxnID, TxnAcks] = {}
+        #: Live COMMIT records, in log order: the transaction and the acks it
+        #: held then (to apply again). A transaction may have more than one
+        #: (a retried end whose first write reported failure yet reached the disk).
+        self.committed: list[tuple[TxnID, TxnAcks]] = []
+        #: Live ABORT records, in log order: the transaction and its dropped acks.
+        self.aborted: list[tuple[TxnID, TxnAcks]] = []
         #: Live records read.
         self.records = 0
 
@@ -237,7 +239,7 @@ def fold_log(live: Iterable[tuple[TxnPosition, bytes]], log: str) -> LogFold:
         elif e.pending_ack_op in (COMMIT, ABORT):
             ended = found.pop(txn, None) or TxnAcks()
             ended.records.append(pos)
-            (fold.committed if e.pending_ack_op == COMMIT else fold.aborted)[txn] = ended
+            (fold.committed if e.pending_ack_op == COMMIT else fold.aborted).append((txn, ended))
     return fold
 
 
@@ -588,13 +590,13 @@ class PendingAckStore:
         fold = fold_log(
             replay(self.log_ml, self._log_cursor), f"of {self.partition}/{self.subscription}"
         )
-        for ended in fold.committed.values():
+        for txn, ended in fold.committed:
             self._trim_after_flush.extend(ended.records)
-        for ended in fold.aborted.values():
+            self._ended.add(txn)
+        for txn, ended in fold.aborted:
             self._trim_now.extend(ended.records)
-        self._ended.update(fold.committed)
-        self._ended.update(fold.aborted)
-        for acks in fold.committed.values():
+            self._ended.add(txn)
+        for _txn, acks in fold.committed:
             self._apply(acks, acks.messages())
         with self._lock:
             for txn, acks in fold.pending.items():

@@ -294,18 +294,49 @@ def txnstream_ctp(directory: Path, api: str, concurrency: int, units: int) -> Tx
     return figures
 
 
+def one_round(api: str, concurrency: int, units: int) -> None:
+    """Print one txnstream round's units/s and process CPU per unit (user, system).
+
+    For profilers (``perf record``, ``perf stat``, ``py-spy``) wrapped around
+    ``python benches/test_ctp.py one API CONCURRENCY UNITS``: the CPU figures
+    cover the timed part only, not seeding or the check.
+    """
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="ctp-") as d:
+        r = _Round(prepare(Path(d) / "data", units), concurrency, units)
+        try:
+            before = os.times()
+            f = run_sync(r) if api == "sync" else run_asyncio(r)
+            after = os.times()
+        finally:
+            r.close()
+        verify(r.data, units)
+    user = (after.user - before.user) / units * 1e6
+    system = (after.system - before.system) / units * 1e6
+    print(
+        f"{api} c{concurrency}: {f.units_per_s:,.0f} units/s; CPU per unit: user {user:.0f} us, "
+        f"system {system:.0f} us; durable waits per commit: max {f.durable_waits_max}"
+    )
+
+
 def main() -> None:
     """``python benches/test_ctp.py [reps] [units]``: interleaved medians, both engines.
 
     Each repetition runs every configuration of both engines in turn (SQLite's four,
     then txnstream's six), so a disk whose fsync latency swings with other work on
     the machine slows them alike; pytest's run takes the modules one after the other.
+    ``python benches/test_ctp.py one API CONCURRENCY UNITS`` runs one txnstream
+    round instead (:func:`one_round`).
     """
     import sys
     import tempfile
 
     from test_ctp_sqlite import CtpFigures, sqlite_ctp_all
 
+    if len(sys.argv) == 5 and sys.argv[1] == "one":
+        one_round(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+        return
     reps = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     units = int(sys.argv[2]) if len(sys.argv) > 2 else CTP_UNITS
     rows: dict[str, list[TxnCtpFigures | CtpFigures]] = {}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -383,3 +383,129 @@ def test_recovery_applies_and_trims_every_end_record_of_a_transaction(tmp_path: 
         assert got == [b"3", b"4"]  # 0, 1 and 2 were committed acks
         b.maintain_now()
         assert list(replay(st.log_ml, st._log_cursor)) == []
+
+
+# ---------------------------------------------------------- review regressions
+
+
+def test_cumulative_ack_inside_a_batch_leaves_the_rest_of_the_batch_deliverable(
+    tmp_path: Path,
+) -> None:
+    """A transaction acking b2 of b0..b5 cumulatively holds b0..b2 only.
+
+    The consume-transform-produce loop goes on receiving b3.. in the same
+    transaction, another transaction or a plain ack may take b4, and after the
+    commit nothing is left behind (nor comes back after a restart).
+    """
+    with Broker.open(tmp_path, registry=None) as b:
+        client = b.client()
+        p = client.producer("t")
+        p.send_many([b"b%d" % i for i in range(6)])  # one entry, indexes 0..5
+        p.send(b"after")
+        c = client.subscribe("t", "s")
+        first = [c.receive(500) for _ in range(3)]
+        assert [m.value for m in first if m is not None] == [b"b0", b"b1", b"b2"]
+        txn = client.transaction()
+        c.ack_cumulative(first[2], txn=txn)  # type: ignore[arg-type]
+        nxt = c.receive(500)
+        assert nxt is not None and nxt.value == b"b3"
+        c.ack(nxt, txn=txn)
+        b4 = c.receive(500)
+        assert b4 is not None and b4.value == b"b4"
+        c.ack(b4)  # not covered by the cumulative ack: no conflict
+        txn.commit()
+        rest = []
+        while (m := c.receive(200)) is not None:
+            rest.append(m.value)
+            c.ack(m)
+        assert rest == [b"b5", b"after"]
+    with Broker.open(tmp_path, registry=None) as b:
+        assert b.client().subscribe("t", "s").receive(200) is None
+
+
+def test_reread_after_a_cumulative_abort_skips_acked_and_waiting_nacked_messages(
+    tmp_path: Path,
+) -> None:
+    """After an aborted cumulative ack the subscription reads again from mark-delete.
+
+    A message acknowledged since is not delivered again, and a negatively
+    acknowledged one waits for its delay.
+    """
+    with Broker.open(tmp_path, registry=None) as b:
+        client = b.client()
+        p = client.producer("t")
+        for i in range(5):
+            p.send(b"m%d" % i)
+        c = client.subscribe("t", "s", negative_ack_redelivery_delay_ms=60_000)
+        ms = [c.receive(300) for _ in range(5)]
+        assert all(m is not None for m in ms)
+        c.negative_ack(ms[1])  # type: ignore[arg-type]
+        txn = client.transaction()
+        c.ack_cumulative(ms[0], txn=txn)  # type: ignore[arg-type]
+        txn.abort()
+        again = c.receive(300)
+        assert again is not None and again.value == b"m0" and again.redelivery_count == 1
+        c.ack(ms[2])  # type: ignore[arg-type]
+        got = []
+        while (m := c.receive(200)) is not None:
+            got.append(m.value)
+        # m1 waits out its 60 s delay; m2 is acked; m3 and m4 are still
+        # delivered to this consumer (unacked), so nothing is due now.
+        assert got == []
+
+
+def test_a_committing_transactions_acks_reach_the_cursor_before_release_and_trim(
+    broker: Broker,
+) -> None:
+    """While a commit applies its acks, no other transaction can take the message,
+    and a trim (which flushes the cursor, then deletes records) cannot drop the
+    records of acks the cursor does not hold yet."""
+    client, c, msgs = setup(broker, n=1)
+    st = store(broker)
+    orig = st.acks.individual
+    seen: dict[str, object] = {}
+
+    def applying(positions: Iterable[TxnPosition]) -> None:
+        # Inside the commit's apply window (the completion thread).
+        t2 = client.transaction()
+        try:
+            c.ack(msgs[0], txn=t2)
+            seen["second"] = "acked"
+        except TransactionConflictError:
+            seen["second"] = "conflict"
+        seen["trimmed"] = st.trim()
+        orig(positions)
+
+    st.acks.individual = applying  # type: ignore[method-assign]
+    t1 = client.transaction()
+    c.ack(msgs[0], txn=t1)
+    t1.commit()
+    st.acks.individual = orig  # type: ignore[method-assign]
+    assert seen == {"second": "conflict", "trimmed": 0}
+    assert st.acks.is_acked(msgs[0].message_id.position)
+    broker.maintain_now()
+    assert list(replay(st.log_ml, st._log_cursor)) == []  # trimmed once applied
+
+
+def test_negative_ack_then_cumulative_ack_forgets_redelivery_counts(broker: Broker) -> None:
+    _client, c, msgs = setup(broker, n=50)
+    for m in msgs:
+        c.negative_ack(m)
+    c.ack_cumulative(msgs[-1])
+    sub = broker.topic("t").subscription("s")
+    assert len(sub._redeliveries) == 0
+    assert c.receive(100) is None
+
+
+def test_negative_ack_of_another_consumers_message_is_ignored(broker: Broker) -> None:
+    client = broker.client()
+    client.producer("t").send(b"x")
+    a = client.subscribe("t", "s")
+    other = client.subscribe("t", "s")
+    m = a.receive(500)
+    assert m is not None
+    other.negative_ack(m)  # not delivered to `other`: nothing happens
+    sub = broker.topic("t").subscription("s")
+    assert sub.stats()["unacked"] == 1
+    a.ack(m)
+    assert other.receive(100) is None and a.receive(100) is None

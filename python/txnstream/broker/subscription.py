@@ -106,6 +106,11 @@ class Subscription:
         self._buffer: deque[Row] = deque()
         self._redeliver: list[Key] = []  # heap
         self._nacked: list[tuple[float, Key]] = []  # heap of (due monotonic s, key)
+        self._nacked_keys: set[Key] = set()  # the keys in _nacked
+        # After an aborted cumulative ack the buffer is read again from the
+        # mark-delete position: rows up to this key were read before, so they may
+        # have been acked or negatively acked since (checked at dispatch).
+        self._reread_through: Key | None = None
         self._unacked: dict[Key, int] = {}  # delivered, not acked -> consumer id
         self._redeliveries: dict[Key, int] = {}
         self._consumers: set[int] = set()
@@ -220,7 +225,9 @@ class Subscription:
         unacked = self._unacked
         now = time.monotonic()
         while self._nacked and self._nacked[0][0] <= now:
-            heapq.heappush(self._redeliver, heapq.heappop(self._nacked)[1])
+            key = heapq.heappop(self._nacked)[1]
+            self._nacked_keys.discard(key)
+            heapq.heappush(self._redeliver, key)
         pending = self.pending
         holds = pending.holds_any()
         while self._redeliver and len(out) < limit:
@@ -238,6 +245,12 @@ class Subscription:
             key = (row[0], row[1], row[2])
             if key in unacked or (holds and pending.is_held(Position(row[0], row[1]), row[2])):
                 continue
+            reread = self._reread_through
+            if reread is not None:
+                if key > reread:
+                    self._reread_through = None  # past what was read before
+                elif key in self._nacked_keys or self._acked_on_cursor(key, row[3]):
+                    continue
             unacked[key] = consumer
             out.append((row, self._redeliveries.get(key, 0)))
         self.delivered += len(out)
@@ -276,6 +289,16 @@ class Subscription:
             self.cursor.delete(done)
         self._buffer.extend(rows)
         return True
+
+    def _acked_on_cursor(self, key: Key, size: int) -> bool:
+        # Under the lock: the message is acknowledged on the cursor already.
+        entry = Position(key[0], key[1])
+        if self.cursor.is_deleted(entry):
+            return True
+        if size > 1:
+            present = self.cursor.batch_ack_set(entry)
+            return present is not None and not present.get(key[2])
+        return False
 
     def _load(self, key: Key) -> Row | None:
         # A message to deliver again: read its entry (None if it is gone or acked).
@@ -336,10 +359,12 @@ class Subscription:
         with self.cond:
             for p in positions:
                 key = key_of(p)
-                if self._unacked.pop(key, None) is None:
-                    continue
+                if self._unacked.get(key) != consumer:
+                    continue  # not delivered to this consumer (or acked already)
+                del self._unacked[key]
                 self._redeliveries[key] = self._redeliveries.get(key, 0) + 1
                 heapq.heappush(self._nacked, (due, key))
+                self._nacked_keys.add(key)
             self.cond.notify_all()
 
     # ------------------------------------------------------------ acks
@@ -364,7 +389,9 @@ class Subscription:
         bound = (position.ledger_id, position.entry_id, position.batch_index)
         for key in [k for k in self._unacked if k <= bound]:
             del self._unacked[key]
-            self._redeliveries.pop(key, None)
+        # Also keys not delivered now (negatively acked, waiting): their counts go.
+        for key in [k for k in self._redeliveries if k <= bound]:
+            del self._redeliveries[key]
 
     def ack_in_transaction(
         self, txn: TxnID, positions: list[TxnPosition], cumulative: bool
@@ -396,6 +423,11 @@ class Subscription:
                     bound = key_of(cumulative)
                     self._redeliver_locked([k for k in self._unacked if k <= bound])
                     # Messages it held without them being delivered: read again.
+                    # What was read before may have been acked or nacked since.
+                    if self._read_after is not None:
+                        before = (self._read_after.ledger_id, self._read_after.entry_id, 1 << 62)
+                        if self._reread_through is None or before > self._reread_through:
+                            self._reread_through = before
                     self._read_after = self.cursor.mark_delete_position
                     self._buffer.clear()
             self.cond.notify_all()

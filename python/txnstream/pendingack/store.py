@@ -117,6 +117,18 @@ def absent_indexes(acked: AckSet, size: int) -> Iterator[int]:
     yield from range(len(words) * 64, size)  # trailing all-clear words are not stored
 
 
+def covers(cumulative: TxnPosition, entry: Position, batch_index: int) -> bool:
+    """Return True if a cumulative ack at ``cumulative`` covers message (entry, batch_index).
+
+    Every earlier entry, and in its own entry: all of it, or for a message
+    in a batch the indexes up to its own (the rest of the batch is not acked).
+    """
+    at = cumulative.position
+    if entry != at:
+        return entry < at
+    return cumulative.batch_size <= 1 or batch_index <= cumulative.batch_index
+
+
 def _conflict(txn: TxnID, pos: TxnPosition, why: str) -> TransactionConflictError:
     where = f"({pos.ledger_id}:{pos.entry_id}"
     where += f", batch index {pos.batch_index} of {pos.batch_size})" if pos.batch_size > 1 else ")"
@@ -304,7 +316,7 @@ class PendingAckStore:
                 if not s.get(batch_index):
                     return t
         cum = self._cumulative
-        if cum is not None and entry <= cum[1].position:
+        if cum is not None and covers(cum[1], entry, batch_index):
             return cum[0]
         return None
 
@@ -414,7 +426,7 @@ class PendingAckStore:
             seen.add(key)
             if self.acks.is_acked(p):
                 raise _conflict(txn, p, "it was already acknowledged")
-            if cum is not None and cum[0] != txn and p.position <= cum[1].position:
+            if cum is not None and cum[0] != txn and covers(cum[1], p.position, p.batch_index):
                 raise _conflict(txn, p, f"transaction {cum[0]} holds it by a cumulative ack")
             h = self._held.get(p.position)
             if h is None:
@@ -437,11 +449,28 @@ class PendingAckStore:
         if cum is not None and p.position <= cum[1].position:
             raise _conflict(txn, p, f"it is at or below this transaction's {cum[1]!r}")
         for pos, h in self._held.items():
-            if pos <= p.position:
-                holders = [h] if isinstance(h, TxnID) else list(h)
-                other = next((t for t in holders if t != txn), None)
-                if other is not None:
-                    raise _conflict(txn, p, f"transaction {other} holds a message below it")
+            if pos > p.position:
+                continue
+            if isinstance(h, TxnID):
+                other = h if h != txn else None
+            else:
+                # Batch indexes held individually: in the cumulative ack's own
+                # entry only those at or below its index are covered by it.
+                other = next(
+                    (
+                        t
+                        for t, acked in h.items()
+                        if t != txn
+                        and (
+                            pos < p.position
+                            or p.batch_size <= 1
+                            or any(i <= p.batch_index for i in absent_indexes(acked, p.batch_size))
+                        )
+                    ),
+                    None,
+                )
+            if other is not None:
+                raise _conflict(txn, p, f"transaction {other} holds a message below it")
 
     def _hold(self, txn: TxnID, acks: TxnAcks, positions: Sequence[TxnPosition]) -> None:
         # Under the lock, after the checks.
@@ -499,23 +528,31 @@ class PendingAckStore:
         return fut
 
     def _end_logged(self, txn: TxnID, commit: bool, fut: Future[TxnPosition]) -> None:
-        exc = fut.exception()
+        if fut.exception() is not None:
+            with self._lock:
+                self._ending.pop(txn, None)
+            return  # the coordinator retries
+        with self._lock:
+            # Ending: no ack of this transaction is taken any more, so what it
+            # holds does not change; only its ACK records' positions may arrive.
+            acks = self._txns.get(txn) or TxnAcks()
+        messages = acks.messages()
+        # A commit's acks reach the cursor BEFORE the messages are released (so
+        # no other transaction can take one in between) and before its records
+        # may be trimmed (a trim flushes the cursor first: it must hold them).
+        applied = self._apply(acks, messages) if commit else False
         with self._lock:
             self._ending.pop(txn, None)
-            if exc is not None:
-                return  # the coordinator retries
-            acks = self._release(txn)
+            self._release(txn)
             self._remember_ended(txn)
             records = [*acks.records, fut.result()]
             if commit:
-                self._trim_after_flush.extend(records)
+                if applied:
+                    self._trim_after_flush.extend(records)
                 self.counts["commits"] += 1
             else:
                 self._trim_now.extend(records)
                 self.counts["aborts"] += 1
-        messages = acks.messages()
-        if commit:
-            self._apply(acks, messages)
         if self.on_end is not None:
             self.on_end(txn, commit, messages, acks.cumulative)
 
@@ -534,13 +571,21 @@ class PendingAckStore:
             self._cumulative = None
         return acks
 
-    def _apply(self, acks: TxnAcks, messages: list[TxnPosition]) -> None:
+    def _apply(self, acks: TxnAcks, messages: list[TxnPosition]) -> bool:
+        # A commit's acks to the cursor; False if that failed: then its log
+        # records are kept (not trimmed), and recovery applies them again.
         try:
             self.acks.individual(messages)
             if acks.cumulative is not None:
                 self.acks.cumulative(acks.cumulative)
         except Exception:
-            log.exception("%s/%s: applying committed acks", self.partition, self.subscription)
+            log.exception(
+                "%s/%s: applying committed acks failed; their records stay in the log",
+                self.partition,
+                self.subscription,
+            )
+            return False
+        return True
 
     def _remember_ended(self, txn: TxnID) -> None:
         self._ended.add(txn)
@@ -591,13 +636,12 @@ class PendingAckStore:
             replay(self.log_ml, self._log_cursor), f"of {self.partition}/{self.subscription}"
         )
         for txn, ended in fold.committed:
-            self._trim_after_flush.extend(ended.records)
             self._ended.add(txn)
+            if self._apply(ended, ended.messages()):
+                self._trim_after_flush.extend(ended.records)
         for txn, ended in fold.aborted:
             self._trim_now.extend(ended.records)
             self._ended.add(txn)
-        for _txn, acks in fold.committed:
-            self._apply(acks, acks.messages())
         with self._lock:
             for txn, acks in fold.pending.items():
                 self._txns[txn] = acks

@@ -340,6 +340,20 @@ class Subscription:
             self._redeliveries[key] = self._redeliveries.get(key, 0) + 1
             heapq.heappush(self._redeliver, key)
 
+    def give_back(self, consumer: int, positions: list[TxnPosition]) -> None:
+        """Return messages delivered to ``consumer`` but never handed to its caller.
+
+        They are delivered again first, without counting a redelivery (the
+        caller never saw them).
+        """
+        with self.cond:
+            for p in positions:
+                key = key_of(p)
+                if self._unacked.get(key) == consumer:
+                    del self._unacked[key]
+                    heapq.heappush(self._redeliver, key)
+            self.cond.notify_all()
+
     def redeliver_unacknowledged(self, consumer: int) -> int:
         """Deliver ``consumer``'s unacknowledged messages again; return how many."""
         with self.cond:

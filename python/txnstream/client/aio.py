@@ -26,9 +26,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from txnstream.client.message import Message, MessageId
@@ -198,22 +199,48 @@ class AsyncConsumer:
         self.sync = consumer
 
     async def receive(self, timeout_ms: int | None = None) -> Message | None:
-        """Return the next message, or None when none arrives in time."""
+        """Return the next message, or None when none arrives in time.
+
+        Cancelling the await (e.g. ``asyncio.wait_for`` timing out) loses
+        nothing: a message the pool thread takes afterwards is given back to
+        the subscription, first in line.
+        """
+        self.sync._deadline(timeout_ms)  # bad arguments raise even when a message is ready
         got = self.sync.receive_many(1, 0)
         if got:
             return got[0]
         if timeout_ms == 0:
             return None
-        return await self._client._run(self.sync.receive, timeout_ms)
+        msgs = await self._wait(self.sync.receive_many, 1, timeout_ms)
+        return msgs[0] if msgs else None
 
     async def receive_many(
         self, max_messages: int = 100, timeout_ms: int | None = 0
     ) -> list[Message]:
-        """Up to ``max_messages`` messages (see ``Consumer.receive_many``)."""
+        """Up to ``max_messages`` messages (see ``Consumer.receive_many``; cancel-safe)."""
+        self.sync._deadline(timeout_ms)
         got = self.sync.receive_many(max_messages, 0)
         if got or timeout_ms == 0:
             return got
-        return await self._client._run(self.sync.receive_many, max_messages, timeout_ms)
+        return await self._wait(self.sync.receive_many, max_messages, timeout_ms)
+
+    async def _wait(
+        self, fn: Callable[[int, int | None], list[Message]], n: int, timeout_ms: int | None
+    ) -> list[Message]:
+        # A blocking receive on the client's pool; if the caller stops waiting,
+        # whatever it still receives goes back to the subscription.
+        cf = self._client._submit(functools.partial(fn, n, timeout_ms))
+        try:
+            return await asyncio.wrap_future(cf)
+        except asyncio.CancelledError:
+            if not cf.cancel():
+                cf.add_done_callback(self._give_back)
+            raise
+
+    def _give_back(self, cf: Future[list[Message]]) -> None:
+        if cf.cancelled() or cf.exception() is not None:
+            return
+        self.sync._give_back(cf.result())
 
     async def ack(
         self, msg: Message | MessageId, txn: AsyncTransaction | Transaction | None = None
@@ -248,9 +275,26 @@ class AsyncClient:
         self.sync = client
         self._pool = ThreadPoolExecutor(AIO_THREADS, thread_name_prefix="txnstream-aio")
 
+    def _submit(self, call: Callable[[], T]) -> Future[T]:
+        # The client's pool; once the client closed (the pool is shut down), a
+        # thread of its own, so an abort or the end of ``async with`` still runs.
+        try:
+            return self._pool.submit(call)
+        except RuntimeError:
+            out: Future[T] = Future()
+
+            def run() -> None:
+                if out.set_running_or_notify_cancel():
+                    try:
+                        out.set_result(call())
+                    except BaseException as exc:
+                        out.set_exception(exc)
+
+            threading.Thread(target=run, name="txnstream-aio-closed", daemon=True).start()
+            return out
+
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._pool, functools.partial(fn, *args))
+        return await asyncio.wrap_future(self._submit(functools.partial(fn, *args)))
 
     def producer(self, topic: str, name: str | None = None) -> AsyncProducer:
         """Return an async producer on ``topic``."""

@@ -370,19 +370,25 @@ class Producer:
         # The sequence id is taken and the entry queued under the producer's
         # lock (queueing does not wait for I/O), so each partition sees this
         # producer's ids in ascending order.
-        with self._lock:
-            seq, explicit = self._sequence(sequence_id, count)
-            index = self._route_locked(key, seq if explicit else None)
-            tn = self._partitions[index]
-            topic = self._broker.topic(tn)
+        if txn is not None:
+            txn._join()  # from here, a commit waits for this send
+        written: Future[Position] | None = None
+        try:
+            with self._lock:
+                seq, explicit = self._sequence(sequence_id, count)
+                index = self._route_locked(key, seq if explicit else None)
+                tn = self._partitions[index]
+                topic = self._broker.topic(tn)
+                if txn is not None:
+                    txn.add_partition(topic.full)
+                entry = entry_of(seq)
+                seqs = list(range(seq, seq + count))
+                txn_id = None if txn is None else txn.txn_id
+                published = topic.publish(self.name, seqs, entry, txn_id, batched=count > 1)
+            written = published.durable
+        finally:
             if txn is not None:
-                txn.add_partition(topic.full)
-            entry = entry_of(seq)
-            seqs = list(range(seq, seq + count))
-            txn_id = None if txn is None else txn.txn_id
-            published = topic.publish(self.name, seqs, entry, txn_id, batched=count > 1)
-        if published.durable is not None and txn is not None:
-            txn.track(published.durable)
+                txn._joined(written)
         return (tn.partition if tn.is_partition else -1), published
 
     def _message_ids(
@@ -668,12 +674,26 @@ class Consumer:
             wait = _MULTI_POLL_S if deadline is None else min(_MULTI_POLL_S, deadline - now)
             self._wake.wait(wait)
 
+    def _give_back(self, msgs: list[Message]) -> None:
+        """Messages received for a caller that is gone (a cancelled await): deliver them again.
+
+        They go back to the front of the queue without counting a redelivery.
+        """
+        for m in msgs:
+            sub = self._subs.get(m.message_id.partition)
+            if sub is not None:
+                sub.give_back(self.id, [m.message_id.position])
+
+    @staticmethod
+    def _deadline(timeout_ms: object) -> float | None:
+        # The monotonic deadline of a receive (None: no limit); checks the argument.
+        t = _timeout_ms(timeout_ms)
+        return None if t is None else time.monotonic() + t / 1000.0
+
     def receive(self, timeout_ms: int | None = None) -> Message | None:
         """Return the next message, or None if none arrives in ``timeout_ms`` (None: no limit)."""
         self._check()
-        t = _timeout_ms(timeout_ms)
-        deadline = None if t is None else time.monotonic() + t / 1000.0
-        got = self._poll(1, deadline)
+        got = self._poll(1, self._deadline(timeout_ms))
         return got[0] if got else None
 
     def receive_many(self, max_messages: int = 100, timeout_ms: int | None = 0) -> list[Message]:
@@ -681,9 +701,7 @@ class Consumer:
         self._check()
         if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
             raise _bad("max_messages", max_messages, "a positive int")
-        t = _timeout_ms(timeout_ms)
-        deadline = None if t is None else time.monotonic() + t / 1000.0
-        return self._poll(max_messages, deadline)
+        return self._poll(max_messages, self._deadline(timeout_ms))
 
     # ------------------------------------------------------------ acks
 
@@ -724,8 +742,18 @@ class Consumer:
         if t is None:
             sub.ack([pos])
             return
-        t.add_subscription(sub.partition, sub.name)
-        t.track(sub.ack_in_transaction(t.txn_id, [pos], False))
+        self._ack_in(t, sub, pos, cumulative=False)
+
+    def _ack_in(
+        self, t: Transaction, sub: Subscription, pos: TxnPosition, cumulative: bool
+    ) -> None:
+        t._join()  # from here, a commit waits for this ack
+        written: Future[TxnPosition] | None = None
+        try:
+            t.add_subscription(sub.partition, sub.name)
+            written = sub.ack_in_transaction(t.txn_id, [pos], cumulative)
+        finally:
+            t._joined(written)
 
     def ack_cumulative(self, msg: MessageLike, txn: Transaction | None = None) -> None:
         """Acknowledge every message of the message's partition up to and including it."""
@@ -735,8 +763,7 @@ class Consumer:
         if t is None:
             sub.ack_cumulative(pos)
             return
-        t.add_subscription(sub.partition, sub.name)
-        t.track(sub.ack_in_transaction(t.txn_id, [pos], True))
+        self._ack_in(t, sub, pos, cumulative=True)
 
     def negative_ack(self, msg: MessageLike) -> None:
         """Deliver this message again after the consumer's negative-ack delay."""

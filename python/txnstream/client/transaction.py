@@ -17,8 +17,13 @@ sequential durable waits, each counted (:attr:`Transaction.durable_waits`):
    cursors) before the answer.
 
 ``commit()`` returns then: the outcome is durable and visible to
-READ_COMMITTED readers. The terminated-store record (idempotent end) and
-the final COMMITTED record follow off the caller's path.
+READ_COMMITTED readers -- on a partition where an OLDER transaction is
+still open, once that one ends too (``max_read_position`` stops before the
+first open transaction's first message, as in Pulsar). The
+terminated-store record (idempotent end) and the final COMMITTED record
+follow off the caller's path. A send or ack that joined the transaction
+before ``commit()`` started is part of it (step 1 waits for it); one that
+comes later is refused (:class:`~txnstream.errors.InvalidTxnStatusError`).
 
 **Why this order is safe.** The decision is logged only after everything
 the transaction wrote is known durable, so a durable COMMITTING never
@@ -116,8 +121,35 @@ class Transaction:
             self._outstanding += 1
         fut.add_done_callback(self._write_done)
 
+    def _join(self) -> None:
+        """Start a send or ack in this transaction: raise unless it is open.
+
+        The check and the count are one step under the transaction's lock,
+        so an end that starts afterwards waits for the operation (its write
+        joins the commit's first wait) and one that started before refuses
+        it: a send can never slip in between the check and the commit's
+        wait. Pair with :meth:`_joined` (in a ``finally``).
+        """
+        with self._lock:
+            if self._state != OPEN:
+                raise InvalidTxnStatusError(
+                    f"transaction {self.txn_id} is {self._state}; it cannot be used any more",
+                    txn_id=self.txn_id,
+                    current=self._state,
+                )
+            self._outstanding += 1
+
+    def _joined(self, fut: Future[Any] | None) -> None:
+        """End what :meth:`_join` started: its write (commit waits for it), or None."""
+        if fut is not None:
+            fut.add_done_callback(self._write_done)
+        else:
+            self._settle_one(None)
+
     def _write_done(self, fut: Future[Any]) -> None:
-        exc = fut.exception()
+        self._settle_one(fut.exception())
+
+    def _settle_one(self, exc: BaseException | None) -> None:
         with self._lock:
             if exc is not None and self._failed is None:
                 self._failed = exc
@@ -280,8 +312,10 @@ class Transaction:
 
     def _committed(self, started: float) -> None:
         with self._lock:
+            first = self._state != COMMITTED  # two threads may commit one transaction
             self._state = COMMITTED
-        self.client._ended(True, self.durable_waits, time.monotonic() - started)
+        if first:
+            self.client._ended(True, self.durable_waits, time.monotonic() - started)
 
     def abort(self) -> None:
         """Abort; return once the outcome is durable (messages invisible, acks released)."""

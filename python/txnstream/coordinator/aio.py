@@ -32,7 +32,7 @@ from txnstream.coordinator.metadata import (
     subscription_pairs,
     timeout_arg,
 )
-from txnstream.errors import CoordinatorNotFound
+from txnstream.errors import CoordinatorNotFound, TxnStreamError
 from txnstream.proto import Subscription
 
 if TYPE_CHECKING:
@@ -160,7 +160,19 @@ class AsyncCoordinator:
     def _run_ends(self, key: Hashable, items: list[Any]) -> list[Any]:
         ends = [(txn, act) for txn, act, _ in items]
         traces: list[EndTrace | None] = [trace for _, _, trace in items]
-        return list(self.tc.end_transactions(ends, traces=traces))
+        try:
+            return list(self.tc.end_transactions(ends, traces=traces))
+        except TxnStreamError:
+            # One end's failure (e.g. a log write of a transaction ended one by
+            # one) must not answer for the others, some of which may have
+            # committed: end each again (ends are idempotent), each answered alone.
+            out: list[Any] = []
+            for (txn, act), trace in zip(ends, traces, strict=True):
+                try:
+                    out.append(self.tc.end_transaction(txn, act, trace=trace))
+                except BaseException as exc:
+                    out.append(exc)
+            return out
 
     # Public API: the blocking calls' arguments and answers.
 

@@ -1,0 +1,219 @@
+"""Client calls racing a transaction's end, cancelled awaits, a closed client (SPEC §4.9).
+
+Each test pins down a defect an independent review reproduced; each fails
+on the code before its fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from txnstream import Broker, testing
+from txnstream.client.transaction import Transaction
+from txnstream.coordinator import TxnStatus
+from txnstream.errors import (
+    InvalidTxnStatusError,
+    StorageError,
+    TransactionWriteFailed,
+    TxnStreamError,
+)
+
+DEADLINE_S = 10.0
+
+
+@pytest.fixture
+def broker(tmp_path: Path) -> Iterator[Broker]:
+    b = Broker.open(tmp_path, registry=None)
+    yield b
+    b.close()
+
+
+def _read_committed(broker: Broker, topic: str) -> list[bytes]:
+    c = broker.client().subscribe(topic, f"check-{time.monotonic_ns()}")
+    out = []
+    while (m := c.receive(300)) is not None:
+        out.append(m.value)
+    return out
+
+
+def test_a_send_started_before_commit_is_waited_for_and_its_failure_aborts(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A send that joined the transaction before ``commit()`` started is part of it.
+
+    The commit waits for it; when its write fails, the commit aborts
+    (``TransactionWriteFailed``) instead of committing without it.
+    """
+    client = broker.client("race")
+    producer = client.producer("out")
+    txn = client.transaction()
+    producer.send(b"first", txn=txn)
+    joined, go = threading.Event(), threading.Event()
+    real_join = Transaction._join
+
+    def slow_join(self: Transaction) -> None:
+        real_join(self)  # the transaction is open: this send is in it
+        if threading.current_thread().name == "late-sender":
+            joined.set()
+            go.wait(DEADLINE_S)  # a thread switch right after the check
+
+    monkeypatch.setattr(Transaction, "_join", slow_join)
+    late: dict[str, Any] = {}
+
+    def send_late() -> None:
+        try:
+            late["id"] = producer.send(b"late", txn=txn)
+        except TxnStreamError as exc:
+            late["error"] = exc
+
+    sender = threading.Thread(target=send_late, name="late-sender")
+    sender.start()
+    assert joined.wait(DEADLINE_S)
+    outcome: dict[str, Any] = {}
+
+    def commit() -> None:
+        try:
+            txn.commit()
+            outcome["ok"] = True
+        except TxnStreamError as exc:
+            outcome["error"] = exc
+
+    committer = threading.Thread(target=commit)
+    committer.start()
+    deadline = time.monotonic() + DEADLINE_S
+    while txn.state != "committing":
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+    time.sleep(0.05)
+    assert committer.is_alive(), "commit must wait for the send that joined before it"
+    testing.inject_fault(broker.topic("out").ml, "write", errno=5)
+    go.set()
+    sender.join(DEADLINE_S)
+    committer.join(DEADLINE_S)
+    testing.clear_faults(broker.topic("out").ml)
+    assert isinstance(outcome.get("error"), TransactionWriteFailed), outcome
+    assert txn.state == "aborted"
+    assert _read_committed(broker, "out") == []
+
+
+def test_a_send_after_commit_started_is_refused(broker: Broker) -> None:
+    client = broker.client("race")
+    producer = client.producer("out")
+    txn = client.transaction()
+    producer.send(b"first", txn=txn)
+    txn.commit()
+    with pytest.raises(InvalidTxnStatusError, match="committed"):
+        producer.send(b"late", txn=txn)
+    assert _read_committed(broker, "out") == [b"first"]
+
+
+def test_asyncio_end_lane_answers_each_end_alone_when_the_bulk_call_fails(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A failure of the bulk end call does not answer for ends that committed."""
+    client = broker.client("lane")
+    tc = broker._coordinators().get(0)
+    real = tc.end_transactions
+    calls: list[int] = []
+
+    def ends_then_fail(items: Any, *, traces: Any = None) -> Any:
+        items = list(items)
+        calls.append(len(items))
+        real(items, traces=traces)  # every one of them ends...
+        raise StorageError("a later write of the batch failed", errno=5)  # ...then a failure
+
+    monkeypatch.setattr(tc, "end_transactions", ends_then_fail)
+    txns = [client.aio().transaction() for _ in range(4)]
+
+    async def main() -> list[Any]:
+        return await asyncio.gather(*(t.commit() for t in txns), return_exceptions=True)
+
+    got = asyncio.run(main())
+    assert calls, "the asyncio commits went through the bulk lane"
+    assert got == [None] * 4, got
+    assert [t.sync.state for t in txns] == ["committed"] * 4
+    for t in txns:
+        assert tc.get_transaction(t.txn_id).status in (TxnStatus.COMMITTED,)
+
+
+def test_cancelled_asyncio_receive_loses_no_message(broker: Broker) -> None:
+    client = broker.client("cancel")
+    aclient = client.aio()
+    consumer = aclient.subscribe("in", "s")
+
+    async def main() -> bytes | None:
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(consumer.receive(timeout_ms=3_000), 0.1)
+        client.producer("in").send(b"only-message")
+        await asyncio.sleep(0.3)  # the abandoned receive's thread takes it meanwhile
+        m = await consumer.receive(timeout_ms=5_000)
+        return None if m is None else m.value
+
+    started = time.monotonic()
+    assert asyncio.run(main()) == b"only-message"
+    assert time.monotonic() - started < 3.0  # not after the abandoned receive's timeout
+
+
+def test_asyncio_receive_checks_its_arguments_when_a_message_is_ready(broker: Broker) -> None:
+    client = broker.client("args")
+    client.producer("in").send(b"ready")
+    consumer = client.aio().subscribe("in", "s")
+
+    async def main() -> None:
+        for bad in ("soon", -5, 2.5):
+            with pytest.raises(TxnStreamError, match="timeout_ms"):
+                await consumer.receive(timeout_ms=bad)  # type: ignore[arg-type]
+            with pytest.raises(TxnStreamError, match="timeout_ms"):
+                await consumer.receive_many(1, timeout_ms=bad)  # type: ignore[arg-type]
+        m = await consumer.receive(timeout_ms=1_000)
+        assert m is not None and m.value == b"ready"
+
+    asyncio.run(main())
+
+
+def test_asyncio_abort_and_async_with_still_work_after_the_client_closed(broker: Broker) -> None:
+    client = broker.client("closed")
+    aclient = client.aio()
+    tc = broker._coordinators().get(0)
+
+    async def main() -> tuple[Any, Any]:
+        t1, t2 = aclient.transaction(), aclient.transaction()
+        await aclient.producer("t").send(b"x", txn=t1)
+        client.close()
+        await t1.abort()
+        with pytest.raises(KeyError, match="user error"):
+            async with t2:
+                raise KeyError("user error")
+        return t1, t2
+
+    t1, t2 = asyncio.run(main())
+    assert (t1.sync.state, t2.sync.state) == ("aborted", "aborted")
+    assert tc.get_transaction(t1.txn_id).status in (TxnStatus.ABORTING, TxnStatus.ABORTED)
+    assert _read_committed(broker, "t") == []
+
+
+def test_two_threads_committing_one_transaction_count_one_commit(broker: Broker) -> None:
+    client = broker.client("twice")
+    producer = client.producer("out")
+    for _ in range(20):
+        txn = client.transaction()
+        producer.send(b"x", txn=txn)
+        barrier = threading.Barrier(2)
+
+        def commit(t: Transaction = txn, b: threading.Barrier = barrier) -> None:
+            b.wait()
+            t.commit()
+
+        threads = [threading.Thread(target=commit) for _ in range(2)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(DEADLINE_S)
+    assert client.commit_stats()["commits"] == 20

@@ -620,6 +620,44 @@ def test_reconciliation_aborts_a_transaction_its_coordinator_never_logged(tmp_pa
         assert topic.tb.is_aborted((0, 3))
 
 
+@pytest.mark.parametrize("failure", ["read error", "no such coordinator"])
+def test_reconciliation_aborts_only_when_the_coordinator_cannot_end_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str
+) -> None:
+    # Asking the coordinator fails at open. A coordinator not served here
+    # will never end the transaction: the partition aborts it. Any other
+    # failure leaves it as it is: aborting on a guess could tear a
+    # transaction its coordinator committed.
+    from txnstream._native import encode_message
+    from txnstream.coordinator import TxnID
+    from txnstream.errors import CoordinatorNotFound, StorageError
+
+    with Broker.open(tmp_path, registry=None) as b:
+        topic = b.topic("t")
+        entry = encode_message(b"ghost", "p", 0, 1, None, None, (0, 3))
+        pub = topic.publish("p", [0], entry, TxnID(0, 3))
+        assert pub.durable is not None
+        pub.durable.result(DEADLINE_S)
+    with Broker.open(tmp_path, registry=None) as b:
+        err = StorageError("read failed", errno=5) if failure == "read error" else None
+
+        def ask(txn_id: TxnID) -> bool | None:
+            raise err or CoordinatorNotFound(f"no coordinator {txn_id.most_bits} here")
+
+        monkeypatch.setattr(b._coordinators(), "participant_outcome", ask)
+        topic = b.topic("t")  # loads: recovery, then reconciliation
+        assert topic.recovery["ongoing"] == 1
+        if failure == "read error":
+            assert topic.recovery["reconciled"] == 0
+            assert not topic.tb.is_aborted((0, 3)) and len(topic.tb.ongoing) == 1
+        else:
+            assert topic.recovery["reconciled"] == 1
+            deadline = time.monotonic() + DEADLINE_S
+            while not topic.tb.is_aborted((0, 3)):  # once its ABORT marker is durable
+                assert time.monotonic() < deadline, "the ghost transaction was not aborted"
+                time.sleep(0.01)
+
+
 def test_threads_and_descriptors_do_not_grow_with_topics(tmp_path: Path) -> None:
     def tasks() -> int:
         return len(os.listdir("/proc/self/task"))

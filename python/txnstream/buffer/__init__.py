@@ -14,6 +14,14 @@ from txnstream.buffer.transaction_buffer import (
     TransactionBuffer,
     TxnOutcomes,
     after,
+    resolve_outcome,
 )
 
-__all__ = ["TXN_ABORT", "TXN_COMMIT", "TransactionBuffer", "TxnOutcomes", "after"]
+__all__ = [
+    "TXN_ABORT",
+    "TXN_COMMIT",
+    "TransactionBuffer",
+    "TxnOutcomes",
+    "after",
+    "resolve_outcome",
+]

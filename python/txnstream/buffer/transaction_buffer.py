@@ -63,7 +63,7 @@ from typing import Protocol
 
 from txnstream._native import ManagedLedger, Position, encode_marker, scan_topic
 from txnstream.coordinator import TxnID
-from txnstream.errors import AlreadyClosedError, InvalidTxnStatusError
+from txnstream.errors import AlreadyClosedError, CoordinatorNotFound, InvalidTxnStatusError
 from txnstream.proto import AbortTxnMetadata, TransactionBufferSnapshot
 
 log = logging.getLogger(__name__)
@@ -91,6 +91,26 @@ class TxnOutcomes(Protocol):
 
     def participant_outcome(self, txn_id: TxnID) -> bool | None:
         """Return True to commit it, False to abort it, None while it is open."""
+
+
+def resolve_outcome(outcomes: TxnOutcomes, txn: TxnID, where: str) -> bool | None:
+    """Ask how a participant must end ``txn`` at recovery; None when it cannot be told.
+
+    A coordinator not served here (:class:`CoordinatorNotFound`) will never
+    end it: abort (False), as for an id its coordinator does not know. Any
+    other failure to ask (a read error, a closing broker) leaves the
+    transaction as it is (None): aborting on a guess could tear a
+    transaction its coordinator committed; its coordinator's own end, or
+    the next open, resolves it.
+    """
+    try:
+        return outcomes.participant_outcome(txn)
+    except CoordinatorNotFound as exc:
+        log.warning("%s: transaction %s has no coordinator here, aborting it: %s", where, txn, exc)
+        return False
+    except Exception as exc:
+        log.warning("%s: cannot resolve transaction %s now, left as it is: %r", where, txn, exc)
+        return None
 
 
 def after(pos: Position) -> Position:
@@ -478,11 +498,7 @@ class TransactionBuffer:
             txns = list(self.ongoing)
         futures: list[Future[Position]] = []
         for txn in txns:
-            try:
-                outcome = self._outcomes.participant_outcome(txn)
-            except Exception as exc:  # e.g. a coordinator not served here
-                log.warning("%s: cannot resolve transaction %s: %r", self.partition, txn, exc)
-                outcome = False
+            outcome = resolve_outcome(self._outcomes, txn, self.partition)
             if outcome is None:
                 continue
             fut = self.end(txn, outcome)
@@ -526,4 +542,12 @@ class TransactionBuffer:
         return out
 
 
-__all__ = ["TXN_ABORT", "TXN_COMMIT", "AbortHook", "TransactionBuffer", "TxnOutcomes", "after"]
+__all__ = [
+    "TXN_ABORT",
+    "TXN_COMMIT",
+    "AbortHook",
+    "TransactionBuffer",
+    "TxnOutcomes",
+    "after",
+    "resolve_outcome",
+]

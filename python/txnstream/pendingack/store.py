@@ -45,7 +45,7 @@ from concurrent.futures import Future
 from typing import Final
 
 from txnstream._native import AckSet, BufferedWriter, Cursor, ManagedLedger, Position, TxnPosition
-from txnstream.buffer import TxnOutcomes
+from txnstream.buffer import TxnOutcomes, resolve_outcome
 from txnstream.coordinator import TxnID
 from txnstream.errors import CorruptEntryError, InvalidTxnStatusError, TransactionConflictError
 from txnstream.pendingack.cursor_acks import CursorAcks
@@ -665,17 +665,7 @@ class PendingAckStore:
         """End every held transaction its coordinator decided or forgot (after :meth:`recover`)."""
         futures: list[Future[TxnPosition]] = []
         for txn in self.transactions():
-            try:
-                outcome = self._outcomes.participant_outcome(txn)
-            except Exception as exc:
-                log.warning(
-                    "%s/%s: cannot resolve transaction %s: %r",
-                    self.partition,
-                    self.subscription,
-                    txn,
-                    exc,
-                )
-                outcome = False
+            outcome = resolve_outcome(self._outcomes, txn, f"{self.partition}/{self.subscription}")
             if outcome is None:
                 continue
             fut = self.end(txn, outcome)

@@ -707,3 +707,37 @@ def test_asyncio_send_retry_of_a_sequence_id_returns_the_original_id(broker: Bro
     assert again == first
     assert in_txn > first
     assert values(drain(client.subscribe("dedup-aio", "check"))) == [b"a", b"b"]
+
+
+def test_receive_stops_reading_undeliverable_entries_at_its_deadline(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # 2,000 aborted entries before anything deliverable: a receive with a
+    # deadline stops reading them once its deadline passed (the clock is
+    # faked: 5 ms per look), instead of scanning the whole run first.
+    client = broker.client()
+    producer = client.producer("t")
+    consumer = client.subscribe("t", "s")
+    txn = client.transaction(timeout_ms=600_000)
+    futures = [producer.send_async(b"x", txn=txn) for _ in range(2_000)]
+    for f in futures:
+        f.result(DEADLINE_S)
+    txn.abort()
+    import txnstream.broker.subscription as subscription_module
+
+    fake = [time.monotonic()]
+
+    class FakeTime:
+        @staticmethod
+        def monotonic() -> float:
+            fake[0] += 0.005
+            return fake[0]
+
+    monkeypatch.setattr(subscription_module, "time", FakeTime)
+    sub = broker.topic("t").subscription("s")
+    assert sub.fetch(consumer.id, 1, fake[0] + 0.02) == []
+    monkeypatch.undo()
+    end = broker.topic("t").ml.last_position
+    assert sub._read_after is not None and end is not None
+    assert sub._read_after < end, "read the whole aborted run despite the deadline"
+    assert consumer.receive(0) is None  # and a later receive goes on from there

@@ -73,6 +73,10 @@ Key = tuple[int, int, int]
 
 #: Entries read per bulk read.
 READ_BATCH = 64
+#: A receive reads at least this long (s) past entries it cannot deliver (aborted,
+#: acked) before its deadline stops it, so ``receive(0)`` still finds a message
+#: behind a short run of them; a long run ends at the deadline.
+MIN_SCAN_S = 0.01
 
 
 def key_of(p: TxnPosition) -> Key:
@@ -180,6 +184,7 @@ class Subscription:
         (seconds; None: no limit) passes; then returns what there is
         (possibly nothing). Raises :class:`AlreadyClosedError` once closed.
         """
+        started = time.monotonic()
         with self.cond:
             while True:
                 self._check_open()
@@ -189,6 +194,11 @@ class Subscription:
                 if out:
                     return out
                 if self._fill():
+                    now = time.monotonic()
+                    if deadline is not None and now >= max(deadline, started + MIN_SCAN_S):
+                        # A long run of entries with nothing to deliver (aborted,
+                        # acked): stop reading at the deadline, with what there is.
+                        return self._take(consumer, max_messages)
                     continue
                 now = time.monotonic()
                 wait = None if deadline is None else deadline - now

@@ -15,8 +15,55 @@
 //!   `fork()` so the child never inherits it (or them) mid-update.
 
 use parking_lot::{Mutex, MutexGuard};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
 use std::sync::Once;
+
+/// Descriptors holding a data directory's writer lock (an OFD lock).
+/// Slots hold -1 when free; lock-free so the child handler may read them.
+const LOCK_SLOTS: usize = 256;
+static LOCK_FDS: [AtomicI32; LOCK_SLOTS] = [const { AtomicI32::new(-1) }; LOCK_SLOTS];
+
+/// Remembers `fd` as holding a writer lock, so a forked child lets go of
+/// it (see [`child`]); returns its slot for [`forget_lock_fd`] (None: the
+/// table is full, and a child then keeps the lock while it lives).
+pub fn remember_lock_fd(fd: i32) -> Option<usize> {
+    LOCK_FDS.iter().position(|slot| {
+        slot.compare_exchange(-1, fd, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    })
+}
+
+/// The lock of `slot` is released (its descriptor is about to close).
+pub fn forget_lock_fd(slot: usize) {
+    if let Some(s) = LOCK_FDS.get(slot) {
+        s.store(-1, Ordering::Release);
+    }
+}
+
+/// In a child: point every writer-lock descriptor at `/dev/null`. An OFD
+/// lock belongs to the open file description, which the child would
+/// otherwise share: the parent could not reopen its own directory after
+/// closing it while any forked worker lived. The descriptor numbers stay
+/// valid (whoever owns them closes `/dev/null` later), and `open`, `dup2`
+/// and `close` are async-signal-safe.
+fn release_inherited_locks() {
+    // SAFETY: a NUL-terminated path literal.
+    let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+    if null < 0 {
+        return;
+    }
+    for slot in &LOCK_FDS {
+        let fd = slot.load(Ordering::Acquire);
+        if fd >= 0 {
+            // SAFETY: both are descriptors of this process; dup2 atomically
+            // replaces `fd`'s file description (dropping the lock's) with
+            // /dev/null's.
+            unsafe { libc::dup2(null, fd) };
+        }
+    }
+    // SAFETY: `null` was opened above and is used by nothing else.
+    unsafe { libc::close(null) };
+}
 
 static GENERATION: AtomicU64 = AtomicU64::new(0);
 static GATE: Mutex<()> = Mutex::new(());
@@ -35,6 +82,7 @@ extern "C" fn parent() {
 
 extern "C" fn child() {
     GENERATION.fetch_add(1, Ordering::AcqRel);
+    release_inherited_locks();
     // SAFETY: as in `parent`: the forking thread (now the child's only
     // thread) took the lock in `prepare`.
     unsafe { GATE.force_unlock() };

@@ -28,7 +28,7 @@ impl PyAckSet {
     /// Rebuilds a set from signed 64-bit words and its batch size.
     #[staticmethod]
     fn from_words(words: &Bound<'_, PyAny>, batch_size: &Bound<'_, PyAny>) -> BindResult<Self> {
-        let mut ws = Vec::with_capacity(words.len().unwrap_or(0));
+        let mut ws = Vec::with_capacity(crate::buffers::capacity_hint(words));
         let items = words.try_iter().map_err(|_| {
             txnstream_core::Error::invalid("words must be a sequence of signed 64-bit ints")
         })?;

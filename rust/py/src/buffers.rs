@@ -37,6 +37,16 @@ pub fn record_bytes<'py>(obj: &Bound<'py, PyAny>, what: &str) -> BindResult<Boun
     Ok(copy.cast_into::<PyBytes>().map_err(PyErr::from)?)
 }
 
+/// Most items preallocated for a Python sequence before its items are read:
+/// ``__len__`` is the caller's claim, not a size (``range(2**36)`` is cheap
+/// to make); the vector grows past it as items actually arrive.
+const PREALLOC_MAX: usize = 4096;
+
+/// A capacity for the items of ``seq``: its length, at most [`PREALLOC_MAX`].
+pub fn capacity_hint(seq: &Bound<'_, PyAny>) -> usize {
+    seq.len().unwrap_or(0).min(PREALLOC_MAX)
+}
+
 /// Collects a sequence of records (see [`record_bytes`]), naming the
 /// argument and the index of a bad one.
 pub fn bytes_list<'py>(seq: &Bound<'py, PyAny>, arg: &str) -> BindResult<Vec<Bound<'py, PyBytes>>> {
@@ -54,7 +64,7 @@ pub fn bytes_list<'py>(seq: &Bound<'py, PyAny>, arg: &str) -> BindResult<Vec<Bou
                 .map_or_else(|_| "?".to_owned(), |n| n.to_string())
         ))
     })?;
-    let mut out = Vec::with_capacity(seq.len().unwrap_or(0));
+    let mut out = Vec::with_capacity(capacity_hint(seq));
     for (i, item) in items.enumerate() {
         out.push(record_bytes(&item?, &format!("{arg}[{i}]"))?);
     }

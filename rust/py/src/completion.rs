@@ -41,6 +41,14 @@ static COMPLETER: parking_lot::Mutex<Option<(u64, Sender<Job>)>> = parking_lot::
 thread_local! {
     /// Per-thread copy of the queue, so the hot path takes no lock.
     static LOCAL: RefCell<Option<(u64, Sender<Job>)>> = const { RefCell::new(None) };
+    /// True on the completion thread itself (future callbacks run there).
+    static ON_COMPLETER: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// True when called from the completion thread, i.e. from a future's
+/// done-callback: a wait for the completion thread would wait on itself.
+pub fn on_completion_thread() -> bool {
+    ON_COMPLETER.with(std::cell::Cell::get)
 }
 
 /// The completion thread's queue, starting the thread on first use (in
@@ -86,6 +94,7 @@ pub fn completer() -> BindResult<Sender<Job>> {
 }
 
 fn completion_loop(rx: &Receiver<Job>) {
+    ON_COMPLETER.with(|c| c.set(true));
     while let Ok(first) = rx.recv() {
         let mut first = Some(first);
         let attached = Python::try_attach(|py| {

@@ -303,7 +303,9 @@ impl PyManagedLedger {
     ) -> BindResult<Bound<'py, PyAny>> {
         let b = record_bytes(data, "data")?;
         let (fut, done) = future_with_callback(py, Job::Position)?;
-        self.inner.append_async(b.as_bytes().to_vec(), done);
+        let entry = b.as_bytes().to_vec();
+        // Queueing may wait for room (backpressure): not with the GIL held.
+        py.detach(|| self.inner.append_async(entry, done));
         Ok(fut)
     }
 
@@ -322,8 +324,8 @@ impl PyManagedLedger {
         let b = record_bytes(data, "data")?;
         let (assigned, at) = future_with_callback(py, Job::Position)?;
         let (durable, done) = future_with_callback(py, Job::Position)?;
-        self.inner
-            .append_positioned(b.as_bytes().to_vec(), at, done);
+        let entry = b.as_bytes().to_vec();
+        py.detach(|| self.inner.append_positioned(entry, at, done));
         Ok((assigned, durable))
     }
 
@@ -336,7 +338,7 @@ impl PyManagedLedger {
         let objs = bytes_list(data, "data")?;
         let owned: Vec<Vec<u8>> = objs.iter().map(|b| b.as_bytes().to_vec()).collect();
         let (fut, done) = future_with_callback(py, Job::Positions)?;
-        self.inner.append_many_async(owned, done);
+        py.detach(|| self.inner.append_many_async(owned, done));
         Ok(fut)
     }
 
@@ -539,7 +541,7 @@ impl PyCursor {
     /// Delete entries (``Position``) or single records of batched entries
     /// (``TxnPosition`` with ``batch_size > 1``); all or nothing.
     fn delete(&self, py: Python<'_>, positions: &Bound<'_, PyAny>) -> BindResult<()> {
-        let mut recs = Vec::with_capacity(positions.len().unwrap_or(0));
+        let mut recs = Vec::with_capacity(crate::buffers::capacity_hint(positions));
         for (i, item) in positions.try_iter()?.enumerate() {
             recs.push(record_arg(&item?, &format!("positions[{i}]"))?);
         }

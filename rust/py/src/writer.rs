@@ -7,7 +7,7 @@
 
 use crate::args::{i64_arg, timeout_ms_arg};
 use crate::buffers::{bytes_list, record_bytes, with_slices};
-use crate::completion::{completer, future_with_callback, object_list, Job};
+use crate::completion::{completer, future_with_callback, object_list, on_completion_thread, Job};
 use crate::errors::BindResult;
 use crate::ledger::PyManagedLedger;
 use crate::position::PyTxnPosition;
@@ -94,7 +94,10 @@ impl PyBufferedWriter {
     fn write(&self, py: Python<'_>, record: &Bound<'_, PyAny>) -> BindResult<Py<PyAny>> {
         let record = record_bytes(record, "record")?;
         let (fut, done) = future_with_callback(py, Job::TxnPosition)?;
-        self.writer.write(record.as_bytes(), done)?;
+        let bytes = record.as_bytes();
+        // `bytes` are immutable and `record` keeps them alive: safe without the
+        // GIL, and queueing may wait for room (backpressure).
+        py.detach(|| self.writer.write(bytes, done))?;
         Ok(fut.unbind())
     }
 
@@ -282,7 +285,12 @@ impl PyBufferedWriter {
                 return false;
             }
             // Futures resolve on the completion thread: wait for it to pass
-            // everything queued so far.
+            // everything queued so far -- unless this IS the completion
+            // thread (a close in a future's callback): it would wait on
+            // itself; what it queued resolves once this callback returns.
+            if on_completion_thread() {
+                return true;
+            }
             let (btx, brx) = mpsc::sync_channel(1);
             if tx.send(Job::Barrier(btx)).is_err() {
                 return false;

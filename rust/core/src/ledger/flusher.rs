@@ -372,6 +372,9 @@ impl Store {
         let Some(j) = &self.journal else {
             return Ok(());
         };
+        if let Some(e) = &self.ckpt.lock().sync_failed {
+            return Err(e.clone());
+        }
         let at = j.synced.load(Ordering::Acquire);
         let from = self.ckpt.lock().copied;
         if from < at {
@@ -399,6 +402,8 @@ impl Store {
             let mut c = self.ckpt.lock();
             c.unsynced.extend(unsynced);
             c.dirs.extend(dirs);
+            // Never retry the sync and trust it (see `sync_failed`).
+            c.sync_failed = Some(e.clone());
             drop(c);
             self.signals.flush.lock().deletes.extend(deletes);
             return Err(e);

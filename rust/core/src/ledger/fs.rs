@@ -348,6 +348,16 @@ impl FsFile for RealFile {
 #[derive(Debug)]
 struct OfdLock {
     _file: File,
+    /// Its slot in the fork module's table (a forked child lets go of it).
+    slot: Option<usize>,
+}
+
+impl Drop for OfdLock {
+    fn drop(&mut self) {
+        if let Some(slot) = self.slot {
+            crate::fork::forget_lock_fd(slot);
+        }
+    }
 }
 
 fn ofd_lock_struct(kind: libc::c_short) -> libc::flock {
@@ -431,7 +441,8 @@ impl Fs for RealFs {
         if rc != 0 {
             return Err(io::Error::last_os_error());
         }
-        Ok(Box::new(OfdLock { _file: file }))
+        let slot = crate::fork::remember_lock_fd(file.as_raw_fd());
+        Ok(Box::new(OfdLock { _file: file, slot }))
     }
 
     fn is_locked(&self, path: &Path) -> io::Result<bool> {

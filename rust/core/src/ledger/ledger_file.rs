@@ -264,6 +264,10 @@ impl LedgerFiles<'_> {
             if rec_end < off + RECORD_HEADER_LEN as u64 {
                 return Err(bad("index slot points before the record"));
             }
+            if rec_end > end {
+                // Slots must not decrease: this one ends past the range read.
+                return Err(bad("index slot points past the last record"));
+            }
             let len = (rec_end - off) as usize - RECORD_HEADER_LEN;
             let h = &buf[at..at + RECORD_HEADER_LEN];
             let payload = &buf[at + RECORD_HEADER_LEN..at + RECORD_HEADER_LEN + len];

@@ -452,6 +452,8 @@ impl ManagedLedger {
         if !known {
             return Err(Error::invalid(format!("no cursor named {name:?}")));
         }
+        // No cursor state may be encoded and journaled across the deletion.
+        let _order = ml.cursor_journal.lock();
         self.shared.store.delete_cursor(ml, name)?;
         let mut m = ml.meta.lock();
         m.persisted_cursors.remove(name);

@@ -28,6 +28,8 @@ use std::sync::Arc;
 
 /// First ledger id of a new managed ledger.
 pub(crate) const FIRST_LEDGER_ID: u64 = 1;
+/// Highest entry id a cursor record can store (its mark-delete entry id is an `int64`).
+pub(crate) const MAX_STORED_ENTRY_ID: u64 = i64::MAX as u64;
 
 /// Where an entry not yet written behind is: its journal record, or (a
 /// large entry) its record in the ledger file, written there directly.
@@ -385,6 +387,13 @@ pub(crate) struct MlState {
     pub cursors: Mutex<BTreeMap<String, Arc<CursorInner>>>,
     /// A cursor changed since its state was last journaled.
     pub cursors_dirty: AtomicBool,
+    /// Orders cursor records in the journal: held from encoding cursor
+    /// states until their records are queued, and by a cursor's deletion
+    /// until it is durable and forgotten, so a state encoded before a
+    /// deletion is never journaled after it (which would bring the deleted
+    /// cursor back). Taken before any other lock here; never by the
+    /// journal threads.
+    pub cursor_journal: Mutex<()>,
     /// A writable handle is open.
     pub open: AtomicBool,
     pub rollover: Mutex<Rollover>,
@@ -452,6 +461,7 @@ impl MlState {
             }),
             cursors: Mutex::new(BTreeMap::new()),
             cursors_dirty: AtomicBool::new(false),
+            cursor_journal: Mutex::new(()),
             open: AtomicBool::new(false),
             rollover: Mutex::new(rollover),
             created: AtomicU8::new(CREATED),
@@ -799,7 +809,9 @@ impl MlState {
     /// A position between existing entries that names no entry (in a
     /// trimmed or empty ledger): valid as a mark-delete bound.
     pub fn is_gap(&self, p: Position) -> bool {
-        !self.ledgers.read().contains_key(&p.ledger_id)
+        p.ledger_id >= FIRST_LEDGER_ID
+            && p.entry_id <= MAX_STORED_ENTRY_ID
+            && !self.ledgers.read().contains_key(&p.ledger_id)
             && self.last_position().is_some_and(|l| p < l)
     }
 

@@ -141,6 +141,12 @@ pub(super) struct Checkpoint {
     pub(super) last_error: Option<String>,
     pub(super) count: u64,
     pub(super) copied_entries: u64,
+    /// A ledger-file sync failed: the pages written since may be gone
+    /// while a retried sync would report success (Linux drops failed dirty
+    /// pages), so no checkpoint may advance in this process any more; the
+    /// journal keeps everything after the last good checkpoint and the next
+    /// open copies it again.
+    pub(super) sync_failed: Option<Error>,
 }
 
 /// The storage engine of one data directory (see the module docs).
@@ -736,6 +742,7 @@ impl Store {
         if self.io.read_only {
             return Ok(());
         }
+        let order = ml.cursor_journal.lock();
         ml.cursors_dirty.store(false, Ordering::Release);
         let states: Vec<Vec<u8>> = ml
             .cursors
@@ -778,6 +785,7 @@ impl Store {
         for c in cmds {
             self.submit(c)?;
         }
+        drop(order); // queued: journal order is fixed now
         if wait {
             for _ in 0..count {
                 match rx.recv() {

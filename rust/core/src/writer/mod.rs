@@ -200,6 +200,9 @@ struct Inner {
     idle: Condvar,
     scheduler: &'static Scheduler,
     me: Weak<Inner>,
+    /// The fork generation it was made in: a child process has neither its
+    /// timer thread nor its sink's threads, so it refuses writes there.
+    generation: u64,
 }
 
 impl Inner {
@@ -321,6 +324,18 @@ impl Inner {
     fn closed_error(&self) -> Error {
         Error::WriterClosed(self.name.clone())
     }
+
+    /// Refuses a writer made before `fork()` (checked before taking any of
+    /// its locks: the parent may have held one at the fork).
+    fn check_process(&self) -> Result<()> {
+        if self.generation != crate::fork::generation() {
+            return Err(Error::WriterClosed(format!(
+                "{} (made before fork(): make it again in this process)",
+                self.name
+            )));
+        }
+        Ok(())
+    }
 }
 
 impl Timed for Inner {
@@ -392,6 +407,7 @@ impl BufferedWriter {
             idle: Condvar::new(),
             scheduler,
             me: me.clone(),
+            generation: crate::fork::generation(),
         });
         Ok(Self { inner })
     }
@@ -407,6 +423,7 @@ impl BufferedWriter {
     pub fn write(&self, record: &[u8], done: RecordCallback) -> Result<()> {
         let _scope = defer::Scope::enter();
         let inner = &self.inner;
+        inner.check_process()?;
         let mut st = inner.state.lock();
         if st.closed {
             return Err(inner.closed_error());
@@ -430,6 +447,7 @@ impl BufferedWriter {
     pub fn write_many<R: AsRef<[u8]>>(&self, records: &[R], done: ManyCallback) -> Result<()> {
         let _scope = defer::Scope::enter();
         let inner = &self.inner;
+        inner.check_process()?;
         let mut st = inner.state.lock();
         if st.closed {
             return Err(inner.closed_error());
@@ -479,6 +497,9 @@ impl BufferedWriter {
     /// Writes the current batch now (counted as a forced flush).
     pub fn flush(&self) {
         let _scope = defer::Scope::enter();
+        if self.inner.check_process().is_err() {
+            return; // made before fork(): nothing of this process to flush
+        }
         let mut st = self.inner.state.lock();
         if !st.closed {
             self.inner.flush_locked(&mut st, FlushTrigger::Forced);
@@ -564,6 +585,11 @@ impl BufferedWriter {
     /// callbacks have run). `None`, or a timeout too long to be a point in
     /// time, waits without limit. True when idle.
     pub fn wait_idle(&self, timeout: Option<Duration>) -> bool {
+        if self.inner.check_process().is_err() {
+            // Made before fork(): what the parent had in flight never
+            // settles here (no threads), and this process wrote nothing.
+            return true;
+        }
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         let mut n = self.inner.in_flight.lock();
         while *n > 0 {

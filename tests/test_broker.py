@@ -337,6 +337,26 @@ def test_dedup_retry_returns_original_id(broker: Broker) -> None:
     assert broker.topic("t").stats()["deduplication"] == {"producers": 1, "duplicates": 1}
 
 
+def test_dedup_of_a_batch_that_partly_repeats_sent_ids_raises_and_writes_nothing(
+    broker: Broker,
+) -> None:
+    # A send_many whose first id was sent before but whose later ids are new
+    # is not "already sent": it raises (its new messages were silently
+    # dropped and reported sent), and an exact retry of part of a batch gets
+    # the original ids (indexes in the original batch).
+    p = broker.client().producer("t", name="p")
+    first = p.send_many([b"a3", b"a4", b"a5"], sequence_id=3)
+    with pytest.raises(DuplicateSequenceError, match=r"6\.\. are new"):
+        p.send_many([b"b5", b"b6", b"b7"], sequence_id=5)
+    again = p.send_many([b"c4", b"c5"], sequence_id=4)
+    assert again == first[1:]
+    assert (again[0].batch_index, again[0].batch_size) == (1, 3)
+    p.send_many([b"b6", b"b7"], sequence_id=6)
+    assert broker.topic("t").ml.entry_count() == 2
+    got = values(drain(broker.client().subscribe("t", "s")))
+    assert got == [b"a3", b"a4", b"a5", b"b6", b"b7"]
+
+
 def test_dedup_across_restart(tmp_path: Path) -> None:
     with Broker.open(tmp_path, registry=None) as b:
         p = b.client().producer("t", name="p")

@@ -138,3 +138,63 @@ def test_bulk_on_ledger_survives_restart(tmp_path: Path) -> None:
     with TransactionCoordinator.open(tmp_path, 0) as tc:
         assert tc.recovery["open"] == 1
         assert tc.recovery["live_records"] == 1
+
+
+def test_bulk_end_answers_each_item_when_one_ended_alone_fails(tmp_path: Path) -> None:
+    """A log failure of a transaction ended on its own is its answer, not the call's.
+
+    The other item of the batch committed: its answer must reach its caller
+    (before, the whole call raised and, with no terminated store, asking
+    again said TransactionNotFound for a commit that happened).
+    """
+    import errno
+
+    from txnstream import testing
+    from txnstream.errors import StorageError
+
+    tc = TransactionCoordinator.open(
+        tmp_path,
+        0,
+        registry=None,
+        batched_write_enabled=True,
+        batched_write_max_delay_ms=2000,
+    )
+    try:
+        t1 = tc.new_transaction(timeout_ms=600_000)
+        t2 = tc.new_transaction(timeout_ms=600_000)
+        tc.add_partition_nowait(t2, "p")  # an ADD in flight: t2 is ended alone, after t1
+        ml = testing.log_ledger(tc)
+
+        def hook(step: str, txn: TxnID) -> None:
+            if step == "final_logged" and txn == t1:
+                testing.inject_fault(ml, "sync", errno=errno.ENOSPC, times=3)
+
+        testing.set_step_hook(tc, hook)
+        got = tc.end_transactions([(t1, "commit"), (t2, "commit")])
+        testing.set_step_hook(tc, None)
+        testing.clear_faults(ml)
+        assert got[0] is TxnStatus.COMMITTED
+        assert isinstance(got[1], StorageError)
+    finally:
+        tc.close()
+
+
+def test_bulk_end_of_the_same_transaction_twice_gets_one_answer(env: Env) -> None:
+    tc = env.tc
+    [t] = bulk_txns(tc, 1)
+    assert tc.end_transactions([(t, "commit"), (t, "commit")]) == [TxnStatus.COMMITTED] * 2
+
+
+def test_bulk_end_traces_must_be_a_list_per_item(env: Env) -> None:
+    [t] = bulk_txns(env.tc, 1)
+    with pytest.raises(InvalidArgumentError, match="traces"):
+        env.tc.end_transactions([(t, "commit")], traces=5)  # type: ignore[arg-type]
+    assert env.tc.get_transaction(t).status is TxnStatus.OPEN
+
+
+@pytest.mark.parametrize("bad", [0, -5, 2.5, True])
+def test_timer_service_refuses_a_wait_that_would_spin(bad: object) -> None:
+    from txnstream.timer import TimerService
+
+    with pytest.raises(InvalidArgumentError, match="max_wait_ms"):
+        TimerService(max_wait_ms=bad)  # type: ignore[arg-type]

@@ -127,6 +127,15 @@ class TimerService:
         start: bool = True,
     ) -> None:
         self.clock = clock_arg(clock)
+        if isinstance(max_wait_ms, bool) or not isinstance(max_wait_ms, int) or max_wait_ms < 1:
+            # 0 or less would make the timer thread spin.
+            from txnstream.errors import InvalidArgumentError
+
+            raise InvalidArgumentError(
+                f"max_wait_ms must be a positive int (milliseconds), got {max_wait_ms!r}",
+                argument="max_wait_ms",
+                value=max_wait_ms,
+            )
         self._heap: list[tuple[int, int, TimerHandle]] = []
         self._seq = itertools.count()
         self._dead = 0

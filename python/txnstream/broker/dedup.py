@@ -192,8 +192,34 @@ class Deduplication:
                     producer_name=producer,
                     sequence_id=first,
                 )
+        self._check_same_entry(producer, p, sequence_ids, sent)
         self.duplicates += 1
         return sent
+
+    def _check_same_entry(
+        self, producer: str, p: _Producer, sequence_ids: list[int], sent: Sent
+    ) -> None:
+        # A retry is a duplicate only if ALL its ids went, in order, to the
+        # entry its first one went to; a batch that also holds new ids (or
+        # ids of other entries) must not be acknowledged as sent: raise.
+        for k, seq in enumerate(sequence_ids[1:], start=1):
+            other = p.window.get(seq)
+            same = (
+                other is not None
+                and other.entry == sent.entry
+                and other.pending is sent.pending
+                and other.index == sent.index + k
+            )
+            if not same:
+                new = [s for s in sequence_ids if s > p.last]
+                raise DuplicateSequenceError(
+                    f"producer {producer!r}: sequence ids {sequence_ids[0]}..{sequence_ids[-1]} "
+                    f"are not one earlier send: {sequence_ids[0]} was sent before"
+                    + (f", {new[0]}.. are new" if new else f", {seq} went elsewhere")
+                    + "; nothing is written (send the new ids alone)",
+                    producer_name=producer,
+                    sequence_id=seq,
+                )
 
     def placed(
         self,

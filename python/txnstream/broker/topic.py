@@ -376,9 +376,9 @@ class Topic:
                             sub.name,
                             exc_info=True,
                         )
-        gone = self.tb.forget_trimmed()
-        if gone and self._dedup_on:
-            with self.lock:
+        with self.lock:
+            gone = self.tb.forget_trimmed()
+            if gone and self._dedup_on:
                 self.dedup.mark_aborted(gone)
         return n
 

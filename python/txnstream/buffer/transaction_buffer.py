@@ -509,14 +509,15 @@ class TransactionBuffer:
     def forget_trimmed(self) -> list[TxnKey]:
         """Drop aborted transactions whose ABORT marker was trimmed away; return them.
 
-        (Deduplication remembers them as aborted: a message of theirs may
-        still be sent again.)
+        Call it holding :attr:`lock` (the partition's publish lock), and tell
+        deduplication in the same hold that they aborted: a retry of one of
+        their messages in between would otherwise find it neither aborted
+        here nor remembered as aborted there, and get the old id back.
         """
         first = self._ml.first_position
-        with self.lock:
-            gone = [t for t, p in self.aborted.items() if first is None or p < first]
-            for t in gone:
-                del self.aborted[t]
+        gone = [t for t, p in self.aborted.items() if first is None or p < first]
+        for t in gone:
+            del self.aborted[t]
         return gone
 
     def stats(self) -> dict[str, object]:

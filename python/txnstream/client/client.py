@@ -404,12 +404,10 @@ class Producer:
             except BaseException as exc:
                 out.set_exception(exc)
                 return out
-            if count == 1:
-                out.set_result([MessageId(ledger, entry, index, size, partition)])
-            else:
-                out.set_result(
-                    [MessageId(ledger, entry, i, count, partition) for i in range(count)]
-                )
+            # Where the original messages went: their indexes in their batch.
+            out.set_result(
+                [MessageId(ledger, entry, index + i, size, partition) for i in range(count)]
+            )
             return out
         src = published.assigned if published.assigned is not None else published.durable
         assert src is not None

@@ -92,6 +92,7 @@ from txnstream.errors import (
     TransactionError,
     TransactionNotFound,
     TransactionTimedOut,
+    TxnStreamError,
 )
 from txnstream.metrics import (
     check_coordinator_label,
@@ -835,27 +836,31 @@ class TransactionCoordinator:
         items: Iterable[tuple[TxnID, TxnAction | str]],
         *,
         traces: list[EndTrace | None] | None = None,
-    ) -> list[TxnStatus | TransactionError]:
+    ) -> list[TxnStatus | TxnStreamError]:
         """:meth:`end_transaction` for many transactions.
 
         The ending UPDATEs are written together, participants are ended per
         transaction, then the final UPDATEs are written together; a
         transaction another thread is ending is waited for. Returns, per
-        item, the final status or the refusal (``TransactionAlreadyAborted``,
-        ``TransactionNotFound``...); bad arguments and log write failures raise.
-        ``traces`` (one per item, or None) count each end's durable waits.
+        item, the final status or that end's error (a refusal such as
+        ``TransactionAlreadyAborted`` or ``TransactionNotFound``, or the log
+        write failure of a transaction ended on its own); bad arguments and
+        a failure of the batch's own writes raise. ``traces`` (one per item,
+        or None) count each end's durable waits.
         """
         table = self._table
         reqs = [(txn, table.seq_of(txn), TxnAction.parse(act)) for txn, act in items_arg(items)]
-        if traces is not None and len(traces) != len(reqs):
-            raise bad_argument("traces", len(traces), f"one trace (or None) per item ({len(reqs)})")
+        if traces is not None and (not isinstance(traces, list) or len(traces) != len(reqs)):
+            raise bad_argument(
+                "traces", traces, f"a list of one trace (or None) per item ({len(reqs)})"
+            )
         with table.lock:
             table.enter()
         try:
             got = self._driver.end_many(reqs, traces)
         finally:
             table.leave()
-        out: list[TxnStatus | TransactionError] = []
+        out: list[TxnStatus | TxnStreamError] = []
         for (txn, _, act), result in zip(reqs, got, strict=True):
             if result is None:
                 rec = self.store.lookup(txn)

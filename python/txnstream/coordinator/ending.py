@@ -76,6 +76,7 @@ from txnstream.errors import (
     TransactionEndPending,
     TransactionError,
     TransactionWriteFailed,
+    TxnStreamError,
 )
 from txnstream.timer import Clock, TimerHandle, TimerScope
 
@@ -422,22 +423,29 @@ class EndDriver:
         self,
         reqs: list[tuple[TxnID, int, TxnAction]],
         traces: list[EndTrace | None] | None = None,
-    ) -> list[TxnStatus | TransactionError | None]:
-        """Many clients' ends: per item the final status, a refusal, or None (not in memory).
+    ) -> list[TxnStatus | TxnStreamError | None]:
+        """Many clients' ends: per item the final status, its error, or None (not in memory).
 
         Transactions that can be decided now are driven together (one
-        batched write per step); the others (another thread drives them, or
-        the opposite end was decided) are answered one by one afterwards.
-        A log write failure raises.
+        batched write per step); a log write failure of that batch raises.
+        The others (another thread drives them, or the opposite end was
+        decided) are answered one by one afterwards, each with its own
+        error if it fails. The same end named twice gets one answer.
         """
         table = self._table
         deadline = self._clock.monotonic_ms() + self._config.end_timeout_ms
-        results: list[TxnStatus | TransactionError | None] = [None] * len(reqs)
+        results: list[TxnStatus | TxnStreamError | None] = [None] * len(reqs)
         claimed: list[tuple[int, TxnMeta]] = []
         later: list[int] = []
         seen: set[int] = set()
+        again: list[tuple[int, int]] = []  # (item, the earlier item of the same end)
+        first_of: dict[tuple[int, TxnAction], int] = {}
         with table.lock:
             for i, (_, seq, act) in enumerate(reqs):
+                earlier = first_of.setdefault((seq, act), i)
+                if earlier != i:
+                    again.append((i, earlier))  # the same end twice: one answer
+                    continue
                 meta = table.txns.get(seq)
                 if meta is None or not meta.visible:
                     continue  # None: answered from the store by the caller
@@ -462,8 +470,12 @@ class EndDriver:
             _, seq, act = reqs[i]
             try:
                 results[i] = self.end(seq, act, trace=None if traces is None else traces[i])
-            except TransactionError as exc:
+            except TxnStreamError as exc:
+                # This end's own failure (a refusal, or a log write of it) is
+                # its answer: the others' answers, commits among them, stand.
                 results[i] = exc
+        for i, earlier in again:
+            results[i] = results[earlier]
         return results
 
     # -- background

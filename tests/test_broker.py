@@ -761,3 +761,37 @@ def test_receive_stops_reading_undeliverable_entries_at_its_deadline(
     assert sub._read_after is not None and end is not None
     assert sub._read_after < end, "read the whole aborted run despite the deadline"
     assert consumer.receive(0) is None  # and a later receive goes on from there
+
+
+def test_a_clean_close_makes_batched_records_durable(tmp_path: Path) -> None:
+    # With batched log writes and a long delay, an open transaction's
+    # ADD_SUBSCRIPTION record and its ACK record still sit in their batches
+    # at close. A clean close writes them: after reopening, the coordinator
+    # knows the subscription (its end reaches the pending ack) and the
+    # pending-ack store holds the message. (Before, close failed them: the
+    # coordinator forgot the subscription, so aborting left the ack held.)
+    cfg = BrokerConfig.from_dict(
+        {
+            "transactionLogBatchedWriteEnabled": True,
+            "transactionLogBatchedWriteMaxDelayInMillis": 1_500,
+            "transactionPendingAckBatchedWriteEnabled": True,
+            "transactionPendingAckBatchedWriteMaxDelayInMillis": 1_500,
+        }
+    )
+    with Broker.open(tmp_path, cfg, registry=None) as b:
+        client = b.client()
+        client.producer("in").send(b"m")
+        consumer = client.subscribe("in", "s")
+        msg = consumer.receive(1_000)
+        assert msg is not None
+        txn = client.transaction(timeout_ms=600_000)
+        consumer.ack(msg, txn=txn)
+    with Broker.open(tmp_path, cfg, registry=None) as b:
+        info = b.admin.get_transaction(txn.txn_id)
+        assert list(info.subscriptions) == [("persistent://public/default/in", "s")]
+        store = b.topic("in").pending_ack("s")
+        assert store.transactions() == [txn.txn_id]
+        b.admin.force_abort(txn.txn_id)
+        assert store.transactions() == []
+        again = b.client().subscribe("in", "s").receive(1_000)
+        assert again is not None and again.value == b"m"  # released, redelivered

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Final, Protocol
 
 import numpy as np
 import numpy.typing as npt
@@ -254,6 +254,10 @@ class TransactionLog(Protocol):
         """Flush nothing new, fail pending writes, release files."""
 
 
+#: Longest a clean close waits for batched records to become durable.
+CLOSE_FLUSH_MS: Final = 10_000
+
+
 class LedgerTransactionLog:
     """:class:`TransactionLog` over a managed ledger and a PIP-160 BufferedWriter.
 
@@ -357,13 +361,22 @@ class LedgerTransactionLog:
         return out
 
     def close(self) -> None:
-        """Close the writer (pending records fail), persist the cursor, close the ledger."""
+        """Write what is batched, close the writer, persist the cursor, close the ledger.
+
+        A clean close makes every record written before it durable (up to
+        :data:`CLOSE_FLUSH_MS`): an open transaction's ADD record still in a
+        batch would otherwise fail, and after the next open its coordinator
+        would not know that partition or subscription.
+        """
         if self._closed:
             return
         self._closed = True
         if self._registry is not None and self.metrics_name is not None:
             unregister_writer(self.metrics_name, "transaction_log", self._registry, self.writer)
         try:
+            self.writer.flush()
+            if not self.writer.wait_idle(CLOSE_FLUSH_MS):
+                log.warning("%s: records still in flight at close fail", self.ml.name)
             self.writer.close()
         finally:
             try:

@@ -61,6 +61,9 @@ from txnstream.replay import replay
 
 log = logging.getLogger(__name__)
 
+#: Longest a clean close waits for batched records to become durable.
+CLOSE_FLUSH_MS: Final = 10_000
+
 #: Name of the store's cursor on its own log.
 LOG_CURSOR = "__pending_ack_store"
 
@@ -683,7 +686,18 @@ class PendingAckStore:
         return out
 
     def close(self) -> None:
-        """Close the writer (records not yet flushed fail); the broker closes the log."""
+        """Write what is batched, then close the writer; the broker closes the log.
+
+        A clean close makes the ACK and end records written before it
+        durable (up to :data:`CLOSE_FLUSH_MS`); later ones fail.
+        """
+        self.writer.flush()
+        if not self.writer.wait_idle(CLOSE_FLUSH_MS):
+            log.warning(
+                "%s/%s: pending-ack records still in flight at close fail",
+                self.partition,
+                self.subscription,
+            )
         self.writer.close()
 
 

@@ -795,3 +795,39 @@ def test_a_clean_close_makes_batched_records_durable(tmp_path: Path) -> None:
         assert store.transactions() == []
         again = b.client().subscribe("in", "s").receive(1_000)
         assert again is not None and again.value == b"m"  # released, redelivered
+
+
+def test_maintenance_unpins_a_partition_its_transactions_coordinator_forgot(
+    broker: Broker,
+) -> None:
+    # A crash can lose the record naming a partition (an ADD still batched)
+    # while the message there is durable: the coordinator then ends the
+    # transaction without that partition, which stays pinned. Here the
+    # message is put there directly, the coordinator never told. A
+    # maintenance sweep asks about transactions ongoing across two sweeps
+    # and ends this one as recovery would (aborted: it was aborted).
+    from txnstream._native import encode_message
+
+    client = broker.client()
+    txn = client.transaction(timeout_ms=600_000)
+    client.producer("a").send(b"known", txn=txn)
+    orphan = broker.topic("b")
+    key = (txn.txn_id.most_bits, txn.txn_id.least_bits)
+    pub = orphan.publish(
+        "p", [0], encode_message(b"orphan", "p", 0, 1, None, None, key), txn.txn_id
+    )
+    assert pub.durable is not None
+    pub.durable.result(DEADLINE_S)
+    txn.abort()  # ends "a" only
+    client.producer("b").send(b"after")
+    reader = client.subscribe("b", "r")
+    assert reader.receive(200) is None  # pinned behind the orphan
+    for _ in range(2):  # seen at two sweeps in a row
+        broker._next_orphan_sweep = 0.0
+        broker.maintain_now()
+    deadline = time.monotonic() + DEADLINE_S
+    while not orphan.tb.is_aborted(key):
+        assert time.monotonic() < deadline, "the orphaned transaction was not ended"
+        time.sleep(0.01)
+    got = reader.receive(2_000)
+    assert got is not None and got.value == b"after"

@@ -106,6 +106,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+#: Seconds between sweeps for transactions a crash left ongoing on a participant
+#: its coordinator no longer knows (see ``Topic.sweep_orphans``).
+ORPHAN_SWEEP_S = 5.0
 #: Compacted topic of topic metadata: base topic name -> partitions (0: not partitioned).
 TOPICS_REGISTRY = "__txnstream_topics"
 #: Idempotent end is on through the broker: ends remembered per client name.
@@ -210,6 +213,7 @@ class Broker:
         self._clients: list[Client] = []
         self._writers: dict[str, BufferedWriter] = {}
         self._maintenance_timer: TimerHandle | None = None
+        self._next_orphan_sweep = time.monotonic() + ORPHAN_SWEEP_S
         self._maintenance_pool = ThreadPoolExecutor(1, thread_name_prefix="txnstream-broker-maint")
         self._admin: Admin | None = None
         self._registry_topic: CompactedTopic | None = None
@@ -799,10 +803,7 @@ class Broker:
 
     def _maintain(self) -> None:
         try:
-            self._offload_by_policy()  # before trimming: trimming follows offload
-            for t in self.loaded_topics():
-                t.trim()
-            self.write_snapshots()
+            self.maintain_now()
         except Exception:
             if not self._closed:
                 log.exception("broker maintenance")
@@ -810,11 +811,21 @@ class Broker:
             self._schedule_maintenance()
 
     def maintain_now(self) -> None:
-        """Run maintenance (offload by policy, pending-ack trimming, due snapshots) now, here."""
-        self._offload_by_policy()
+        """Run maintenance now, here (the maintenance thread runs it every round).
+
+        Offload by policy, pending-ack trimming, due snapshots, and every
+        :data:`ORPHAN_SWEEP_S` the sweep for orphaned transactions
+        (``Topic.sweep_orphans``).
+        """
+        self._offload_by_policy()  # before trimming: trimming follows offload
         for t in self.loaded_topics():
             t.trim()
         self.write_snapshots()
+        now = time.monotonic()
+        if now >= self._next_orphan_sweep:
+            self._next_orphan_sweep = now + ORPHAN_SWEEP_S
+            for t in self.loaded_topics():
+                t.sweep_orphans()
 
     # ------------------------------------------------------------ metrics
 

@@ -128,6 +128,9 @@ class Topic:
         self.dedup = Deduplication(cfg.deduplication_window, cfg.deduplication_max_producers)
         self._dedup_on = cfg.deduplication_enabled
         self._subs: dict[str, Subscription] = {}
+        # Transactions ongoing here (buffer, pending acks) at the last sweep.
+        self._seen_ongoing: set[TxnID] = set()
+        self._seen_held: dict[str, set[TxnID]] = {}
         self._sub_opening: dict[str, Future[Subscription]] = {}
         self._subs_lock = threading.Lock()
         self._closed = False
@@ -360,6 +363,30 @@ class Topic:
         return self.subscription(name).pending
 
     # ------------------------------------------------------------ maintenance
+
+    def sweep_orphans(self) -> int:
+        """Ask the coordinators about transactions still ongoing here since the last sweep.
+
+        A transaction its coordinator no longer has open (it ended, or is
+        unknown) while this partition or one of its subscriptions still
+        holds it -- a crash lost the record naming this participant, so the
+        coordinator's end never came here -- is ended as recovery would end
+        it, instead of pinning ``max_read_position`` (or the acks) until
+        the next open. Open transactions are left alone. Only transactions
+        seen at two sweeps in a row are asked, so the cost follows the
+        long-lived ones. Returns how many ends were started.
+        """
+        with self.lock:
+            ongoing = set(self.tb.ongoing)
+        ask, self._seen_ongoing = ongoing & self._seen_ongoing, ongoing
+        started = len(self.tb.reconcile(only=ask)) if ask else 0
+        for name, sub in list(self._subs.items()):
+            held = set(sub.pending.transactions())
+            ask = held & self._seen_held.get(name, set())
+            self._seen_held[name] = held
+            if ask:
+                started += len(sub.pending.reconcile(only=ask))
+        return started
 
     def trim(self) -> int:
         """Delete ended transactions' pending-ack records; forget trimmed aborts."""

@@ -57,7 +57,7 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import Future
 from typing import Protocol
 
@@ -488,14 +488,15 @@ class TransactionBuffer:
             "aborted_trimmed": len(trimmed),
         }
 
-    def reconcile(self) -> list[Future[Position]]:
+    def reconcile(self, only: Collection[TxnID] | None = None) -> list[Future[Position]]:
         """End every ongoing transaction its coordinator has decided or forgotten.
 
         Returns the futures of the markers written; transactions still open
-        stay ongoing (their coordinator ends them).
+        stay ongoing (their coordinator ends them). ``only``: ask about these
+        (those still ongoing) instead of all.
         """
         with self.lock:
-            txns = list(self.ongoing)
+            txns = [t for t in self.ongoing if only is None or t in only]
         futures: list[Future[Position]] = []
         for txn in txns:
             outcome = resolve_outcome(self._outcomes, txn, self.partition)

@@ -40,7 +40,7 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Final
 
@@ -664,10 +664,15 @@ class PendingAckStore:
             "committed": len(fold.committed),
         }
 
-    def reconcile(self) -> list[Future[TxnPosition]]:
-        """End every held transaction its coordinator decided or forgot (after :meth:`recover`)."""
+    def reconcile(self, only: Collection[TxnID] | None = None) -> list[Future[TxnPosition]]:
+        """End every held transaction its coordinator decided or forgot (after :meth:`recover`).
+
+        ``only``: ask about these (those still held) instead of all.
+        """
         futures: list[Future[TxnPosition]] = []
         for txn in self.transactions():
+            if only is not None and txn not in only:
+                continue
             outcome = resolve_outcome(self._outcomes, txn, f"{self.partition}/{self.subscription}")
             if outcome is None:
                 continue

@@ -10,6 +10,7 @@ from __future__ import annotations
 import errno
 import random
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -578,3 +579,55 @@ def test_many_threads_on_the_real_ledger_with_faults(tmp_path: Path, batched: bo
         for txn, commit in p.outcomes.items():
             if txn in acked:
                 assert commit is (acked[txn] is TxnStatus.COMMITTED)
+
+
+def test_a_dead_participant_does_not_hold_the_end_workers(tmp_path: Path) -> None:
+    """Background ends stuck on a participant that never answers give their worker back.
+
+    8 transactions time out on a partition that never answers; a healthy
+    transaction's timeout must still be aborted promptly. With a 10-minute
+    end timeout, each stuck attempt used to hold one of the 4 end workers
+    for the whole timeout.
+    """
+    from concurrent.futures import Future
+
+    from txnstream.coordinator import TransactionCoordinator
+    from txnstream.coordinator.ending import Participant
+    from txnstream.errors import TxnStreamError
+
+    class Dead:
+        def end(self, txn_id: TxnID, commit: bool) -> Future[None] | None:
+            return Future()  # never answers
+
+    class Ok:
+        def end(self, txn_id: TxnID, commit: bool) -> Future[None] | None:
+            return None
+
+    class Resolver:
+        def partition(self, name: str) -> Participant:
+            return Dead() if name.startswith("dead") else Ok()
+
+        def subscription(self, topic: str, subscription: str) -> Participant:
+            return Ok()
+
+    tc = TransactionCoordinator.open(
+        tmp_path, 0, registry=None, participants=Resolver(), end_timeout_ms=600_000
+    )
+    try:
+        stuck = [tc.new_transaction(timeout_ms=100) for _ in range(8)]
+        for t in stuck:
+            tc.add_produced_partitions(t, ["dead-0"])
+        time.sleep(0.5)  # their timeout aborts occupy the end workers now
+        healthy = tc.new_transaction(timeout_ms=200)
+        tc.add_produced_partitions(healthy, ["ok-0"])
+        deadline = time.monotonic() + 20.0
+        while True:
+            try:
+                if tc.get_transaction(healthy).status.name != "OPEN":
+                    break
+            except TxnStreamError:
+                break  # ended and gone
+            assert time.monotonic() < deadline, "the healthy transaction never timed out"
+            time.sleep(0.05)
+    finally:
+        tc.close()

@@ -56,7 +56,7 @@ import logging
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Protocol, cast, runtime_checkable
+from typing import Any, Final, Protocol, cast, runtime_checkable
 
 from txnstream._native import TxnPosition, encode_txn_update
 from txnstream.coordinator.config import CoordinatorConfig, RetryPolicy
@@ -81,6 +81,9 @@ from txnstream.errors import (
 from txnstream.timer import Clock, TimerHandle, TimerScope
 
 log = logging.getLogger(__name__)
+
+#: Longest a background end waits for its participants in one run (ms).
+BACKGROUND_WAIT_MS: Final = 1_000
 
 #: Named steps of an end, reported to the step hook (crash tests stop there).
 STEPS = ("ending_logged", "participants_done", "terminated_stored", "final_logged")
@@ -649,6 +652,12 @@ class EndDriver:
         partitions = meta.partition_list()
         subscriptions = meta.subscription_list()
         self._hook("ending_logged", tid)
+        if background:
+            # One attempt holds one of the few end workers: a participant that
+            # does not answer must not keep it for the whole end timeout (other
+            # transactions' timeouts wait for a worker). Unanswered is failed
+            # here and asked again at the next run (its end is idempotent).
+            deadline = min(deadline, self._clock.monotonic_ms() + BACKGROUND_WAIT_MS)
         end_participants(
             tid,
             commit,

@@ -97,7 +97,7 @@ def test_a_huge_claimed_length_is_a_typed_error_not_an_abort(tmp_path: Path, n: 
     # The process survives; the first (bad) item is what is reported.
     with pytest.raises(TxnStreamError, match=r"data\[0\]"):
         ml.append_many(_Claims(n))  # type: ignore[arg-type]
-    with pytest.raises(TypeError, match=r"positions\[0\]"):
+    with pytest.raises(TxnStreamError, match=r"positions\[0\]"):
         ml.open_cursor("c").delete(_Claims(n))  # type: ignore[arg-type]
     with pytest.raises(TxnStreamError):
         AckSet.from_words(_Claims(n), 8)  # type: ignore[arg-type]

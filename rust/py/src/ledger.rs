@@ -11,7 +11,6 @@ use crate::buffers::{bytes_list, record_bytes, with_slices};
 use crate::completion::{future_with_callback, object_list, Job};
 use crate::errors::BindResult;
 use crate::position::{position_of, PyPosition, PyTxnPosition};
-use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use pyo3::IntoPyObjectExt;
@@ -66,7 +65,7 @@ pub(crate) fn pos_arg(obj: &Bound<'_, PyAny>, arg: &str) -> BindResult<Position>
             return Ok(Position::new(l, e));
         }
     }
-    Err(PyTypeError::new_err(format!(
+    Err(Error::invalid(format!(
         "{arg} must be a Position, TxnPosition or (ledger_id, entry_id) tuple, not {}",
         obj.get_type().name()?
     ))

@@ -801,7 +801,7 @@ def _held_dict(txn: TxnID, acks: TxnAcks) -> dict[str, Any]:
             ack["batch_indexes"] = list(absent_indexes(acked, size))
         held.append(ack)
     return {
-        "txn_id": f"({txn.most_bits},{txn.least_bits})",
+        "txn_id": str(txn),
         "ack_type": "cumulative" if acks.cumulative is not None else "individual",
         "acks": held,
     }

@@ -259,7 +259,9 @@ class Subscription:
             if reread is not None:
                 if key > reread:
                     self._reread_through = None  # past what was read before
-                elif key in self._nacked_keys or self._acked_on_cursor(key, row[3]):
+                elif key in self._nacked_keys or self.acks.is_acked(
+                    TxnPosition(key[0], key[1], row[3], key[2])
+                ):
                     continue
             unacked[key] = consumer
             out.append((row, self._redeliveries.get(key, 0)))
@@ -299,16 +301,6 @@ class Subscription:
             self.cursor.delete(done)
         self._buffer.extend(rows)
         return True
-
-    def _acked_on_cursor(self, key: Key, size: int) -> bool:
-        # Under the lock: the message is acknowledged on the cursor already.
-        entry = Position(key[0], key[1])
-        if self.cursor.is_deleted(entry):
-            return True
-        if size > 1:
-            present = self.cursor.batch_ack_set(entry)
-            return present is not None and not present.get(key[2])
-        return False
 
     def _load(self, key: Key) -> Row | None:
         # A message to deliver again: read its entry (None if it is gone or acked).

@@ -380,12 +380,13 @@ class Topic:
             ongoing = set(self.tb.ongoing)
         ask, self._seen_ongoing = ongoing & self._seen_ongoing, ongoing
         started = len(self.tb.reconcile(only=ask)) if ask else 0
-        for name, sub in list(self._subs.items()):
-            held = set(sub.pending.transactions())
-            ask = held & self._seen_held.get(name, set())
-            self._seen_held[name] = held
+        subs = list(self._subs.items())
+        held_now = {name: set(sub.pending.transactions()) for name, sub in subs}
+        for name, sub in subs:
+            ask = held_now[name] & self._seen_held.get(name, set())
             if ask:
                 started += len(sub.pending.reconcile(only=ask))
+        self._seen_held = held_now  # subscriptions gone are forgotten
         return started
 
     def trim(self) -> int:

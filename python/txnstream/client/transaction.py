@@ -131,12 +131,7 @@ class Transaction:
         wait. Pair with :meth:`_joined` (in a ``finally``).
         """
         with self._lock:
-            if self._state != OPEN:
-                raise InvalidTxnStatusError(
-                    f"transaction {self.txn_id} is {self._state}; it cannot be used any more",
-                    txn_id=self.txn_id,
-                    current=self._state,
-                )
+            self.check_usable()
             self._outstanding += 1
 
     def _joined(self, fut: Future[Any] | None) -> None:

@@ -205,9 +205,8 @@ def _recorded_position(ledger: int, entry: int, size: int, words: list[int]) -> 
     # A logged cumulative position: for a batch, its highest acked index.
     if size <= 1 or not words:
         return TxnPosition(ledger, entry)
-    present = set(AckSet.from_words(words, size).present())
-    acked = [i for i in range(size) if i not in present]
-    return TxnPosition(ledger, entry, size, acked[-1] if acked else 0)
+    highest = max(absent_indexes(AckSet.from_words(words, size), size), default=0)
+    return TxnPosition(ledger, entry, size, highest)
 
 
 def _hold_recorded(acks: TxnAcks, ledger: int, entry_id: int, size: int, words: list[int]) -> None:
@@ -543,15 +542,20 @@ class PendingAckStore:
         # A commit's acks reach the cursor BEFORE the messages are released (so
         # no other transaction can take one in between) and before its records
         # may be trimmed (a trim flushes the cursor first: it must hold them).
-        applied = self._apply(acks, messages) if commit else False
+        if commit and not self._apply(acks, messages):
+            # The cursor does not hold them: the messages stay held (nobody
+            # takes or is sent them) and the records stay; the next end of it
+            # (the orphan sweep, or recovery at the next open) applies them.
+            with self._lock:
+                self._ending.pop(txn, None)
+            return
         with self._lock:
             self._ending.pop(txn, None)
             self._release(txn)
             self._remember_ended(txn)
             records = [*acks.records, fut.result()]
             if commit:
-                if applied:
-                    self._trim_after_flush.extend(records)
+                self._trim_after_flush.extend(records)
                 self.counts["commits"] += 1
             else:
                 self._trim_now.extend(records)

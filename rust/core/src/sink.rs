@@ -20,4 +20,11 @@ pub trait EntrySink: Send + Sync + 'static {
 
     /// Name of the log, for errors and metrics.
     fn name(&self) -> &str;
+
+    /// True if an entry of `bytes` would be queued without waiting for room
+    /// (backpressure). A hint for callers deciding whether to release the GIL.
+    fn has_room(&self, bytes: usize) -> bool {
+        let _ = bytes;
+        true
+    }
 }

@@ -303,8 +303,13 @@ impl PyManagedLedger {
         let b = record_bytes(data, "data")?;
         let (fut, done) = future_with_callback(py, Job::Position)?;
         let entry = b.as_bytes().to_vec();
-        // Queueing may wait for room (backpressure): not with the GIL held.
-        py.detach(|| self.inner.append_async(entry, done));
+        // Queueing waits only when the journal queue is full (backpressure):
+        // then not with the GIL held; otherwise no GIL hand-off per append.
+        if EntrySink::has_room(&*self.inner, entry.len()) {
+            self.inner.append_async(entry, done);
+        } else {
+            py.detach(|| self.inner.append_async(entry, done));
+        }
         Ok(fut)
     }
 
@@ -324,7 +329,11 @@ impl PyManagedLedger {
         let (assigned, at) = future_with_callback(py, Job::Position)?;
         let (durable, done) = future_with_callback(py, Job::Position)?;
         let entry = b.as_bytes().to_vec();
-        py.detach(|| self.inner.append_positioned(entry, at, done));
+        if EntrySink::has_room(&*self.inner, entry.len()) {
+            self.inner.append_positioned(entry, at, done);
+        } else {
+            py.detach(|| self.inner.append_positioned(entry, at, done));
+        }
         Ok((assigned, durable))
     }
 

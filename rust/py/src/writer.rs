@@ -95,9 +95,13 @@ impl PyBufferedWriter {
         let record = record_bytes(record, "record")?;
         let (fut, done) = future_with_callback(py, Job::TxnPosition)?;
         let bytes = record.as_bytes();
-        // `bytes` are immutable and `record` keeps them alive: safe without the
-        // GIL, and queueing may wait for room (backpressure).
-        py.detach(|| self.writer.write(bytes, done))?;
+        if self.writer.has_room(bytes.len()) {
+            self.writer.write(bytes, done)?; // no GIL hand-off per record
+        } else {
+            // `bytes` are immutable and `record` keeps them alive: safe without
+            // the GIL while queueing waits for room (backpressure).
+            py.detach(|| self.writer.write(bytes, done))?;
+        }
         Ok(fut.unbind())
     }
 

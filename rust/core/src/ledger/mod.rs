@@ -553,6 +553,10 @@ impl EntrySink for ManagedLedger {
             .submit(self.append_cmd(vec![entry], Done::Callback(done)));
     }
 
+    fn has_room(&self, bytes: usize) -> bool {
+        self.shared.store.has_room(bytes as u64)
+    }
+
     fn name(&self) -> &str {
         &self.shared.name
     }

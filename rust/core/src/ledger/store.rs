@@ -890,6 +890,13 @@ impl Store {
         Ok(())
     }
 
+    /// True if `bytes` more would be queued at once, without waiting for
+    /// room (a hint: callers release the GIL only when it is false).
+    pub fn has_room(&self, bytes: u64) -> bool {
+        let p = self.signals.pending.lock();
+        *p == 0 || *p + bytes <= self.opts.max_pending_bytes
+    }
+
     /// Waits for queue space for `bytes` (never on a storage thread).
     fn admit(&self, bytes: u64) -> Result<()> {
         let mut p = self.signals.pending.lock();

@@ -417,6 +417,12 @@ impl BufferedWriter {
         &self.inner.name
     }
 
+    /// True if a record of `len` bytes would be written without waiting for
+    /// room in the sink (a hint: see [`EntrySink::has_room`]).
+    pub fn has_room(&self, len: usize) -> bool {
+        self.inner.sink.has_room(len)
+    }
+
     /// Writes one record; `done` runs exactly once with its position once
     /// the entry holding it is durable, or with the error that failed it.
     /// After `close()` this returns `WriterClosed` and never calls `done`.

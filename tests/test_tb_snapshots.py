@@ -659,3 +659,100 @@ def test_an_aborted_message_can_be_sent_again_after_its_marker_was_trimmed(
         assert m is not None and m.value == b"sent again" and m.message_id == again
     finally:
         b.close()
+
+
+def _trim_cfg() -> BrokerConfig:
+    # Two entries per ledger, and no snapshot unless the test writes one.
+    return BrokerConfig(
+        max_entries_per_ledger=2,
+        tb_snapshot_max_changes=1_000_000,
+        tb_snapshot_min_time_ms=1 << 40,
+    )
+
+
+def _send_and_consume_all(b: Broker) -> list[Any]:
+    """``p`` sends sequence ids 0-3, then ``q`` sends 6; ``s`` takes and acks all 10."""
+    client = b.client("c")
+    consumer = client.subscribe("t", "s")
+    p = client.producer("t", name="p")
+    q = client.producer("t", name="q")
+    ids = [p.send(b"p%d" % i, sequence_id=i) for i in range(4)]
+    for i in range(6):
+        q.send(b"q%d" % i)
+    for _ in range(10):
+        msg = consumer.receive(5_000)
+        assert msg is not None
+        consumer.ack(msg)
+    # Journal the subscription's position now: trimming follows it.
+    b.topic("t").ml.open_cursor("s").flush()
+    return ids
+
+
+def test_trimming_keeps_what_no_durable_snapshot_covers(tmp_path: Path) -> None:
+    """Acked ledgers go only once a durable snapshot covers them (dedup state survives).
+
+    Without the hold, the ledgers holding all of ``p``'s messages are trimmed
+    once ``s`` acks them, and a restart forgets ``p``'s sequence ids: its
+    retry is written a second time.
+    """
+    part = "persistent://public/default/t"
+    with Broker.open(tmp_path, _trim_cfg(), registry=None) as b:
+        ids = _send_and_consume_all(b)
+        ml = b.topic("t").ml
+        first = ml.first_position
+        assert first is not None and (first.ledger_id, first.entry_id) == (
+            ids[0].ledger_id,
+            ids[0].entry_id,
+        )
+        # A crash now: recovery (no snapshot) replays all of p's messages.
+        _, dedup, _ = _recovered(tmp_path, part, None)
+        assert dedup.last_sequence_id("p") == 3
+        assert b.write_snapshots(due_only=False) == 1
+        ml.open_cursor("s").flush()
+        first = ml.first_position
+        assert first is not None and first.ledger_id > ids[3].ledger_id  # now trimmed
+        # A crash now: the snapshot has p's ids; the trimmed ledgers are not needed.
+        snap = _snapshot(tmp_path, part)
+        assert snap is not None
+        _, dedup, counts = _recovered(tmp_path, part, snap)
+        assert counts["from_snapshot"] == 1
+        assert dedup.last_sequence_id("p") == 3
+        assert dedup._producers["p"].window[3].entry == Position(ids[3].ledger_id, ids[3].entry_id)
+
+
+_TRIM_CHILD = """
+import os, signal, sys
+sys.path.insert(0, sys.argv[2])
+from test_tb_snapshots import _send_and_consume_all, _trim_cfg
+from txnstream import Broker
+
+b = Broker.open(sys.argv[1], _trim_cfg(), registry=None)
+ids = _send_and_consume_all(b)
+print(ids[3].ledger_id, ids[3].entry_id, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_retry_after_kill_9_is_not_written_twice_when_acked_ledgers_were_trimmable(
+    tmp_path: Path,
+) -> None:
+    """A producer retries its last send after kill -9: the original id, nothing written."""
+    import subprocess
+    import sys
+
+    data = tmp_path / "data"
+    proc = subprocess.run(
+        [sys.executable, "-c", _TRIM_CHILD, str(data), str(Path(__file__).parent)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == -9, proc.stderr
+    ledger_id, entry_id = map(int, proc.stdout.split())
+    with Broker.open(data, _trim_cfg(), registry=None) as b:
+        ml = b.topic("t").ml
+        end = ml.last_position
+        p = b.client("c").producer("t", name="p")
+        again = p.send(b"p3", sequence_id=3)
+        assert (again.ledger_id, again.entry_id) == (ledger_id, entry_id)
+        assert ml.last_position == end  # nothing written

@@ -14,6 +14,8 @@ from txnstream.frame import PendingAckColumns, TxnLogColumns
 MAGIC: int
 VERSION: int
 MAX_BATCH_SIZE: int
+#: Cursor names starting with this hold ledgers back from trimming but never trim alone.
+HOLD_CURSOR_PREFIX: str
 
 def encode_batch(records: Sequence[Buffer]) -> bytes: ...
 def decode_entry(entry: bytes) -> list[bytes]: ...

@@ -628,7 +628,7 @@ class Broker:
     def _write_snapshots(self, due_only: bool) -> int:
         cfg = self.config
         now = self.wall_ms()
-        taken: list[tuple[Topic, bytes, int]] = []
+        taken: list[tuple[Topic, bytes, int, Position | None]] = []
         for t in self.loaded_topics():
             if t.tb.changes <= 0:
                 continue
@@ -636,13 +636,13 @@ class Broker:
                 now, cfg.tb_snapshot_max_changes, cfg.tb_snapshot_min_time_ms
             ):
                 continue
-            value, changes = t.take_snapshot()
-            taken.append((t, value, changes))
+            taken.append((t, *t.take_snapshot()))
         if not taken:
             return 0
-        self.snapshot_writer.write([(t.name.namespace_name, t.full, v) for t, v, _ in taken])
-        for t, _, changes in taken:
+        self.snapshot_writer.write([(t.name.namespace_name, t.full, v) for t, v, _, _ in taken])
+        for t, _, changes, covered in taken:
             t.tb.snapshot_written(changes, now)
+            t.snapshot_durable(covered)
         return len(taken)
 
     def open_ledger(self, name: str) -> ManagedLedger:

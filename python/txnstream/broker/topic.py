@@ -20,7 +20,12 @@ buffer and deduplication state, one record of the namespace's snapshot
 topic) and a replay of the ledger after it -- or the whole ledger when it
 has no usable snapshot -- then transactions left by an earlier run are
 reconciled with their coordinators. :meth:`Topic.take_snapshot` builds the
-record; the broker decides when and writes it. A subscription is
+record; the broker decides when and writes it. The hold cursor
+:data:`SNAPSHOT_HOLD` keeps every ledger that replay needs: what the newest
+durable snapshot does not cover (its ``max_read_position`` onwards), so
+trimming after the subscriptions ack can never take a transaction's first
+message or a producer's sequence ids away from a restart (Pulsar's
+deduplication cursor does this for sequence ids). A subscription is
 opened on first use, with its pending-ack log recovered and reconciled the
 same way.
 """
@@ -34,13 +39,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Final, Protocol, TypeVar
 
-from txnstream._native import BufferedWriter, ManagedLedger, Position
+from txnstream._native import HOLD_CURSOR_PREFIX, BufferedWriter, ManagedLedger, Position
 from txnstream.broker.dedup import ABORTED, ENDED, OPEN, Deduplication, Sent
 from txnstream.broker.subscription import ISOLATIONS, READ_COMMITTED, Subscription
 from txnstream.broker.topic_name import TopicName
-from txnstream.buffer import TransactionBuffer, TxnOutcomes
+from txnstream.buffer import TransactionBuffer, TxnOutcomes, snapshot_covers
 from txnstream.buffer.transaction_buffer import EntryHook
 from txnstream.config import BrokerConfig
 from txnstream.coordinator import TxnID
@@ -53,6 +58,8 @@ _T = TypeVar("_T")
 
 EARLIEST = "earliest"
 LATEST = "latest"
+#: The cursor holding back trimming at what the newest durable snapshot covers.
+SNAPSHOT_HOLD: Final = HOLD_CURSOR_PREFIX + "snapshot"
 
 
 class TopicContext(Protocol):
@@ -127,6 +134,8 @@ class Topic:
         self.lock = self.tb.lock
         self.dedup = Deduplication(cfg.deduplication_window, cfg.deduplication_max_producers)
         self._dedup_on = cfg.deduplication_enabled
+        # A new one starts before the first entry: nothing goes before a snapshot.
+        self._hold = ml.open_cursor(SNAPSHOT_HOLD)
         self._subs: dict[str, Subscription] = {}
         # Transactions ongoing here (buffer, pending acks) at the last sweep.
         self._seen_ongoing: set[TxnID] = set()
@@ -160,6 +169,7 @@ class Topic:
                 self.recovery = self.tb.recover(self._replayed(dedup), snapshot, cancelled)
                 dedup.mark_aborted(self.tb.trimmed_aborts)
                 self.dedup = dedup
+                self.snapshot_durable(snapshot_covers(snapshot))
             except ValueError as e:
                 log.warning("%s: snapshot not used (%s); replaying the whole ledger", self.full, e)
                 snapshot = None
@@ -180,12 +190,13 @@ class Topic:
 
         return on_entry
 
-    def take_snapshot(self) -> tuple[bytes, int]:
-        """Return this partition's snapshot record and the change count it covers.
+    def take_snapshot(self) -> tuple[bytes, int, Position | None]:
+        """Return this partition's snapshot record, the change count and the position it covers.
 
         Built under the publish lock (a consistent cut: buffer state and
-        deduplication as of the same durable end); pass the count to
-        ``tb.snapshot_written`` once the record is durable.
+        deduplication as of the same durable end). Once the record is
+        durable, pass the count to ``tb.snapshot_written`` and the position
+        to :meth:`snapshot_durable`.
         """
         snap = TransactionBufferSnapshot()
         tb = self.tb
@@ -196,7 +207,20 @@ class Topic:
                     end, snap, lambda t: t in tb.aborted or TxnID(t[0], t[1]) in tb.ongoing
                 )
             changes = tb.changes
-        return snap.SerializeToString(), changes
+        return snap.SerializeToString(), changes, snapshot_covers(snap)
+
+    def snapshot_durable(self, covered: Position | None) -> None:
+        """Let trimming pass ``covered``: a durable snapshot covers the ledger up to it.
+
+        Recovery from that snapshot replays only what follows ``covered``
+        (None: the snapshot covers nothing yet).
+        """
+        if covered is None:
+            return
+        hold = self._hold
+        current = hold.mark_delete_position
+        if current is None or covered > current:
+            hold.mark_delete(covered)
 
     def snapshot_due(self, now_ms: int, max_changes: int, min_time_ms: int) -> bool:
         """Return True when ``max_changes`` changes accrued, or any after ``min_time_ms``."""

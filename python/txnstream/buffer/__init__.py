@@ -15,6 +15,7 @@ from txnstream.buffer.transaction_buffer import (
     TxnOutcomes,
     after,
     resolve_outcome,
+    snapshot_covers,
 )
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "TxnOutcomes",
     "after",
     "resolve_outcome",
+    "snapshot_covers",
 ]

@@ -118,6 +118,21 @@ def after(pos: Position) -> Position:
     return Position(pos.ledger_id, pos.entry_id + 1)
 
 
+def snapshot_covers(snap: TransactionBufferSnapshot) -> Position | None:
+    """Return the position ``snap`` covers the ledger up to (recovery replays what follows).
+
+    That is its ``max_read_position``; None when it has none (it covers
+    nothing: replay starts at the beginning). Raises :class:`ValueError`
+    for half a position.
+    """
+    has_l = snap.HasField("max_read_position_ledgerId")
+    if has_l != snap.HasField("max_read_position_entryId"):
+        raise ValueError("it has half a max_read_position")
+    if not has_l:
+        return None
+    return Position(snap.max_read_position_ledgerId, snap.max_read_position_entryId)
+
+
 class TransactionBuffer:
     """Per-partition transaction state: ongoing and aborted transactions, read limits.
 
@@ -390,12 +405,8 @@ class TransactionBuffer:
         # Where replay starts after ``snap``, its aborted set, and aborts trimmed away.
         if snap.topic_name != self.partition:
             raise ValueError(f"it is the snapshot of {snap.topic_name!r}")
-        has_l = snap.HasField("max_read_position_ledgerId")
-        if has_l != snap.HasField("max_read_position_entryId"):
-            raise ValueError("it has half a max_read_position")
-        start = None
-        if has_l:
-            start = Position(snap.max_read_position_ledgerId, snap.max_read_position_entryId)
+        start = snapshot_covers(snap)
+        if start is not None:
             end = self._ml.last_position
             if end is None or start > end:
                 raise ValueError(f"its max_read_position {start} is past the log's end {end}")
@@ -552,4 +563,5 @@ __all__ = [
     "TxnOutcomes",
     "after",
     "resolve_outcome",
+    "snapshot_covers",
 ]

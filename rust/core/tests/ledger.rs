@@ -11,7 +11,7 @@ use txnstream_core::ledger::catalog::ledger_prefix;
 use txnstream_core::ledger::journal;
 use txnstream_core::ledger::ledger_file::log_path;
 use txnstream_core::ledger::{
-    CompactedTopic, FaultKind, LedgerOptions, ManagedLedger, MAX_ENTRY_SIZE,
+    CompactedTopic, FaultKind, LedgerOptions, ManagedLedger, HOLD_CURSOR_PREFIX, MAX_ENTRY_SIZE,
 };
 use txnstream_core::sink::EntrySink;
 use txnstream_core::{Error, Position, TxnPosition};
@@ -543,6 +543,42 @@ fn ledgers_before_every_cursor_are_trimmed() {
     assert_eq!(ml.last_position(), Some(pos[22]));
     let c = ml.open_cursor("new").unwrap();
     assert_eq!(c.read_next(1).unwrap()[0].0, pos[20]);
+}
+
+#[test]
+fn hold_cursors_keep_ledgers_but_never_trim_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = LedgerOptions {
+        max_entries_per_ledger: 5,
+        ..opts()
+    };
+    let ml = ManagedLedger::open(tmp.path(), "hold", o.clone()).unwrap();
+    let pos: Vec<Position> = (0..23).map(|i| ml.append(&payload(i)).unwrap()).collect();
+    let hold = ml
+        .open_cursor(&format!("{HOLD_CURSOR_PREFIX}snapshot"))
+        .unwrap();
+    hold.mark_delete(pos[7]).unwrap();
+    ml.flush().unwrap();
+    // Only a hold: nothing goes, as without cursors.
+    assert_eq!(ml.first_position(), Some(pos[0]));
+    // A subscription past the hold: the hold decides.
+    let sub = ml.open_cursor("sub").unwrap();
+    sub.mark_delete(pos[21]).unwrap();
+    ml.flush().unwrap();
+    assert_eq!(ml.first_position(), Some(pos[5]));
+    // The hold moves: now the subscription's position and the newest ledger decide.
+    hold.mark_delete(pos[22]).unwrap();
+    ml.flush().unwrap();
+    assert_eq!(ml.first_position(), Some(pos[20]));
+    ml.close().unwrap();
+    // The rule holds for persisted (not opened) cursors too.
+    let ml = ManagedLedger::open(tmp.path(), "hold", o).unwrap();
+    assert_eq!(ml.first_position(), Some(pos[20]));
+    ml.delete_cursor("sub").unwrap();
+    let more: Vec<Position> = (0..10).map(|i| ml.append(&payload(i)).unwrap()).collect();
+    ml.flush().unwrap();
+    assert_eq!(ml.first_position(), Some(pos[20]));
+    assert_eq!(ml.last_position(), more.last().copied());
 }
 
 #[test]

@@ -29,6 +29,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAGIC", txnstream_core::frame::MAGIC)?;
     m.add("VERSION", txnstream_core::frame::VERSION)?;
     m.add("MAX_BATCH_SIZE", txnstream_core::ackset::MAX_BATCH_SIZE)?;
+    m.add(
+        "HOLD_CURSOR_PREFIX",
+        txnstream_core::ledger::HOLD_CURSOR_PREFIX,
+    )?;
     m.add_function(wrap_pyfunction!(frame::encode_batch, m)?)?;
     m.add_function(wrap_pyfunction!(frame::decode_entry, m)?)?;
     m.add_function(wrap_pyfunction!(frame::is_batched, m)?)?;

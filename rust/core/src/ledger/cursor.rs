@@ -16,6 +16,12 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+/// Names starting with this are hold cursors: they keep ledgers from being
+/// trimmed like any cursor, but never let a ledger go on their own (a log
+/// with only holds keeps everything, as one without cursors does). The
+/// broker holds what its transaction-buffer snapshot has not covered yet.
+pub const HOLD_CURSOR_PREFIX: &str = "__hold.";
+
 /// In-memory state of one cursor.
 #[derive(Debug, Default, Clone)]
 pub(crate) struct CursorData {

@@ -41,7 +41,7 @@ mod state;
 pub mod store;
 
 pub use compacted::CompactedTopic;
-pub use cursor::Cursor;
+pub use cursor::{Cursor, HOLD_CURSOR_PREFIX};
 pub use fault::{FaultInjector, FaultKind};
 pub use options::{LedgerOptions, MAX_ENTRY_SIZE};
 

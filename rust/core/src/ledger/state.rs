@@ -9,7 +9,7 @@
 //! `[file_entries, count)` still only in the journal (`tail`, their journal
 //! locations).
 
-use super::cursor::{CursorData, CursorInner};
+use super::cursor::{CursorData, CursorInner, HOLD_CURSOR_PREFIX};
 use super::fault::FaultInjector;
 use super::fault::FaultKind;
 use super::fs::{Fs, FsFile, OpenMode};
@@ -952,7 +952,9 @@ impl MlState {
     }
 
     /// Ledgers wholly before every cursor's mark-delete (never the newest
-    /// nor the open one); none without cursors.
+    /// nor the open one); none without cursors. A hold cursor (name starting
+    /// with [`HOLD_CURSOR_PREFIX`]) keeps ledgers like any cursor, but holds
+    /// alone trim nothing: some other cursor must have passed a ledger too.
     pub fn trimmable(&self) -> Vec<u64> {
         let m = self.meta.lock();
         let mut min_md: Option<Position> = None;
@@ -962,11 +964,13 @@ impl MlState {
                 .persisted_cursors
                 .iter()
                 .filter(|(n, _)| !cursors.contains_key(*n))
-                .map(|(_, d)| d.mark_delete);
-            let live = cursors.values().map(|c| c.data.lock().mark_delete);
+                .map(|(n, d)| (n.as_str(), d.mark_delete));
+            let live = cursors
+                .iter()
+                .map(|(n, c)| (n.as_str(), c.data.lock().mark_delete));
             let mut any = false;
-            for md in live.chain(persisted) {
-                any = true;
+            for (name, md) in live.chain(persisted) {
+                any |= !name.starts_with(HOLD_CURSOR_PREFIX);
                 match md {
                     None => return Vec::new(),
                     Some(p) => min_md = Some(min_md.map_or(p, |q: Position| q.min(p))),

@@ -34,8 +34,9 @@ forgotten first.
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import Future
 from typing import Final
 
@@ -113,11 +114,14 @@ class Sent:
 
 
 class _Producer:
-    __slots__ = ("last", "window")
+    __slots__ = ("last", "ordered", "window")
 
     def __init__(self) -> None:
         self.last = -1
         self.window: OrderedDict[int, Sent] = OrderedDict()
+        #: The window is in ascending sequence-id order (a re-sent id of an
+        #: aborted or failed message can break that; a full scan restores it).
+        self.ordered = True
 
 
 class Deduplication:
@@ -128,16 +132,68 @@ class Deduplication:
         self.max_producers = max_producers
         self._producers: OrderedDict[str, _Producer] = OrderedDict()
         self.duplicates = 0
+        # Remembered messages by transaction: (producer, sequence id) of each
+        # window entry sent in it, so a snapshot or an abort finds a
+        # transaction's messages without scanning every window.
+        self._by_txn: dict[TxnKey, set[tuple[str, int]]] = {}
+        # Transactions marked aborted (the buffer forgot them) with messages remembered.
+        self._forgotten: set[TxnKey] = set()
+        #: Window entries the snapshots looked at (counts the work a snapshot does).
+        self.snapshot_scanned = 0
 
     def _get(self, name: str) -> _Producer:
         p = self._producers.get(name)
         if p is None:
             p = self._producers[name] = _Producer()
             while len(self._producers) > self.max_producers:
-                self._producers.popitem(last=False)
+                gone, old = self._producers.popitem(last=False)
+                for seq, sent in old.window.items():
+                    self._unindex(gone, seq, sent)
         else:
             self._producers.move_to_end(name)
         return p
+
+    def _put(self, name: str, p: _Producer, seq: int, sent: Sent) -> None:
+        # Remember ``sent`` as ``seq`` (the newest), replacing what was there.
+        window = p.window
+        old = window.pop(seq, None)
+        if old is not None:
+            self._unindex(name, seq, old)
+        if p.ordered and window and seq < next(reversed(window)):
+            p.ordered = False
+        window[seq] = sent
+        if sent.txn is not None:
+            self._by_txn.setdefault(sent.txn, set()).add((name, seq))
+        while len(window) > self.window:
+            s, evicted = window.popitem(last=False)
+            self._unindex(name, s, evicted)
+
+    def _drop(self, name: str, p: _Producer, seq: int) -> None:
+        sent = p.window.pop(seq, None)
+        if sent is not None:
+            self._unindex(name, seq, sent)
+
+    def _unindex(self, name: str, seq: int, sent: Sent) -> None:
+        txn = sent.txn
+        if txn is None:
+            return
+        members = self._by_txn.get(txn)
+        if members is None:
+            return
+        members.discard((name, seq))
+        if not members:
+            del self._by_txn[txn]
+            self._forgotten.discard(txn)
+
+    def _messages_of(self, txn: TxnKey) -> list[tuple[str, _Producer, int, Sent]]:
+        # The remembered messages of ``txn``: (producer name, producer, seq, message).
+        out = []
+        for name, seq in self._by_txn.get(txn, ()):
+            p = self._producers.get(name)
+            sent = None if p is None else p.window.get(seq)
+            if p is not None and sent is not None and sent.txn == txn:
+                out.append((name, p, seq, sent))
+        return out
 
     def last_sequence_id(self, producer: str) -> int:
         """Return the highest sequence id ``producer`` sent here (-1: none)."""
@@ -166,7 +222,7 @@ class Deduplication:
         sent = p.window.get(first)
         if sent is not None and sent.failed():  # never written: send it again
             for seq in sequence_ids:
-                p.window.pop(seq, None)
+                self._drop(producer, p, seq)
             return None
         if sent is None:
             raise DuplicateSequenceError(
@@ -182,7 +238,7 @@ class Deduplication:
             state = ABORTED if sent.aborted else txn_state(sent.txn)
             if state == ABORTED:
                 for seq in sequence_ids:
-                    p.window.pop(seq, None)
+                    self._drop(producer, p, seq)
                 p.last = max(p.last, sequence_ids[-1])
                 return None
             if state == OPEN:
@@ -240,10 +296,8 @@ class Deduplication:
         p = self._get(producer)
         size = len(sequence_ids) if batched else 1
         for i, seq in enumerate(sequence_ids):
-            p.window[seq] = Sent(entry, i if batched else 0, size, txn, pending, durable)
-            p.window.move_to_end(seq)
-        while len(p.window) > self.window:
-            p.window.popitem(last=False)
+            sent = Sent(entry, i if batched else 0, size, txn, pending, durable)
+            self._put(producer, p, seq, sent)
         if sequence_ids[-1] > p.last:
             p.last = sequence_ids[-1]
 
@@ -253,7 +307,7 @@ class Deduplication:
         if p is None:
             return
         for seq in sequence_ids:
-            p.window.pop(seq, None)
+            self._drop(producer, p, seq)
         if p.last == sequence_ids[-1]:
             rest = [s for s in p.window if s < sequence_ids[0]]
             p.last = max(rest) if rest else sequence_ids[0] - 1
@@ -269,66 +323,125 @@ class Deduplication:
         self,
         durable_end: Position | None,
         out: TransactionBufferSnapshot,
-        keep_txn: Callable[[TxnKey], bool] = lambda _t: False,
+        keep: Iterable[TxnKey] = (),
     ) -> None:
         """Write the state durable up to ``durable_end`` into ``out`` (under the publish lock).
 
         Per producer: the highest durable sequence id, and where its last
         :data:`SNAPSHOT_RECENT` durable messages went, plus every remembered
-        message of a transaction ``keep_txn`` names (the caller's aborted and
-        open ones: an aborted message may be sent again after a restart, and
-        an open one may still abort). A message whose append is in flight or
-        failed is not in it: once durable, it is after the snapshot's
-        position and comes back with the replayed tail.
+        message of a transaction in ``keep`` (the caller's aborted and open
+        ones: an aborted message may be sent again after a restart, and an
+        open one may still abort) or marked aborted. A message whose append
+        is in flight or failed is not in it: once durable, it is after the
+        snapshot's position and comes back with the replayed tail.
+
+        The work is bounded by the recent messages per producer and the
+        kept transactions' messages, not by the window: a producer's window
+        is read from its newest end while it is in sequence-id order (the
+        rule; a re-sent id of an aborted message breaks it until a full
+        scan finds it restored).
         """
         out.dedup_complete = True
         if durable_end is None:
             return
+        kept: dict[str, dict[int, Sent]] = {}
+        for t in itertools.chain(keep, list(self._forgotten)):
+            for name, _p, seq, sent in self._messages_of(t):
+                kept.setdefault(name, {})[seq] = sent
         txn_refs: dict[tuple[int, int, bool], int] = {}
+        new_refs: list[TxnRef] = []
         for name, p in self._producers.items():
-            durable: list[tuple[int, Position, Sent]] = []
-            for seq, sent in p.window.items():
-                entry = sent.durable_entry()
-                if entry is not None and entry <= durable_end:
-                    durable.append((seq, entry, sent))
-            if not durable:
+            found = self._durable(p, durable_end, kept.get(name, {}))
+            if found is None:
                 continue
-            recent = len(durable) - SNAPSHOT_RECENT
-            kept = [
-                d
-                for i, d in enumerate(durable)
-                if i >= recent or d[2].aborted or (d[2].txn is not None and keep_txn(d[2].txn))
-            ]
+            last, messages = found
             ps: ProducerSequence = out.producer_sequences.add()
             ps.producer_name = name
-            ps.last_sequence_id = max(seq for seq, _, _ in durable)
-            for seq, entry, sent in kept:
-                ps.sequence_ids.append(seq)
-                ps.ledger_ids.append(entry.ledger_id)
-                ps.entry_ids.append(entry.entry_id)
-                ps.batch_indexes.append(sent.index)
-                ps.batch_sizes.append(sent.size)
+            ps.last_sequence_id = last
+            # One extend per field (not one append per message per field).
+            ps.sequence_ids.extend([m[0] for m in messages])
+            ps.ledger_ids.extend([m[1].ledger_id for m in messages])
+            ps.entry_ids.extend([m[1].entry_id for m in messages])
+            ps.batch_indexes.extend([m[2].index for m in messages])
+            ps.batch_sizes.extend([m[2].size for m in messages])
+            refs = []
+            for _seq, _entry, sent in messages:
                 ref = 0
                 if sent.txn is not None:
                     tk = (sent.txn[0], sent.txn[1], sent.aborted)
                     ref = txn_refs.get(tk, 0)
                     if not ref:
-                        out.message_txns.append(
+                        new_refs.append(
                             TxnRef(
                                 txnid_most_bits=sent.txn[0],
                                 txnid_least_bits=sent.txn[1],
                                 aborted=sent.aborted,
                             )
                         )
-                        ref = txn_refs[tk] = len(out.message_txns)
-                ps.txn_refs.append(ref)
+                        ref = txn_refs[tk] = len(new_refs)
+                refs.append(ref)
+            ps.txn_refs.extend(refs)
+        out.message_txns.extend(new_refs)
+
+    def _durable(
+        self, p: _Producer, end: Position, kept: dict[int, Sent]
+    ) -> tuple[int, list[tuple[int, Position, Sent]]] | None:
+        # The highest durable id of ``p`` and, in window order, its last
+        # SNAPSHOT_RECENT durable messages plus the durable ones of ``kept``
+        # (None: nothing durable).
+        if not p.ordered:
+            return self._durable_full_scan(p, end, kept)
+        recent: list[tuple[int, Position, Sent]] = []
+        for seq, sent in reversed(p.window.items()):
+            self.snapshot_scanned += 1
+            entry = sent.durable_entry()
+            if entry is None or entry > end:
+                continue
+            recent.append((seq, entry, sent))
+            if len(recent) >= SNAPSHOT_RECENT:
+                break
+        if not recent:
+            return None
+        recent.reverse()
+        oldest = recent[0][0]
+        older: list[tuple[int, Position, Sent]] = []
+        for seq, sent in kept.items():
+            if seq >= oldest:
+                continue  # among the recent ones (or not durable)
+            self.snapshot_scanned += 1
+            entry = sent.durable_entry()
+            if entry is not None and entry <= end:
+                older.append((seq, entry, sent))
+        older.sort(key=lambda m: m[0])
+        return recent[-1][0], older + recent
+
+    def _durable_full_scan(
+        self, p: _Producer, end: Position, kept: dict[int, Sent]
+    ) -> tuple[int, list[tuple[int, Position, Sent]]] | None:
+        # :meth:`_durable` for a window out of sequence-id order: read it all.
+        durable: list[tuple[int, Position, Sent]] = []
+        ascending, prev = True, -1
+        for seq, sent in p.window.items():
+            self.snapshot_scanned += 1
+            ascending = ascending and seq > prev
+            prev = seq
+            entry = sent.durable_entry()
+            if entry is not None and entry <= end:
+                durable.append((seq, entry, sent))
+        p.ordered = ascending
+        if not durable:
+            return None
+        recent = len(durable) - SNAPSHOT_RECENT
+        messages = [d for i, d in enumerate(durable) if i >= recent or d[0] in kept]
+        return max(seq for seq, _, _ in durable), messages
 
     def restore(self, snap: TransactionBufferSnapshot) -> None:
         """Load a snapshot's state (recovery, before the tail after it is replayed)."""
         txns = [(t.txnid_most_bits, t.txnid_least_bits) for t in snap.message_txns]
         aborted = [t.aborted for t in snap.message_txns]
         for ps in snap.producer_sequences:
-            p = self._get(ps.producer_name)
+            name = ps.producer_name
+            p = self._get(name)
             p.last = max(p.last, ps.last_sequence_id)
             n = len(ps.sequence_ids)
             if not (
@@ -340,32 +453,32 @@ class Deduplication:
                 == n
             ):
                 raise ValueError(
-                    f"producer {ps.producer_name!r}: the snapshot's message arrays differ in length"
+                    f"producer {name!r}: the snapshot's message arrays differ in length"
                 )
             for i in range(n):
                 ref = ps.txn_refs[i]
                 if ref > len(txns):
-                    raise ValueError(f"producer {ps.producer_name!r}: txn reference {ref} unknown")
+                    raise ValueError(f"producer {name!r}: txn reference {ref} unknown")
                 txn = txns[ref - 1] if ref else None
-                sent = p.window[ps.sequence_ids[i]] = Sent(
+                sent = Sent(
                     Position(ps.ledger_ids[i], ps.entry_ids[i]),
                     ps.batch_indexes[i],
                     ps.batch_sizes[i],
                     txn,
                 )
                 sent.aborted = bool(ref) and aborted[ref - 1]
-            while len(p.window) > self.window:
-                p.window.popitem(last=False)
+                self._put(name, p, ps.sequence_ids[i], sent)
+                if sent.aborted and txn is not None:
+                    self._forgotten.add(txn)
 
     def mark_aborted(self, txns: Collection[TxnKey]) -> None:
         """Remember messages of ``txns`` as aborted (the buffer forgot them: markers trimmed)."""
-        if not txns:
-            return
-        gone = set(txns)
-        for p in self._producers.values():
-            for sent in p.window.values():
-                if sent.txn is not None and sent.txn in gone:
-                    sent.aborted = True
+        for t in txns:
+            messages = self._messages_of(t)
+            for _name, _p, _seq, sent in messages:
+                sent.aborted = True
+            if messages:
+                self._forgotten.add(t)
 
     def stats(self) -> dict[str, int]:
         """Return the producers tracked and the duplicates answered."""

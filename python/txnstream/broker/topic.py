@@ -33,6 +33,7 @@ same way.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -203,9 +204,8 @@ class Topic:
         with self.lock:
             end = tb.fill_snapshot(snap)
             if self._dedup_on:
-                self.dedup.snapshot(
-                    end, snap, lambda t: t in tb.aborted or TxnID(t[0], t[1]) in tb.ongoing
-                )
+                ongoing = ((t.most_bits, t.least_bits) for t in tb.ongoing)
+                self.dedup.snapshot(end, snap, itertools.chain(tb.aborted, ongoing))
             changes = tb.changes
         return snap.SerializeToString(), changes, snapshot_covers(snap)
 

@@ -547,6 +547,44 @@ def test_bad_input_and_missing_objects(
         TieredReader(remote, rlmm).segment_entries(seg)
 
 
+def test_bad_arguments_are_typed_errors_naming_the_value(
+    stack: tuple[ManagedLedger, RemoteStorage, RemoteLogMetadataManager], tmp_path: Path
+) -> None:
+    ml, remote, rlmm = stack
+    for location in (None, 123):
+        with pytest.raises(InvalidArgumentError, match="remote location"):
+            RemoteStorage(location)  # type: ignore[arg-type]
+    # Object names stay under the root: nothing is written outside it.
+    for name in ("../../escape", "/abs", "t/../../x", "", "t//x"):
+        with pytest.raises(InvalidArgumentError, match="relative name under the root"):
+            remote.put(name, b"", "segment")
+    assert not (tmp_path / "escape").exists()
+    with pytest.raises(InvalidArgumentError, match="bytes-like, not str"):
+        remote.put("t/1-a.data", "text", "segment")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match=r"lock_timeout_ms .* got -5"):
+        Offloader(remote, rlmm, lock_timeout_ms=-5)
+    off = Offloader(remote, rlmm)
+    with pytest.raises(InvalidArgumentError, match="ml must be a ManagedLedger"):
+        off.offload(None, 1)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match=r"ledger_id .* got 'x'"):
+        off.offload(ml, "x")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match=r"cache_bytes .* got -1"):
+        TieredReader(remote, rlmm, cache_bytes=-1)
+    reader = TieredReader(remote, rlmm)
+    with pytest.raises(InvalidArgumentError, match="start must be a Position"):
+        list(reader.read_committed(TOPIC, ml, max_read_position=Position(9, 9), start="x"))  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="topic must be a non-empty str, got 5"):
+        list(reader.read_committed(5, None, max_read_position=Position(9, 9)))  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="position must be a Position"):
+        rlmm.next_segment_with_txn_index(TOPIC, None)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match=r"ledger_id .* got -1"):
+        rlmm.copy_started(TOPIC, -1, 0, 0, 0, 0)
+    with pytest.raises(InvalidArgumentError, match=r"below_ledger .* got 'x'"):
+        TopicTxnIndexes(tmp_path / "data").prune(TOPIC, "x")  # type: ignore[arg-type]
+    # A (ledger_id, entry_id) pair is a position, as elsewhere in the API.
+    assert list(reader.read_committed(TOPIC, ml, max_read_position=(9, 9), start=(0, 0))) == []  # type: ignore[arg-type]
+
+
 def test_remote_directory_writes_are_atomic_and_counted(tmp_path: Path) -> None:
     remote = RemoteStorage(tmp_path / "r")
     remote.put("t/1-a.data", b"x" * 100, "segment")

@@ -12,8 +12,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from txnstream import Broker, Position
 from txnstream._native import AbortedTxnIndex
 from txnstream.config import BrokerConfig
-from txnstream.errors import InvalidTopicNameError
+from txnstream.errors import CorruptEntryError, InvalidTopicNameError
 from txnstream.tiered import object_name
+from txnstream.tiered.offload import HOLD_CURSOR, LEGACY_HOLD_CURSOR
 
 TOPIC = "persistent://public/default/tiered"
 
@@ -67,6 +68,7 @@ def _wait_trimmed_past(broker: Broker, ledger_id: int) -> None:
     deadline = time.monotonic() + 20
     while (ml.first_position or Position(0, 0)).ledger_id <= ledger_id:
         assert time.monotonic() < deadline, f"ledgers up to {ledger_id} were not trimmed"
+        broker.write_snapshots(due_only=False)  # trimming waits for a snapshot to cover it
         broker.maintain_now()
         ml.checkpoint()
         time.sleep(0.02)
@@ -220,3 +222,140 @@ def test_read_committed_when_an_open_transaction_starts_a_ledger_after_trimmed_o
         got = [m.payload for m in broker.tiered.read_committed(topic)]
         assert got == plain
         t.abort()
+
+
+def test_remote_files_cut_short_at_a_boundary_are_detected(tmp_path: Path) -> None:
+    """An index cut to its header is rebuilt; segment data cut after a frame raises.
+
+    Both still decode (the index as one with no record, the data as fewer
+    entries): without the checks against the metadata, the aborted message
+    was returned and committed ones went missing, silently.
+    """
+    cfg = BrokerConfig(max_entries_per_ledger=5, transaction_timeout_ms=60_000)
+    with Broker.open(tmp_path, cfg, registry=None) as b:
+        c = b.client("c")
+        consumer = c.subscribe(TOPIC, "s")
+        p = c.producer(TOPIC)
+        t = c.transaction()
+        p.send(b"ABORTED", txn=t)
+        t.abort()
+        for i in range(20):
+            p.send(b"ok%d" % i)
+        while (m := consumer.receive(timeout_ms=300)) is not None:
+            consumer.ack(m)
+        segs = b.admin.offload(TOPIC)
+        _wait_trimmed_past(b, segs[-1].ledger_id)
+        topic = b.topic(TOPIC)
+        want = [b"ok%d" % i for i in range(20)]
+        assert [m.payload for m in b.tiered.read_committed(topic)] == want
+        remote = tmp_path / "remote"
+        with_abort = next(s for s in segs if not s.txn_idx_empty)
+        assert with_abort.txn_idx_records == 1
+        index = remote / object_name(
+            TOPIC, with_abort.ledger_id, with_abort.segment_id, "txn_index"
+        )
+        header = len(AbortedTxnIndex(with_abort.ledger_id).encode())
+        with open(index, "r+b") as f:
+            f.truncate(header)  # a valid index with no record
+        reader = b.tiered.reader()  # a fresh cache
+        last = topic.ml.last_position
+        got = reader.read_committed(TOPIC, topic.ml, max_read_position=last, aborted=set())
+        assert [m.payload for m in got] == want
+        assert reader.txn_indexes_rebuilt == 1
+        cut = segs[1]
+        data = remote / object_name(TOPIC, cut.ledger_id, cut.segment_id, "segment")
+        first_frame = 8 + int.from_bytes(data.read_bytes()[0:4], "little")
+        with open(data, "r+b") as f:
+            f.truncate(first_frame)
+        with pytest.raises(CorruptEntryError, match=r"holds \d+ bytes; its metadata says"):
+            list(b.tiered.read_committed(topic))
+
+
+def test_a_ledger_trimmed_while_a_read_runs_comes_from_its_remote_copy(tmp_path: Path) -> None:
+    """The read lists local ledgers at its start; one offloaded and trimmed later is not skipped."""
+    cfg = BrokerConfig(max_entries_per_ledger=5, transaction_timeout_ms=60_000)
+    with Broker.open(tmp_path, cfg, registry=None) as b:
+        c = b.client("c")
+        consumer = c.subscribe(TOPIC, "s")
+        p = c.producer(TOPIC)
+
+        def ack_offload_trim() -> None:
+            while (m := consumer.receive(timeout_ms=200)) is not None:
+                consumer.ack(m)
+            segs = b.admin.offload(TOPIC)
+            _wait_trimmed_past(b, segs[-1].ledger_id)
+
+        for i in range(12):
+            p.send(b"a%d" % i)
+        ack_offload_trim()
+        for i in range(12):
+            p.send(b"b%d" % i)
+        topic = b.topic(TOPIC)
+        local_before = [lid for lid, _, _ in topic.ml.ledgers()]
+        it = b.tiered.read_committed(topic)
+        out = [next(it).payload]  # the read started, in its remote part
+        ack_offload_trim()
+        assert [lid for lid, _, _ in topic.ml.ledgers()] != local_before
+        out += [m.payload for m in it]
+        assert out == [b"a%d" % i for i in range(12)] + [b"b%d" % i for i in range(12)]
+
+
+def test_offload_hold_never_trims_a_topic_no_subscription_consumed(tmp_path: Path) -> None:
+    """With a policy, offloaded ledgers of a topic with no subscription stay local.
+
+    Subscriptions read local ledgers only: a later subscription from the
+    earliest position must get everything. The hold replaces the cursor of
+    the same job from before holds existed (``__tiered``), which let them go.
+    """
+    data = tmp_path / "data"
+    cfg = _config(offload_threshold_bytes=0)
+    with Broker.open(data, cfg, registry=None) as b:
+        p = b.client("c").producer(TOPIC)
+        for i in range(25):
+            p.send(b"m%d" % i)
+        b.topic(TOPIC).ml.open_cursor(LEGACY_HOLD_CURSOR)  # as an older version left it
+    with Broker.open(data, cfg, registry=None) as b:
+        ml = b.topic(TOPIC).ml
+        assert HOLD_CURSOR in ml.cursor_names()
+        assert LEGACY_HOLD_CURSOR not in ml.cursor_names()
+        for _ in range(3):
+            b.write_snapshots(due_only=False)
+            b.maintain_now()
+            ml.checkpoint()
+        assert b.admin.offloaded_segments(TOPIC)[TOPIC], "the policy offloads"
+        assert _drain(b, "late") == [b"m%d" % i for i in range(25)]
+
+
+def test_without_a_policy_the_offload_hold_is_dropped_and_trimming_follows_subscriptions(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    with Broker.open(data, _config(offload_threshold_bytes=1 << 40), registry=None) as b:
+        p = b.client("c").producer(TOPIC)
+        b.client("s").subscribe(TOPIC, "all").close()
+        for i in range(25):
+            p.send(b"m%d" % i)
+        assert HOLD_CURSOR in b.topic(TOPIC).ml.cursor_names()
+    with Broker.open(data, _config(), registry=None) as b:  # the policy is off now
+        ml = b.topic(TOPIC).ml
+        assert HOLD_CURSOR not in ml.cursor_names()
+        assert len(_drain(b, "all")) == 25
+        last = ml.last_position
+        assert last is not None
+        _wait_trimmed_past(b, last.ledger_id - 1)  # nothing offloaded, trimmed all the same
+
+
+def test_aborted_txn_indexes_of_trimmed_ledgers_are_deleted_without_a_policy(
+    tmp_path: Path,
+) -> None:
+    with Broker.open(tmp_path / "data", _config(), registry=None) as b:
+        _, aborted = _workload(b, 30)
+        assert aborted
+        full = b.topic(TOPIC).full
+        closed = [lid for lid, n, sealed in b.topic(TOPIC).ml.ledgers() if sealed and n]
+        indexed = [lid for lid in closed if b.txn_indexes.path(full, lid).exists()]
+        assert indexed, "the workload aborts transactions in closed ledgers"
+        _drain(b, "all")
+        _wait_trimmed_past(b, max(indexed))
+        b.maintain_now()
+        assert [lid for lid in indexed if b.txn_indexes.path(full, lid).exists()] == []

@@ -329,7 +329,10 @@ class Admin:
         """Offload every closed ledger of ``topic``'s partitions now (on demand).
 
         Returns the uploaded segments' metadata (ledgers offloaded before
-        included). See SPEC §4.8 and :mod:`txnstream.tiered.offload`.
+        included). With an offload policy set, the partitions' ledgers then
+        stay local until offloaded; without one, trimming follows the
+        subscriptions alone, as before the call. See SPEC §4.8 and
+        :mod:`txnstream.tiered.offload`.
         """
         partitions = self._partitions(topic)  # an unknown topic is an error, not created
         tiered = self._broker.tiered
@@ -339,8 +342,9 @@ class Admin:
             for lid, n, sealed in ml.ledgers():
                 if sealed and n:
                     out.append(tiered.offloader.offload(ml, lid))
-            # From now on this partition's ledgers stay local until offloaded.
-            tiered.offloader.hold_trimming(ml)
+            if self._broker.offload_policy_on():
+                # Trimming waits for the policy's next offloads too.
+                tiered.offloader.hold_trimming(ml)
         return out
 
     def offloaded_segments(self, topic: str) -> dict[str, list[SegmentInfo]]:

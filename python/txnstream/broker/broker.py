@@ -98,6 +98,7 @@ from txnstream.tiered import (
     TieredReader,
     TopicTxnIndexes,
 )
+from txnstream.tiered.offload import release_trimming
 from txnstream.timer import Clock, TimerHandle, TimerService, clock_arg
 
 if TYPE_CHECKING:
@@ -573,10 +574,12 @@ class Broker:
         try:
             t = Topic(tn, ml, self)
             t.recover(snapshot, cancelled=lambda: self._closed)
-            if self._offload_policy_on():
+            if self.offload_policy_on():
                 # Trimming waits for offload from the start (no ledger is lost
                 # between the topic's load and its first offload).
                 self.tiered.offloader.hold_trimming(ml)
+            else:
+                release_trimming(ml)
         except BaseException:
             ml.close()
             self._keep_unused(tn, snapshot)
@@ -691,17 +694,33 @@ class Broker:
                         self._tiered.collector = collector
             return self._tiered
 
-    def _offload_policy_on(self) -> bool:
+    def offload_policy_on(self) -> bool:
+        """Return True when an offload policy (size or age threshold) is configured."""
         cfg = self.config
         return cfg.offload_threshold_bytes >= 0 or cfg.offload_threshold_ms >= 0
 
     def _offload_by_policy(self) -> None:
-        """Offload what the policy selects, topic by topic (one topic's failure is logged)."""
-        if not self._offload_policy_on():
-            return
+        """Offload what the policy selects, topic by topic (one topic's failure is logged).
+
+        Then, policy or not, delete the local aborted-transaction indexes of
+        trimmed ledgers (an index is written whenever a transaction aborts).
+        """
+        if self.offload_policy_on():
+            self._offload_loaded()
+        firsts: dict[str, int] = {}
+        for t in self.loaded_topics():
+            first = t.ml.first_position
+            if first is not None:
+                firsts[t.full] = first.ledger_id
+        try:
+            self.txn_indexes.prune_many(firsts)
+        except Exception:
+            if not self._closed:
+                log.exception("pruning aborted-transaction indexes")
+
+    def _offload_loaded(self) -> None:
         cfg = self.config
         tiered = self.tiered
-        firsts: dict[str, int] = {}
         for t in self.loaded_topics():
             try:
                 tiered.offloader.offload_by_policy(
@@ -712,18 +731,10 @@ class Broker:
                     min_age_ms=None if cfg.offload_threshold_ms < 0 else cfg.offload_threshold_ms,
                 )
                 tiered.offloader.hold_trimming(t.ml)
-                first = t.ml.first_position
-                if first is not None:
-                    firsts[t.full] = first.ledger_id
             except Exception:
                 if self._closed:
                     return
                 log.exception("offload of %s", t.full)
-        try:
-            self.txn_indexes.prune_many(firsts)
-        except Exception:
-            if not self._closed:
-                log.exception("pruning aborted-transaction indexes")
 
     def pending_ack_writer(self, ml: ManagedLedger, name: str) -> BufferedWriter:
         """Return a BufferedWriter for pending-ack log ``ml`` (pending-ack store metrics)."""

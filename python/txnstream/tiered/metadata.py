@@ -28,9 +28,9 @@ from typing import cast
 from google.protobuf.message import DecodeError
 
 from txnstream._native import ManagedLedger, Position
-from txnstream.errors import CorruptEntryError, InvalidArgumentError
+from txnstream.errors import CorruptEntryError
 from txnstream.proto import RemoteLogSegmentMetadata
-from txnstream.tiered.remote import RemoteStorage
+from txnstream.tiered.remote import RemoteStorage, int_arg, position_arg, topic_arg
 
 #: The managed ledger that holds the records (SPEC §2).
 METADATA_LEDGER = "__remote_log_metadata"
@@ -58,6 +58,8 @@ class SegmentInfo:
     txn_idx_empty: bool
     #: Whether the record carried the flag at all (old-format records do not).
     has_txn_idx_flag: bool
+    #: Records in the uploaded aborted-transaction index (None: not recorded).
+    txn_idx_records: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -77,6 +79,7 @@ def _info(r: RemoteLogSegmentMetadata) -> SegmentInfo:
         size_bytes=r.size_bytes,
         txn_idx_empty=r.txn_idx_empty,
         has_txn_idx_flag=r.HasField("txn_idx_empty"),
+        txn_idx_records=r.txn_idx_records if r.HasField("txn_idx_records") else None,
     )
 
 
@@ -145,6 +148,8 @@ class RemoteLogMetadataManager:
         )
         if write_flag:
             r.txn_idx_empty = s.txn_idx_empty
+        if s.txn_idx_records is not None:
+            r.txn_idx_records = s.txn_idx_records
         self._log.append(r.SerializeToString())  # durable before memory changes
         with self._lock:
             self._apply(s)
@@ -162,8 +167,15 @@ class RemoteLogMetadataManager:
         size_bytes: int,
     ) -> SegmentInfo:
         """Record the start of an upload; return it with a new segment id."""
-        if not topic:
-            raise InvalidArgumentError("topic must be a non-empty name, got ''")
+        topic_arg(topic)
+        for name, v in (
+            ("ledger_id", ledger_id),
+            ("first_entry", first_entry),
+            ("last_entry", last_entry),
+            ("entry_count", entry_count),
+            ("size_bytes", size_bytes),
+        ):
+            int_arg(v, name)
         s = SegmentInfo(
             topic,
             ledger_id,
@@ -178,11 +190,17 @@ class RemoteLogMetadataManager:
         )
         return self._write(s, write_flag=False)
 
-    def copy_finished(self, started: SegmentInfo, txn_idx_empty: bool | None) -> SegmentInfo:
+    def copy_finished(
+        self,
+        started: SegmentInfo,
+        txn_idx_empty: bool | None,
+        txn_idx_records: int | None = None,
+    ) -> SegmentInfo:
         """Record a complete upload.
 
         ``txn_idx_empty=None`` writes a record without the field, as a writer
-        from before KIP-1058 did.
+        from before KIP-1058 did; ``txn_idx_records`` is the uploaded index's
+        record count (readers check the index they fetch against it).
         """
         s = SegmentInfo(
             started.topic,
@@ -195,6 +213,7 @@ class RemoteLogMetadataManager:
             started.size_bytes,
             bool(txn_idx_empty),
             txn_idx_empty is not None,
+            txn_idx_records,
         )
         return self._write(s, write_flag=txn_idx_empty is not None)
 
@@ -211,6 +230,7 @@ class RemoteLogMetadataManager:
             seg.size_bytes,
             seg.txn_idx_empty,
             seg.has_txn_idx_flag,
+            seg.txn_idx_records,
         )
         self._write(s, write_flag=seg.has_txn_idx_flag)
 
@@ -245,6 +265,7 @@ class RemoteLogMetadataManager:
 
         KIP-1058; see the module docstring.
         """
+        position = position_arg(position, "position")
         self._remote._count("metadata", "next_segment_with_txn_index")
         return self._at_or_after(topic, position, skip_empty=self.skip_empty_txn_index)
 

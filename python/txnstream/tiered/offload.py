@@ -26,6 +26,7 @@ import time
 from collections import Counter
 
 from txnstream._native import (
+    HOLD_CURSOR_PREFIX,
     AbortedTxnIndex,
     ManagedLedger,
     Position,
@@ -35,7 +36,7 @@ from txnstream._native import (
 )
 from txnstream.errors import InvalidArgumentError, OperationTimeoutError, StorageError
 from txnstream.tiered.metadata import RemoteLogMetadataManager, SegmentInfo
-from txnstream.tiered.remote import RemoteStorage, object_name
+from txnstream.tiered.remote import RemoteStorage, int_arg, object_name
 from txnstream.tiered.txn_index import TopicTxnIndexes
 
 log = logging.getLogger(__name__)
@@ -55,7 +56,7 @@ class Offloader:
     ) -> None:
         self.remote = remote
         #: How long an offload waits for another one in progress.
-        self.lock_timeout_ms = lock_timeout_ms
+        self.lock_timeout_ms = int_arg(lock_timeout_ms, "lock_timeout_ms")
         # Bytes of closed (immutable) ledgers, measured once: (topic, ledger) -> bytes.
         self._sizes: dict[tuple[str, int], int] = {}
         #: False writes metadata as a writer from before KIP-1058 did (no
@@ -89,6 +90,9 @@ class Offloader:
 
         A ledger already offloaded is not uploaded again.
         """
+        if not isinstance(ml, ManagedLedger):
+            raise InvalidArgumentError(f"ml must be a ManagedLedger, not {type(ml).__name__}")
+        int_arg(ledger_id, "ledger_id")
         topic = ml.name
         if not self._lock.acquire(timeout=self.lock_timeout_ms / 1000):
             raise OperationTimeoutError(
@@ -130,7 +134,8 @@ class Offloader:
                 for kind, blob in parts:
                     self.remote.put(object_name(topic, ledger_id, sid, kind), blob, kind)
                 empty = index.is_empty() if self.write_txn_idx_flag else None
-                finished = self.metadata.copy_finished(started, txn_idx_empty=empty)
+                records = len(index) if self.write_txn_idx_flag else None
+                finished = self.metadata.copy_finished(started, empty, records)
             except BaseException:
                 self._abandon(started)
                 raise
@@ -162,12 +167,16 @@ class Offloader:
     def hold_trimming(self, ml: ManagedLedger) -> None:
         """Keep ``ml``'s local ledgers until they are offloaded (Kafka's rule).
 
-        Opens the cursor :data:`HOLD_CURSOR` on the topic and moves its
+        Opens the hold cursor :data:`HOLD_CURSOR` on the topic and moves its
         mark-delete to the end of the longest run of offloaded ledgers from
         the first one: trimming (which follows the slowest cursor) never
         removes a ledger that has no remote copy, so a READ_COMMITTED read
-        over remote and local data has no gap.
+        over remote and local data has no gap. Being a hold, it never trims
+        a topic that no subscription consumed (subscriptions read local
+        ledgers only). The broker holds while an offload policy is set.
         """
+        if LEGACY_HOLD_CURSOR in ml.cursor_names():
+            ml.delete_cursor(LEGACY_HOLD_CURSOR)
         cursor = ml.open_cursor(HOLD_CURSOR)
         done = self.metadata.offloaded_ledgers(ml.name)
         upto: Position | None = None
@@ -238,5 +247,20 @@ def _ledger_bytes(ml: ManagedLedger, ledger_id: int, count: int) -> int:
     return sum(len(d) for _, d in ml.read_range((ledger_id, 0), (ledger_id, count - 1)))
 
 
-#: Cursor that holds a topic's trimming at its offloaded prefix (reserved name).
-HOLD_CURSOR = "__tiered"
+#: Hold cursor keeping a topic's ledgers until offloaded (a hold: it never trims alone).
+HOLD_CURSOR = HOLD_CURSOR_PREFIX + "tiered"
+#: Its name before holds existed: an ordinary cursor, which let a topic with no
+#: subscription be trimmed once offloaded. Replaced (or removed) when met.
+LEGACY_HOLD_CURSOR = "__tiered"
+
+
+def release_trimming(ml: ManagedLedger) -> None:
+    """Drop ``ml``'s offload hold (no offload policy: nothing waits for offload any more).
+
+    Without this, a hold left by an earlier run with a policy would keep
+    every ledger after its last offload forever.
+    """
+    names = ml.cursor_names()
+    for name in (HOLD_CURSOR, LEGACY_HOLD_CURSOR):
+        if name in names:
+            ml.delete_cursor(name)

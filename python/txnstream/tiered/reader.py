@@ -38,9 +38,9 @@ from txnstream._native import (
     decode_segment,
     decode_topic_entry,
 )
-from txnstream.errors import CorruptIndexError, InvalidArgumentError
+from txnstream.errors import CorruptEntryError, CorruptIndexError, InvalidArgumentError
 from txnstream.tiered.metadata import RemoteLogMetadataManager, SegmentInfo
-from txnstream.tiered.remote import RemoteStorage, object_name
+from txnstream.tiered.remote import RemoteStorage, int_arg, object_name, position_arg, topic_arg
 
 #: Remote segments per aborted-transaction collection (Kafka collects per fetch).
 WINDOW_SEGMENTS = 64
@@ -73,7 +73,7 @@ class TieredReader:
     ) -> None:
         self.remote = remote
         self.metadata = metadata
-        self._cache_bytes = cache_bytes
+        self._cache_bytes = int_arg(cache_bytes, "cache_bytes")
         self._lock = threading.Lock()
         self._data: OrderedDict[str, tuple[int, list[bytes]]] = OrderedDict()
         self._cached = 0
@@ -91,7 +91,22 @@ class TieredReader:
                 return hit[1]
         name = object_name(seg.topic, seg.ledger_id, seg.segment_id, "segment")
         data = self.remote.get(name, "segment")
+        if len(data) != seg.size_bytes:
+            # Cut short at a frame boundary, it would decode to fewer entries.
+            raise CorruptEntryError(
+                f"remote segment {name} holds {len(data)} bytes; its metadata says "
+                f"{seg.size_bytes}",
+                position=(seg.ledger_id, seg.first_entry),
+                offset=min(len(data), seg.size_bytes),
+            )
         entries = decode_segment(seg.ledger_id, seg.first_entry, data)
+        if len(entries) != seg.entry_count:
+            raise CorruptEntryError(
+                f"remote segment {name} holds {len(entries)} entries; its metadata says "
+                f"{seg.entry_count}",
+                position=(seg.ledger_id, seg.first_entry + min(len(entries), seg.entry_count)),
+                offset=0,
+            )
         with self._lock:
             if seg.segment_id in self._data:  # another thread fetched it meanwhile
                 return self._data[seg.segment_id][1]
@@ -121,6 +136,17 @@ class TieredReader:
                     kind="aborted-txn index",
                     offset=12,
                 )
+            # Cut short at a record boundary, an index still decodes: check its size.
+            want = seg.txn_idx_records
+            if want is None and seg.has_txn_idx_flag and not seg.txn_idx_empty and not len(index):
+                want = -1  # says it has records, holds none
+            if want is not None and len(index) != want:
+                raise CorruptIndexError(
+                    f"remote txn index {name} holds {len(index)} records; its metadata says "
+                    + ("some" if want < 0 else str(want)),
+                    kind="aborted-txn index",
+                    offset=0,
+                )
         except CorruptIndexError:
             aborts = []
             for i, entry in enumerate(self.segment_entries(seg)):
@@ -141,6 +167,8 @@ class TieredReader:
 
         From the remote indexes; also says whether the collection is complete.
         """
+        fetch_start = position_arg(fetch_start, "fetch_start")
+        upper_bound = position_arg(upper_bound, "upper_bound")
         aborted: set[tuple[int, int]] = set()
         at = fetch_start
         while True:
@@ -183,9 +211,11 @@ class TieredReader:
         remote segments. Markers and messages of aborted transactions are
         never returned.
         """
+        topic_arg(topic)
         if max_read_position is None:
             return
-        start = start if start is not None else Position(0, 0)
+        max_read_position = position_arg(max_read_position, "max_read_position")
+        start = position_arg(start, "start") if start is not None else Position(0, 0)
         local_ledgers: dict[int, int] = {}
         floor = Position(0, 0)
         if ml is not None:
@@ -235,10 +265,31 @@ class TieredReader:
             if Position(lid, n - 1) < max(start, floor):
                 continue
             first = max(start, floor, Position(lid, 0))
-            for pos, entry in ml.read_range(first, Position(lid, n - 1)):
+            entries: list[tuple[Position, bytes]] = ml.read_range(first, Position(lid, n - 1))
+            if len(entries) != n - first.entry_id:
+                # Trimmed since the listing (this read is a generator: the
+                # caller may take its time): from its remote copy if it has
+                # one; if not, it is gone, as for a read started now.
+                entries = self._remote_part(topic, lid, first, n - 1)
+            for pos, entry in entries:
                 if pos > max_read_position:
                     return
                 yield from _messages(pos, decode_topic_entry(entry), local_set)
+
+    def _remote_part(
+        self, topic: str, ledger_id: int, first: Position, last_entry: int
+    ) -> list[tuple[Position, bytes]]:
+        # Entries ``first``..``last_entry`` of ledger ``ledger_id`` from its
+        # remote segment (none when it has no remote copy).
+        seg = next((s for s in self.metadata.segments(topic) if s.ledger_id == ledger_id), None)
+        if seg is None:
+            return []
+        out = []
+        for i, entry in enumerate(self.segment_entries(seg)):
+            pos = Position(ledger_id, seg.first_entry + i)
+            if first <= pos and pos.entry_id <= last_entry:
+                out.append((pos, entry))
+        return out
 
 
 def _local_aborts(ml: ManagedLedger, ledgers: dict[int, int]) -> set[tuple[int, int]]:

@@ -23,6 +23,7 @@ from typing import Any, Final
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
+from txnstream._native import Position
 from txnstream.durable_file import write_atomically
 from txnstream.errors import InvalidArgumentError, StorageError
 
@@ -30,6 +31,31 @@ from txnstream.errors import InvalidArgumentError, StorageError
 KINDS: Final = ("segment", "offset_index", "txn_index", "metadata")
 #: Object-name suffix of each kind of uploaded object.
 SUFFIX: Final = {"segment": "data", "offset_index": "offsets", "txn_index": "txnidx"}
+
+
+def int_arg(value: object, name: str, low: int = 0, high: int = (1 << 63) - 1) -> int:
+    """Check an int argument in ``low..high`` (bools are not ints here)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise InvalidArgumentError(f"{name} must be an int in {low}..{high}, got {value!r}")
+    return value
+
+
+def position_arg(value: object, name: str) -> Position:
+    """Check a position argument: a :class:`Position` or a ``(ledger_id, entry_id)`` pair."""
+    if isinstance(value, Position):
+        return value
+    if isinstance(value, tuple) and len(value) == 2:
+        return Position(int_arg(value[0], f"{name}[0]"), int_arg(value[1], f"{name}[1]"))
+    raise InvalidArgumentError(
+        f"{name} must be a Position or a (ledger_id, entry_id) pair, got {value!r}"
+    )
+
+
+def topic_arg(topic: object) -> str:
+    """Check a topic (managed ledger) name argument: a non-empty str."""
+    if not isinstance(topic, str) or not topic:
+        raise InvalidArgumentError(f"topic must be a non-empty str, got {topic!r}")
+    return topic
 
 
 def object_name(topic: str, ledger_id: int, segment_id: str, kind: str) -> str:
@@ -47,7 +73,10 @@ class RemoteStorage:
     """
 
     def __init__(self, location: str | os.PathLike[str]) -> None:
-        text = os.fspath(location)
+        try:
+            text = os.fspath(location)
+        except TypeError:
+            text = None
         if not isinstance(text, str) or not text:
             raise InvalidArgumentError(
                 f"remote location must be a non-empty path or URL, got {location!r}"
@@ -104,11 +133,26 @@ class RemoteStorage:
     # ------------------------------------------------------------ objects
 
     def _path(self, name: str) -> str:
+        # Object names are relative and stay under the root: no '..', no absolute name.
+        if (
+            not isinstance(name, str)
+            or not name
+            or name.startswith("/")
+            or "\\" in name
+            or any(part in ("", ".", "..") for part in name.split("/"))
+        ):
+            raise InvalidArgumentError(
+                f"remote object name must be a relative name under the root, got {name!r}"
+            )
         return f"{self._root}/{name}"
 
     def put(self, name: str, data: bytes, kind: str) -> None:
         """Upload one object (complete or not at all)."""
         path = self._path(name)
+        if not isinstance(data, (bytes, bytearray, memoryview)):
+            raise InvalidArgumentError(
+                f"remote put of {name}: data must be bytes-like, not {type(data).__name__}"
+            )
         try:
             self._count(kind, "put")
             if self._fs is not None:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from txnstream._native import AbortedTxnIndex, Position
 from txnstream.errors import CorruptIndexError, StorageError
+from txnstream.tiered.remote import int_arg, topic_arg
 
 #: Directory of the index files inside a data directory.
 INDEX_DIR = "txnidx"
@@ -91,7 +92,7 @@ class TopicTxnIndexes:
 
     def prune(self, topic: str, below_ledger: int) -> int:
         """Delete the index files of ``topic``'s ledgers below ``below_ledger`` (trimmed)."""
-        return self.prune_many({topic: below_ledger})
+        return self.prune_many({topic_arg(topic): int_arg(below_ledger, "below_ledger")})
 
     def prune_many(self, bounds: Mapping[str, int]) -> int:
         """:meth:`prune` for many topics with at most one directory listing.

@@ -233,6 +233,14 @@ def test_live_directory_while_a_writer_appends(spark: SparkSession, tmp_path: Pa
         ({"path": "DIR", "allCoordinators": "true", "mode": "rows"}, "option mode"),
         ({"path": "DIR", "allCoordinators": "true", "kind": "topic"}, "option kind"),
         ({"path": "DIR", "allCoordinators": "true", "maxRowsPerBatch": "0"}, "maxRowsPerBatch"),
+        (
+            {"path": "DIR", "allCoordinators": "true", "maxRowsPerBatch": str(1 << 63)},
+            "maxRowsPerBatch",
+        ),
+        (
+            {"path": "DIR", "log": "__transaction_log_*", "kind": "pending_ack"},
+            "contradicts the logs",
+        ),
     ],
 )
 def test_bad_options_name_the_option(

@@ -273,6 +273,13 @@ def test_live_directory_while_a_writer_commits(spark: SparkSession, tmp_path: Pa
         ({"path": "DIR", "topic": "orders,"}, "topic"),
         ({"path": "DIR", "topic": "bad://x/y/z"}, "topic"),
         ({"path": "DIR", "topic": "orders", "isolation": "serializable"}, "isolation"),
+        ({"path": "DIR", "topic": "orders", "isolation": ""}, "isolation"),
+        ({"path": "DIR", "topic": "orders", "mode": " "}, "mode"),
+        ({"path": "DIR", "topic": "orders-["}, "topic"),
+        (
+            {"path": "DIR", "topic": "orders", "startingPositions": '{"orders": {"0": -2.0}}'},
+            "startingPositions",
+        ),
         ({"path": "DIR", "topic": "orders", "maxEntriesPerPartition": "0"}, "maxEntries"),
         ({"path": "DIR", "topic": "orders", "startingPositions": "first"}, "startingPositions"),
         ({"path": "DIR", "topic": "orders", "startingPositions": "[1]"}, "startingPositions"),

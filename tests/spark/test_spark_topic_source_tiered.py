@@ -19,8 +19,13 @@ from tests.spark.test_spark_topic_source import run_stream
 from txnstream import Broker, Position
 from txnstream._native import ManagedLedger, encode_message
 from txnstream.config import BrokerConfig
-from txnstream.errors import CorruptEntryError, InvalidArgumentError
-from txnstream.spark.topic_source import TopicRange, TopicSelection, read_topic_range
+from txnstream.errors import CorruptEntryError, InvalidArgumentError, StorageError
+from txnstream.spark.topic_source import (
+    TopicRange,
+    TopicSelection,
+    TopicStreamReader,
+    read_topic_range,
+)
 from txnstream.tiered import object_name
 
 TOPIC = "persistent://public/default/tiered"
@@ -94,6 +99,7 @@ def wait_trimmed_past(broker: Broker, ledger_id: int) -> None:
     deadline = time.monotonic() + 30
     while (ml.first_position or Position(0, 0)).ledger_id <= ledger_id:
         assert time.monotonic() < deadline, f"ledgers up to {ledger_id} were not trimmed"
+        broker.write_snapshots(due_only=False)  # trimming waits for a snapshot to cover it
         broker.maintain_now()
         ml.checkpoint()
         time.sleep(0.02)
@@ -206,3 +212,97 @@ def test_streaming_reads_offloaded_ledgers_from_remote(spark: SparkSession, tmp_
         got = sorted((x["ledger_id"], x["entry_id"], x["batch_index"]) for x in streamed)
         assert got == sorted((r[0], r[1], r[2]) for r in batch)  # once each, remote part too
         assert min(g[0] for g in got) < first_local.ledger_id
+
+
+# ------------------------------------------------------------------ review findings
+
+
+def _sixty(tmp_path: Path) -> tuple[Broker, Path]:
+    data = tmp_path / "data"
+    broker = Broker.open(
+        data, BrokerConfig(max_entries_per_ledger=10, transaction_timeout_ms=60_000), registry=None
+    )
+    broker.create_topic(TOPIC, 0)
+    broker.client("r").subscribe(TOPIC, "rc").close()
+    p = broker.client("w").producer(TOPIC, name="p")
+    for i in range(60):
+        p.send(b"m%d" % i)
+    return broker, data
+
+
+def _values(data: Path, ranges: list[TopicRange]) -> list[bytes]:
+    return [
+        v
+        for r in ranges
+        for b in read_topic_range(str(data), r)
+        for v in b.column("value").to_pylist()
+    ]
+
+
+def _offload_and_trim(broker: Broker, offload: bool = True) -> None:
+    segs = broker.admin.offload(TOPIC) if offload else []
+    drain(broker)
+    ml = broker.topic(TOPIC).ml
+    last = ml.last_position
+    assert last is not None
+    wait_trimmed_past(broker, segs[-1].ledger_id if segs else last.ledger_id - 1)
+
+
+def test_a_range_planned_local_and_trimmed_before_its_task_reads_the_remote_copy(
+    tmp_path: Path,
+) -> None:
+    """Between planning and the task, the broker offloads and trims: nothing is lost."""
+    broker, data = _sixty(tmp_path)
+    try:
+        ranges = TopicSelection.from_options({"path": str(data), "topic": TOPIC}).ranges()
+        assert all(r.segment_id is None for r in ranges)  # planned: every ledger local
+        _offload_and_trim(broker)
+        assert _values(data, ranges) == [b"m%d" % i for i in range(60)]
+    finally:
+        broker.close()
+
+
+def test_a_range_trimmed_before_its_task_without_a_remote_copy_raises(tmp_path: Path) -> None:
+    broker, data = _sixty(tmp_path)
+    try:
+        ranges = TopicSelection.from_options({"path": str(data), "topic": TOPIC}).ranges()
+        _offload_and_trim(broker, offload=False)
+        with pytest.raises(StorageError, match="trimmed after the read was planned"):
+            _values(data, ranges)
+    finally:
+        broker.close()
+
+
+def test_planning_lists_local_ledgers_before_the_remote_metadata(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An offload and trim right after the local listing: the metadata read later has them."""
+    broker, data = _sixty(tmp_path)
+    try:
+        broker.admin.offload(TOPIC)  # tiered storage exists
+        scan = TopicSelection.scan
+
+        def scan_then_trim(self: TopicSelection, ledger: str) -> Any:
+            listed = scan(self, ledger)
+            _offload_and_trim(broker)
+            return listed
+
+        monkeypatch.setattr(TopicSelection, "scan", scan_then_trim)
+        ranges = TopicSelection.from_options({"path": str(data), "topic": TOPIC}).ranges()
+        monkeypatch.undo()
+        assert _values(data, ranges) == [b"m%d" % i for i in range(60)]
+    finally:
+        broker.close()
+
+
+def test_a_stream_starts_a_partition_its_checkpoint_lacks_at_the_earliest(tmp_path: Path) -> None:
+    """A restarted query whose selection grew reads the new partition's existing messages."""
+    broker, data = _sixty(tmp_path)
+    try:
+        reader = TopicStreamReader(TopicSelection.from_options({"path": str(data), "topic": TOPIC}))
+        end = reader.latestOffset({}, None)  # type: ignore[arg-type]
+        # The checkpointed start knows no partition (the query started with none).
+        parts = reader.partitions({}, end)
+        assert _values(data, list(parts)) == [b"m%d" % i for i in range(60)]  # type: ignore[arg-type]
+    finally:
+        broker.close()

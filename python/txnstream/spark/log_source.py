@@ -131,9 +131,11 @@ def _positive(options: Mapping[str, str], name: str, default: int) -> int:
         value = int(raw)
     except ValueError:
         value = 0
-    if value < 1:
+    if not 1 <= value < 1 << 63:
         raise InvalidArgumentError(
-            f"option {name} must be a positive integer, got {raw!r}", argument=name, value=raw
+            f"option {name} must be an integer in 1..2**63-1, got {raw!r}",
+            argument=name,
+            value=raw,
         )
     return value
 
@@ -193,6 +195,15 @@ class LogSelection:
             if kind not in KINDS:
                 raise InvalidArgumentError(
                     f"option kind must be one of {KINDS}, got {kind!r}", argument="kind", value=kind
+                )
+            named = sorted(n for n in logs if log_kind(n) not in (None, kind))
+            if named:
+                # Decoding a log as another kind yields wrong rows, not an error.
+                raise InvalidArgumentError(
+                    f"option kind {kind!r} contradicts the logs it selects: {named[:5]} are "
+                    f"{log_kind(named[0])} logs",
+                    argument="kind",
+                    value=kind,
                 )
         else:
             kinds = {log_kind(n) for n in logs} or {log_kind(pattern.rstrip("*"))}

@@ -93,6 +93,7 @@ naming its position, as it fails a consumer.
 
 from __future__ import annotations
 
+import dataclasses
 import fnmatch
 import json
 import os
@@ -130,7 +131,12 @@ from txnstream._native import (
     scan_topic_columns,
 )
 from txnstream.broker.topic_name import DOMAIN, TopicName
-from txnstream.errors import CorruptIndexError, InvalidArgumentError, InvalidTopicNameError
+from txnstream.errors import (
+    CorruptIndexError,
+    InvalidArgumentError,
+    InvalidTopicNameError,
+    StorageError,
+)
 from txnstream.spark.columns import arrow_type, fixed_array, string_array, struct_type
 from txnstream.tiered.metadata import METADATA_LEDGER, RemoteLogMetadataManager, SegmentInfo
 from txnstream.tiered.remote import RemoteStorage, object_name
@@ -223,9 +229,10 @@ def _option(options: Mapping[str, str], name: str) -> str | None:
 
 def _parse_position(option: str, raw: object) -> Pos | str:
     """``earliest`` / ``latest`` or ``(ledger, entry)`` from one JSON value."""
-    if raw in (EARLIEST, -2):
+    # Kafka's -2 / -1; an int only (-2.0 == -2, and True == 1, in Python).
+    if raw == EARLIEST or (type(raw) is int and raw == -2):
         return EARLIEST
-    if raw in (LATEST, -1):
+    if raw == LATEST or (type(raw) is int and raw == -1):
         return LATEST
     parts: list[Any]
     if isinstance(raw, str):
@@ -376,7 +383,9 @@ class TopicRange(InputPartition):
     aborted: frozenset[TxnKey]
     #: A remote segment's id when the ledger is read from remote storage.
     segment_id: str | None = None
-    #: Remote storage location of ``segment_id`` (option ``remote``).
+    #: Remote storage location (option ``remote``): of ``segment_id``, or,
+    #: for a local range, where its ledger is read from if it was offloaded
+    #: and trimmed after the read was planned.
     remote: str | None = None
     #: First entry stored in the remote segment (entries before it were trimmed).
     segment_first_entry: int = 0
@@ -406,10 +415,12 @@ class TopicSelection:
             raise _bad("path", path, "(the data directory) is required")
         if not os.path.isdir(path):
             raise _bad("path", path, "must be an existing data directory")
-        isolation = (_option(options, "isolation") or READ_COMMITTED).strip().lower()
+        raw_isolation = _option(options, "isolation")
+        isolation = READ_COMMITTED if raw_isolation is None else raw_isolation.strip().lower()
         if isolation not in ISOLATIONS:
-            raise _bad("isolation", isolation, f"must be one of {ISOLATIONS}")
-        mode = (_option(options, "mode") or MESSAGES).strip().lower()
+            raise _bad("isolation", raw_isolation, f"must be one of {ISOLATIONS}")
+        raw_mode = _option(options, "mode")
+        mode = MESSAGES if raw_mode is None else raw_mode.strip().lower()
         if mode not in MODES:
             raise _bad("mode", mode, f"must be one of {MODES}")
         raw_max = _option(options, "maxEntriesPerPartition")
@@ -490,14 +501,20 @@ class TopicSelection:
         """
         key = _key_of(state.ledger)
         limit = self.limit(state)
-        first = next(((lid, 0) for lid, n, _ in ledgers if n > 0), (0, 0))
-        if remote:
-            first = (remote[0].ledger_id, remote[0].first_entry)
-            if state.last is None:
-                limit = (remote[-1].ledger_id, remote[-1].last_entry + 1)
+        first = self.earliest(ledgers, remote)
+        if remote and state.last is None:
+            limit = (remote[-1].ledger_id, remote[-1].last_entry + 1)
         start = _resolve(self.starting, key, first, limit)
         end = _resolve(self.ending, key, first, limit)
         return start, min(end, limit)
+
+    def earliest(
+        self, ledgers: list[tuple[int, int, bool]], remote: Sequence[SegmentInfo] = ()
+    ) -> Pos:
+        """Return a partition's first stored position: its first remote segment, or local ledger."""
+        if remote:
+            return (remote[0].ledger_id, remote[0].first_entry)
+        return next(((lid, 0) for lid, n, _ in ledgers if n > 0), (0, 0))
 
     def ranges(self) -> list[TopicRange]:
         """Return the Spark partitions: ledger ranges of every selected topic partition.
@@ -507,9 +524,11 @@ class TopicSelection:
         ``markers`` reads the local ledgers).
         """
         out: list[TopicRange] = []
+        # Local ledgers first, then the remote metadata: a ledger is offloaded
+        # before it is trimmed, so one trimmed in between is in the metadata.
+        scans = [(ledger, *self.scan(ledger)) for ledger in self.ledgers]
         tiered = _TieredView.open(self) if self.mode == MESSAGES else None
-        for ledger in self.ledgers:
-            state, ledgers = self.scan(ledger)
+        for ledger, state, ledgers in scans:
             remote = tiered.remote_segments(ledger, ledgers) if tiered else []
             start, end = self.bounds(state, ledgers, remote)
             if tiered and remote:
@@ -533,7 +552,11 @@ class TopicSelection:
             aborted = state.aborted_in(lid) if committed else frozenset()
             for first in range(lo, hi, step):
                 last = min(first + step, hi) - 1
-                out.append(TopicRange(state.ledger, topic, index, lid, first, last, aborted))
+                out.append(
+                    TopicRange(
+                        state.ledger, topic, index, lid, first, last, aborted, remote=self.remote
+                    )
+                )
         return out
 
 
@@ -737,6 +760,9 @@ def _select(names: Sequence[str], spec: str) -> tuple[str, ...]:
         if not item:
             raise _bad("topic", spec, "holds an empty name")
         if any(c in item for c in "*?["):
+            if "[" in item and "]" not in item[item.index("[") + 2 :]:
+                # fnmatch takes an unclosed '[' literally: a query selecting nothing, forever.
+                raise _bad("topic", item, "holds a '[' with no closing ']'")
             pattern = _complete(item)
             chosen.update(
                 name
@@ -845,10 +871,42 @@ def read_topic_range(path: str, part: TopicRange) -> Iterator[pa.RecordBatch]:
                 yield topic_batch(part.topic, part.partition, c)
             last = c["last"]
             if c["entries"] == 0 or last is None:
-                return
+                break
             after = last
     finally:
         ml.close()
+    if after is not None and after >= Position(part.ledger_id, part.last_entry):
+        return
+    # The range came up short: its ledger was trimmed after the read was
+    # planned. Read the rest from its remote copy; never return less silently.
+    first = part.first_entry
+    if after is not None and after.ledger_id == part.ledger_id:
+        first = max(first, after.entry_id + 1)
+    yield from _read_segment_range(_offloaded_rest(path, part, first))
+
+
+def _offloaded_rest(path: str, part: TopicRange, first: int) -> TopicRange:
+    """``part`` from entry ``first`` on, as a range of its ledger's remote segment."""
+    seg = None
+    if part.remote is not None and METADATA_LEDGER in ManagedLedger.names(path):
+        log = ManagedLedger.open(path, METADATA_LEDGER, read_only=True)
+        try:
+            meta = RemoteLogMetadataManager(log, RemoteStorage(part.remote))
+            seg = next(
+                (s for s in meta.segments_uncounted(part.ledger) if s.ledger_id == part.ledger_id),
+                None,
+            )
+        finally:
+            log.close()
+    if seg is None:
+        raise StorageError(
+            f"partition {part.ledger}: ledger {part.ledger_id} (entries {first}.."
+            f"{part.last_entry} of this task) was trimmed after the read was planned and "
+            "has no remote copy; plan the read again"
+        )
+    return dataclasses.replace(
+        part, first_entry=first, segment_id=seg.segment_id, segment_first_entry=seg.first_entry
+    )
 
 
 _MARKER_ARROW_SCHEMA: pa.Schema | None = None
@@ -1017,10 +1075,11 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def initialOffset(self) -> dict[str, str]:  # noqa: N802 (Spark API name)
         """Return the option ``startingPositions`` resolved per partition."""
         out = {}
-        # The metadata is read once per call: offloads go on while a query runs.
+        # The metadata is read once per call (offloads go on while a query
+        # runs), after the local listing (see TopicSelection.ranges).
+        scans = [(ledger, *self._scan(ledger)) for ledger in self.sel.ledgers]
         tiered = _TieredView.open(self.sel)
-        for ledger in self.sel.ledgers:
-            state, ledgers = self._scan(ledger)
+        for ledger, state, ledgers in scans:
             remote = self._remote(tiered, ledger, ledgers)
             start, _end = self.sel.bounds(state, ledgers, remote)
             out[ledger] = _offset_of(start)
@@ -1065,15 +1124,24 @@ class TopicStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
         """Return the ledger ranges from ``start`` (inclusive) to ``end`` (exclusive)."""
         out: list[InputPartition] = []
+        # Local listings before the remote metadata (see TopicSelection.ranges);
+        # the scans' aborted sets cover everything before each ``hi``.
+        scans = [
+            (ledger, until, *self._scan(ledger))
+            for ledger, until in end.items()
+            if ledger in self.sel.ledgers
+        ]
         tiered = _TieredView.open(self.sel)
-        for ledger, until in end.items():
-            if ledger not in self.sel.ledgers:
-                continue
-            lo, hi = _pos_of(start.get(ledger, until)), _pos_of(until)
+        for ledger, until, state, ledgers in scans:
+            remote = self._remote(tiered, ledger, ledgers)
+            hi = _pos_of(until)
+            # A partition the checkpoint does not know (selected since the
+            # last run: a new topic matching the pattern, or a partition
+            # first stored since) starts at its earliest position, as
+            # spark-sql-kafka starts newly found partitions.
+            lo = _pos_of(start[ledger]) if ledger in start else self.sel.earliest(ledgers, remote)
             if lo >= hi:
                 continue
-            state, ledgers = self._scan(ledger)  # aborted sets cover everything before ``hi``
-            remote = self._remote(tiered, ledger, ledgers)
             if tiered is not None and remote:
                 out.extend(tiered.split(self.sel, state, remote, lo, hi))
             out.extend(self.sel.split(state, ledgers, lo, hi))

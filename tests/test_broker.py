@@ -19,6 +19,7 @@ from txnstream.broker.subscription import READ_UNCOMMITTED
 from txnstream.client import Consumer, Message, MessageId, java_string_hash
 from txnstream.errors import (
     DuplicateSequenceError,
+    InvalidArgumentError,
     TransactionAlreadyAborted,
     TransactionAlreadyCommitted,
 )
@@ -487,6 +488,38 @@ def test_cumulative_ack(broker: Broker) -> None:
     c.ack_cumulative(got[2])
     c.redeliver_unacknowledged()
     assert values(drain(c)) == [b"3", b"4"]
+
+
+def test_cumulative_ack_needs_the_subscription_to_itself(broker: Broker) -> None:
+    """With two consumers on a subscription a cumulative ack would cover the other's messages.
+
+    Before, an aborted cumulative ack then delivered again what the other
+    consumer had received and was still processing. Pulsar refuses
+    cumulative acks on Shared subscriptions; here a consumer that shares
+    its subscription cannot ack cumulatively, with or without a transaction.
+    """
+    client = broker.client()
+    p = client.producer("t")
+    for i in range(4):
+        p.send(b"%d" % i)
+    a = client.subscribe("t", "s")
+    b = client.subscribe("t", "s")
+    m0 = a.receive(1000)
+    m1 = b.receive(1000)
+    m2 = a.receive(1000)
+    assert m0 is not None and m1 is not None and m2 is not None
+    txn = client.transaction()
+    with pytest.raises(InvalidArgumentError, match="2 consumers share it") as err:
+        a.ack_cumulative(m2, txn=txn)
+    assert err.value.argument == "msg"  # type: ignore[attr-defined]
+    with pytest.raises(InvalidArgumentError, match="2 consumers share it"):
+        a.ack_cumulative(m2)
+    txn.abort()
+    b.ack(m1)
+    b.close()  # alone again: cumulative acks are fine
+    a.ack_cumulative(m2)
+    a.redeliver_unacknowledged()
+    assert values(drain(a)) == [b"3"]
 
 
 # ------------------------------------------------------------------ recovery

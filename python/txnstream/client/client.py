@@ -754,9 +754,26 @@ class Consumer:
             t._joined(written)
 
     def ack_cumulative(self, msg: MessageLike, txn: Transaction | None = None) -> None:
-        """Acknowledge every message of the message's partition up to and including it."""
+        """Acknowledge every message of the message's partition up to and including it.
+
+        Only for a consumer that has the subscription to itself (Pulsar
+        allows cumulative acks on Exclusive and Failover subscriptions only):
+        with other consumers attached it raises
+        :class:`~txnstream.errors.InvalidArgumentError`, since it would
+        acknowledge (and, when its transaction aborts, deliver again) what
+        they received.
+        """
         self._check()
         sub, pos = self._where(msg)
+        n = sub.consumers()
+        if n > 1:
+            raise InvalidArgumentError(
+                f"ack_cumulative on subscription {sub.name!r} of {sub.partition}: {n} consumers "
+                "share it, and a cumulative ack would cover what the others received; "
+                "acknowledge each message instead (ack)",
+                argument="msg",
+                value=str(pos),
+            )
         t = self._txn(txn)
         if t is None:
             sub.ack_cumulative(pos)

@@ -74,6 +74,17 @@ def _wait_trimmed_past(broker: Broker, ledger_id: int) -> None:
         time.sleep(0.02)
 
 
+def _consume_then_check_indexes_pruned(broker: Broker, closed: list[int]) -> None:
+    """Once consumed and trimmed, ledgers' local aborted-transaction indexes are deleted."""
+    full = broker.topic(TOPIC).full
+    indexed = [lid for lid in closed if broker.txn_indexes.path(full, lid).exists()]
+    assert indexed, "the workload aborts transactions in closed ledgers"
+    _drain(broker, "all")
+    _wait_trimmed_past(broker, max(indexed))
+    broker.maintain_now()
+    assert [lid for lid in indexed if broker.txn_indexes.path(full, lid).exists()] == []
+
+
 @pytest.mark.parametrize("seed", [1, 2, 3, 5])
 def test_offload_then_remote_read_committed_equals_the_client(tmp_path: Path, seed: int) -> None:
     reg = CollectorRegistry()
@@ -170,13 +181,7 @@ def test_offload_by_policy_in_maintenance(tmp_path: Path) -> None:
         assert [s.ledger_id for s in segs] == closed
         # Once consumed, offloaded ledgers are trimmed, and the same maintenance
         # round deletes their local aborted-transaction indexes.
-        full = broker.topic(TOPIC).full
-        indexed = [lid for lid in closed if broker.txn_indexes.path(full, lid).exists()]
-        assert indexed, "the workload aborts transactions in closed ledgers"
-        _drain(broker, "all")
-        _wait_trimmed_past(broker, max(indexed))
-        broker.maintain_now()
-        assert [lid for lid in indexed if broker.txn_indexes.path(full, lid).exists()] == []
+        _consume_then_check_indexes_pruned(broker, closed)
 
 
 def test_tiered_settings_from_pulsar_keys(tmp_path: Path) -> None:
@@ -351,11 +356,5 @@ def test_aborted_txn_indexes_of_trimmed_ledgers_are_deleted_without_a_policy(
     with Broker.open(tmp_path / "data", _config(), registry=None) as b:
         _, aborted = _workload(b, 30)
         assert aborted
-        full = b.topic(TOPIC).full
         closed = [lid for lid, n, sealed in b.topic(TOPIC).ml.ledgers() if sealed and n]
-        indexed = [lid for lid in closed if b.txn_indexes.path(full, lid).exists()]
-        assert indexed, "the workload aborts transactions in closed ledgers"
-        _drain(b, "all")
-        _wait_trimmed_past(b, max(indexed))
-        b.maintain_now()
-        assert [lid for lid in indexed if b.txn_indexes.path(full, lid).exists()] == []
+        _consume_then_check_indexes_pruned(b, closed)

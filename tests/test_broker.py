@@ -864,3 +864,19 @@ def test_maintenance_unpins_a_partition_its_transactions_coordinator_forgot(
         time.sleep(0.01)
     got = reader.receive(2_000)
     assert got is not None and got.value == b"after"
+
+
+def test_the_coordinator_count_cannot_be_lowered(tmp_path: Path) -> None:
+    """A coordinator left out would strand its transactions (a torn commit): refused."""
+    from txnstream.errors import ConfigError
+
+    with Broker.open(tmp_path, BrokerConfig(coordinators=2), registry=None) as b:
+        client = b.client()
+        for _ in range(2):  # one transaction per coordinator
+            with client.transaction() as txn:
+                client.producer("t").send(b"x", txn=txn)
+    with pytest.raises(ConfigError, match="set it to at least 2") as err:
+        Broker.open(tmp_path, BrokerConfig(coordinators=1), registry=None)
+    assert err.value.key == "transactionCoordinatorCount"
+    with Broker.open(tmp_path, BrokerConfig(coordinators=3), registry=None) as b:  # raising is fine
+        assert len(b.admin.topics()) == 1

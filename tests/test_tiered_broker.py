@@ -331,9 +331,10 @@ def test_offload_hold_never_trims_a_topic_no_subscription_consumed(tmp_path: Pat
         assert _drain(b, "late") == [b"m%d" % i for i in range(25)]
 
 
-def test_without_a_policy_the_offload_hold_is_dropped_and_trimming_follows_subscriptions(
+def test_without_a_policy_the_offload_hold_stays_until_the_admin_releases_it(
     tmp_path: Path,
 ) -> None:
+    """A broker opened without the policy (a one-off admin run) must not trim un-offloaded data."""
     data = tmp_path / "data"
     with Broker.open(data, _config(offload_threshold_bytes=1 << 40), registry=None) as b:
         p = b.client("c").producer(TOPIC)
@@ -343,11 +344,19 @@ def test_without_a_policy_the_offload_hold_is_dropped_and_trimming_follows_subsc
         assert HOLD_CURSOR in b.topic(TOPIC).ml.cursor_names()
     with Broker.open(data, _config(), registry=None) as b:  # the policy is off now
         ml = b.topic(TOPIC).ml
-        assert HOLD_CURSOR not in ml.cursor_names()
+        assert HOLD_CURSOR in ml.cursor_names()
+        first = ml.first_position
         assert len(_drain(b, "all")) == 25
+        for _ in range(3):
+            b.write_snapshots(due_only=False)
+            b.maintain_now()
+            ml.checkpoint()
+        assert ml.first_position == first  # nothing offloaded: nothing trimmed
+        assert b.admin.release_offload_hold(TOPIC) == 1
+        assert HOLD_CURSOR not in ml.cursor_names()
         last = ml.last_position
         assert last is not None
-        _wait_trimmed_past(b, last.ledger_id - 1)  # nothing offloaded, trimmed all the same
+        _wait_trimmed_past(b, last.ledger_id - 1)  # now trimming follows the subscription
 
 
 def test_aborted_txn_indexes_of_trimmed_ledgers_are_deleted_without_a_policy(

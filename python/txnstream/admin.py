@@ -38,6 +38,7 @@ from txnstream.datadir import (
 )
 from txnstream.errors import InvalidArgumentError
 from txnstream.tiered import SegmentInfo
+from txnstream.tiered.offload import HOLD_CURSOR, LEGACY_HOLD_CURSOR, release_trimming
 
 if TYPE_CHECKING:
     from txnstream.broker.broker import Broker
@@ -346,6 +347,23 @@ class Admin:
                 # Trimming waits for the policy's next offloads too.
                 tiered.offloader.hold_trimming(ml)
         return out
+
+    def release_offload_hold(self, topic: str) -> int:
+        """Let trimming of ``topic``'s partitions follow their subscriptions alone.
+
+        Drops the hold that keeps ledgers until offloaded (left by a run
+        with an offload policy; without one nothing offloads them, so they
+        would stay forever). Returns how many partitions had one. With a
+        policy set, maintenance puts the hold back.
+        """
+        n = 0
+        for tn in self._partitions(topic):
+            ml = self._broker.topic(tn).ml
+            names = ml.cursor_names()
+            if HOLD_CURSOR in names or LEGACY_HOLD_CURSOR in names:
+                release_trimming(ml)
+                n += 1
+        return n
 
     def offloaded_segments(self, topic: str) -> dict[str, list[SegmentInfo]]:
         """Per partition of ``topic``: its readable remote segments, in ledger order."""

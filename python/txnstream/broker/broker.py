@@ -70,11 +70,13 @@ from txnstream.coordinator import (
     TransactionCoordinator,
     TransactionCoordinators,
     TxnID,
+    log_name,
 )
 from txnstream.coordinator.coordinator import directory_arg
 from txnstream.coordinator.ending import Participant
 from txnstream.errors import (
     AlreadyClosedError,
+    ConfigError,
     CoordinatorNotFound,
     InvalidArgumentError,
     InvalidTopicNameError,
@@ -98,7 +100,7 @@ from txnstream.tiered import (
     TieredReader,
     TopicTxnIndexes,
 )
-from txnstream.tiered.offload import release_trimming
+from txnstream.tiered.offload import HOLD_CURSOR, LEGACY_HOLD_CURSOR
 from txnstream.timer import Clock, TimerHandle, TimerService, clock_arg
 
 if TYPE_CHECKING:
@@ -298,6 +300,31 @@ class Broker:
             raise
         return broker
 
+    def _check_coordinator_count(self) -> None:
+        """Refuse a coordinator count below the coordinator logs the directory holds.
+
+        A coordinator left out would strand its transactions: a partition
+        asking about one finds no coordinator and aborts it, even when its
+        log says COMMITTED -- a torn transaction. As in Pulsar (the count is
+        the coordinator topic's partitions), the count cannot be lowered.
+        """
+        prefix = log_name(0)[:-1]
+        present = [
+            int(name[len(prefix) :])
+            for name in ManagedLedger.names(self.path)
+            if name.startswith(prefix) and name[len(prefix) :].isdigit()
+        ]
+        count = self.config.coordinators
+        if present and max(present) >= count:
+            raise ConfigError(
+                f"transactionCoordinatorCount={count}, but {self.path} holds the log of "
+                f"coordinator {max(present)} ({log_name(max(present))}): the count cannot be "
+                f"lowered (its transactions would lose their coordinator); set it to at least "
+                f"{max(present) + 1}",
+                key="transactionCoordinatorCount",
+                value=str(count),
+            )
+
     def _start(self) -> None:
         started = time.monotonic()
         # The first ledger takes the directory's writer lock.
@@ -318,6 +345,7 @@ class Broker:
         )
         if "transactionMetaPersistCount" not in cfg.extra:
             tc_config = tc_config.replace(transaction_meta_persist_count=persist)
+        self._check_coordinator_count()
         opened: list[TransactionCoordinator] = []
         try:
             for tc_id in range(cfg.coordinators):
@@ -578,8 +606,15 @@ class Broker:
                 # Trimming waits for offload from the start (no ledger is lost
                 # between the topic's load and its first offload).
                 self.tiered.offloader.hold_trimming(ml)
-            else:
-                release_trimming(ml)
+            elif HOLD_CURSOR in ml.cursor_names() or LEGACY_HOLD_CURSOR in ml.cursor_names():
+                # Kept: dropping it here would let a broker opened without the
+                # policy (a one-off admin run) trim ledgers never offloaded.
+                log.warning(
+                    "%s keeps its ledgers until offloaded, but no offload policy is set: "
+                    "they are never trimmed; admin.release_offload_hold(topic) lets trimming "
+                    "follow the subscriptions alone",
+                    tn.full,
+                )
         except BaseException:
             ml.close()
             self._keep_unused(tn, snapshot)

@@ -582,6 +582,30 @@ fn hold_cursors_keep_ledgers_but_never_trim_alone() {
 }
 
 #[test]
+fn deleting_the_slowest_cursor_lets_the_flusher_trim_without_other_changes() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = LedgerOptions {
+        max_entries_per_ledger: 5,
+        ..opts()
+    };
+    let ml = ManagedLedger::open(tmp.path(), "del", o).unwrap();
+    let pos: Vec<Position> = (0..12).map(|i| ml.append(&payload(i)).unwrap()).collect();
+    let fast = ml.open_cursor("fast").unwrap();
+    let slow = ml.open_cursor("slow").unwrap();
+    fast.mark_delete(pos[11]).unwrap();
+    slow.mark_delete(pos[1]).unwrap();
+    ml.flush().unwrap();
+    assert_eq!(ml.first_position(), Some(pos[0]));
+    ml.delete_cursor("slow").unwrap();
+    // No cursor moves from here: the background flusher must still trim.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while ml.first_position() != Some(pos[10]) {
+        assert!(std::time::Instant::now() < deadline, "never trimmed");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
 fn compacted_topic_keeps_newest_per_key() {
     let tmp = tempfile::tempdir().unwrap();
     let t = CompactedTopic::open(tmp.path(), "ns/__snapshots", opts()).unwrap();

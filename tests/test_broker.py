@@ -880,3 +880,34 @@ def test_the_coordinator_count_cannot_be_lowered(tmp_path: Path) -> None:
     assert err.value.key == "transactionCoordinatorCount"
     with Broker.open(tmp_path, BrokerConfig(coordinators=3), registry=None) as b:  # raising is fine
         assert len(b.admin.topics()) == 1
+
+
+def test_admin_reads_of_an_unknown_topic_create_nothing(broker: Broker) -> None:
+    from txnstream.errors import InvalidTopicNameError
+
+    for read in (broker.admin.read_committed_lag, broker.admin.topic_stats):
+        with pytest.raises(InvalidTopicNameError, match="does not exist"):
+            read("nonexistent")
+    assert broker.admin.topics() == []
+
+
+def test_the_coordinator_batch_switch_is_checked_like_the_pending_ack_one(tmp_path: Path) -> None:
+    from txnstream.errors import ConfigError
+
+    cfg = BrokerConfig.from_dict(
+        {
+            "transactionLogBatchedWriteMaxRecords": 2,  # below PIP-160's minimum when enabled
+            "transactionPendingAckBatchedWriteMaxRecords": 2,
+        }
+    )
+    with Broker.open(tmp_path, cfg, registry=None) as b:
+        for switch in (
+            b.admin.set_pending_ack_batch_enabled,
+            b.admin.set_transaction_log_batch_enabled,
+        ):
+            with pytest.raises(ConfigError, match="must be at least 10"):
+                switch(True)
+        assert not b.config.transaction_log_batched_write.enabled
+        assert not any(
+            w["batch_enabled"] for w in b.admin.batched_log_stats("coordinator")["writers"]
+        )

@@ -105,6 +105,8 @@ BAD_CALLS: list[tuple[str, BadCall]] = [
     ("create_topic partitions", lambda c: c.broker.admin.create_topic("pt", -1)),
     ("force_abort junk", lambda c: c.broker.admin.force_abort("nope")),
     ("older_than", lambda c: c.broker.admin.transactions_older_than(-1)),
+    ("older_than inf", lambda c: c.broker.admin.transactions_older_than(float("inf"))),
+    ("older_than nan", lambda c: c.broker.admin.transactions_older_than(float("nan"))),
 ]
 
 

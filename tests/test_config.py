@@ -160,3 +160,24 @@ def test_properties_continuation_and_separators() -> None:
     )
     assert cfg.transaction_log_batched_write.max_records == 77
     assert cfg.pending_ack_batched_write.max_size == 300000
+
+
+def test_properties_follow_java_rules_and_lose_no_line() -> None:
+    """The key ends at the first '=', ':' or whitespace; a last-line continuation is kept."""
+    cfg = BrokerConfig.from_broker_conf_text(
+        "fileSystemURI file:///tmp/x\ntransactionCoordinatorCount=4\\"
+    )
+    assert cfg.tiered_storage_location == "file:///tmp/x"  # was key 'fileSystemURI file'
+    assert cfg.coordinators == 4  # the line was dropped
+    for bad in ("=5\n", ":5\n"):
+        with pytest.raises(ConfigError, match="line without a key"):
+            BrokerConfig.from_broker_conf_text(bad)
+
+
+def test_unreadable_config_files_are_config_errors(tmp_path: Path) -> None:
+    binary = tmp_path / "broker.conf"
+    binary.write_bytes(b"\xff\xfe\x00bad")
+    for path in (tmp_path / "missing.conf", tmp_path / "missing.toml", tmp_path, binary):
+        with pytest.raises(ConfigError, match="cannot be read") as err:
+            BrokerConfig.load(path)
+        assert err.value.key == str(path)

@@ -40,6 +40,9 @@ from txnstream.errors import InvalidArgumentError
 from txnstream.tiered import SegmentInfo
 from txnstream.tiered.offload import HOLD_CURSOR, LEGACY_HOLD_CURSOR, release_trimming
 
+#: Largest age ``transactions_older_than`` takes (about 317 years: any start time).
+MAX_AGE_S = 10**10
+
 if TYPE_CHECKING:
     from txnstream.broker.broker import Broker
 
@@ -105,9 +108,13 @@ class Admin:
 
     def transactions_older_than(self, seconds: float) -> list[TransactionInfo]:
         """Open transactions started at least ``seconds`` ago (wall clock), oldest first."""
-        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not seconds >= 0:
+        if (
+            isinstance(seconds, bool)
+            or not isinstance(seconds, int | float)
+            or not 0 <= seconds <= MAX_AGE_S
+        ):
             raise InvalidArgumentError(
-                f"seconds must be a non-negative number, got {seconds!r}",
+                f"seconds must be a number in 0..{MAX_AGE_S}, got {seconds!r}",
                 argument="seconds",
                 value=seconds,
             )
@@ -145,6 +152,9 @@ class Admin:
             raise InvalidArgumentError(
                 f"enabled must be a bool, got {enabled!r}", argument="enabled", value=enabled
             )
+        # Through the broker's config: checked as at open (a batch limit the
+        # writers refuse is a ConfigError here too), and kept in step with it.
+        self._broker.config.set("transactionLogBatchedWriteEnabled", enabled)
         for tc in self._broker._coordinators().coordinators():
             tc.set_batch_enabled(enabled)
 
@@ -211,7 +221,7 @@ class Admin:
 
     def topic_stats(self, topic: str) -> list[dict[str, object]]:
         """Per partition of ``topic``: transaction buffer, deduplication, subscriptions."""
-        return [self._broker.topic(tn).stats() for tn in self._broker.partition_names(topic)]
+        return [self._broker.topic(tn).stats() for tn in self._partitions(topic)]
 
     def read_committed_lag(self, topic: str | None = None) -> dict[str, int]:
         """Entries from ``max_read_position`` to the log end, per partition.
@@ -221,9 +231,8 @@ class Admin:
         """
         if topic is None:
             return {t.full: t.tb.lag() for t in self._broker.loaded_topics()}
-        TopicName.parse(topic)
         out: dict[str, int] = {}
-        for tn in self._broker.partition_names(topic):
+        for tn in self._partitions(topic):  # a read: an unknown topic is an error, not created
             out[tn.full] = self._broker.topic(tn).tb.lag()
         return out
 

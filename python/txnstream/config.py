@@ -373,7 +373,10 @@ class BrokerConfig:
     @classmethod
     def from_broker_conf(cls, path: str | Path) -> BrokerConfig:
         """Read a Pulsar ``broker.conf`` (Java properties: ``key=value``, ``#`` comments)."""
-        text = Path(path).read_text(encoding="utf-8")
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path}: cannot be read: {e}", key=str(path), value="") from e
         return cls.from_dict(dict(_parse_properties(text, str(path))))
 
     @classmethod
@@ -384,11 +387,13 @@ class BrokerConfig:
     @classmethod
     def from_toml(cls, path: str | Path) -> BrokerConfig:
         """Read TOML with Pulsar keys at top level and/or section tables."""
-        with Path(path).open("rb") as f:
-            try:
+        try:
+            with Path(path).open("rb") as f:
                 data = tomllib.load(f)
-            except tomllib.TOMLDecodeError as e:
-                raise ConfigError(f"{path}: {e}", key=str(path), value="") from e
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{path}: {e}", key=str(path), value="") from e
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path}: cannot be read: {e}", key=str(path), value="") from e
         return cls.from_dict(data)
 
     @classmethod
@@ -444,23 +449,28 @@ def _parse_properties(text: str, origin: str) -> Iterator[tuple[str, str]]:
     pending = ""
     for lineno, raw in enumerate(text.splitlines(), 1):
         line = pending + raw.strip()
-        pending = ""
-        if not line or line[0] in "#!":
+        if not pending and (not line or line[0] in "#!"):
             continue
+        pending = ""
         if line.endswith("\\") and not line.endswith("\\\\"):
             pending = line[:-1]
             continue
-        seps = [i for i in (line.find("="), line.find(":")) if i > 0]
-        if seps:
-            at = min(seps)
-            key, value = line[:at].strip(), line[at + 1 :].strip()
-        elif " " in line:
-            key, value = (part.strip() for part in line.split(" ", 1))
-        else:
-            key, value = line, ""
-        if not key:
-            raise ConfigError(f"{origin}:{lineno}: line without a key", key="", value=raw)
-        yield key, value
+        yield _property(line, origin, lineno, raw)
+    if pending:
+        # The last line continues onto a line that is not there.
+        yield _property(pending, origin, lineno, pending)
+
+
+def _property(line: str, origin: str, lineno: int, raw: str) -> tuple[str, str]:
+    # Java's rule: the key ends at the first '=', ':' or whitespace; then
+    # whitespace, at most one '=' or ':', and whitespace again.
+    at = next((i for i, c in enumerate(line) if c in "=:" or c.isspace()), len(line))
+    key, rest = line[:at], line[at:].lstrip()
+    if rest[:1] in ("=", ":"):
+        rest = rest[1:].lstrip()
+    if not key:
+        raise ConfigError(f"{origin}:{lineno}: line without a key", key="", value=raw)
+    return key, rest
 
 
 # -- dynamic settings persisted in the data directory --------------------------

@@ -353,3 +353,43 @@ def test_report_renders_with_charts_in_headless_chromium(planted: Planted, tmp_p
     assert pixels((0x1F, 0x77, 0xB4)) > 2_000
     assert pixels((0x9E, 0x9E, 0x9E)) > 2_000
     assert len(np.unique(img.reshape(-1, 3), axis=0)) > 200  # charts, not a blank page
+
+
+def test_trimmed_registrations_are_no_violation_and_late_open_ones_are_stuck(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Two review findings on clean data.
+
+    The coordinator log rolled over and the ledger with t1/t2's NEW and
+    ADD_SUBSCRIPTION records was trimmed (their COMMITTED records and their
+    acks are kept): not an ``unregistered_subscription``. And a transaction
+    left OPEN past its timeout, audited after the logs went quiet, is
+    stuck (the default reference time is now, not the latest record).
+    """
+    data = tmp_path / "data"
+    parts = Participants(data)
+    tc = open_coordinator(data, parts, log_options={"max_entries_per_ledger": 4})
+    log = parts.subscription("in", "sub")
+    registered = []
+    for i in range(2):
+        t = tc.new_transaction(timeout_ms=600_000)
+        tc.add_acked_subscriptions(t, [("in", "sub")])
+        log.ack(t, [(9, i, 1, 0)])
+        registered.append(t)
+    # Stays open: the coordinator closes before its timeout ends.
+    late = tc.new_transaction(timeout_ms=2_000)
+    for t in registered:
+        tc.end_transaction(t, "commit")
+    for _ in range(6):  # traffic: the coordinator moves its cursor and trims
+        tc.end_transaction(tc.new_transaction(timeout_ms=600_000), "commit")
+    tc.close()
+    parts.close()
+    ml = ManagedLedger.open(data, "__transaction_log_0", read_only=True)
+    first = ml.first_position
+    ml.close()
+    assert first is not None and first.ledger_id > 1, "the first ledger was trimmed"
+    time.sleep(2.1)  # past its timeout now; the logs' latest record is not
+    r = run_audit(data, tmp_path / "a", spark=spark)
+    assert r.verdict == "PASS", violation_rows(r, spark)
+    assert r.summary["stuck"]["count"] == 1
+    assert late is not None

@@ -122,7 +122,8 @@ class AuditOptions:
     #: A COMMITTING/ABORTING transaction older than this (at the reference
     #: time) is stuck; an OPEN one is stuck once past its own timeout.
     stuck_after_ms: int = 60_000
-    #: The reference time (ms since the epoch); default the latest time in the logs.
+    #: The reference time (ms since the epoch); default now (or the latest
+    #: time in the logs, if later: a clock behind the writer's).
     now_ms: int | None = None
     #: The writers' ``max_records``, to tell flush triggers apart; default the
     #: largest batch seen per log.
@@ -384,6 +385,7 @@ class PendingAckOutcomes:
             F.col("log").alias("coordinator_log"),
             "status",
             "subscriptions",
+            "start_time",
             "final_position",
         )
         j = per.join(txns, TXN_KEY, "inner")
@@ -422,8 +424,11 @@ class PendingAckOutcomes:
             (
                 "unregistered_subscription",
                 "liveness",
-                # Decided only: an OPEN one may still register it (live directory).
+                # Decided only: an OPEN one may still register it (live directory);
+                # and only with its NEW record stored: the ADD records follow
+                # it, so none of them was trimmed away.
                 F.col("status").isin("COMMITTING", "COMMITTED", "ABORTING", "ABORTED")
+                & F.col("start_time").isNotNull()
                 & (n("acks") > 0)
                 & ~F.array_contains(_expected_logs(), F.col("log")),
                 F.col("acks"),
@@ -1519,7 +1524,10 @@ def run_audit(
     latest = txn_records.agg(
         F.max(F.greatest("last_modification_time", "start_time")).alias("t")
     ).collect()[0]["t"]
-    ctx.reference_time_ms = int(opts.now_ms or latest or int(time.time() * 1000))
+    # Now, unless given: a closed directory audited later still shows the
+    # transactions left open past their timeout as stuck (the latest time in
+    # the logs would hide those whose timeout ends after the last record).
+    ctx.reference_time_ms = int(opts.now_ms or max(latest or 0, int(time.time() * 1000)))
 
     step("running checks")
     ran: list[dict[str, str]] = []

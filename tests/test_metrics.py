@@ -157,3 +157,35 @@ def test_unregister_with_writer_leaves_a_replacement() -> None:
     assert collector_for("transaction_log", registry).names() == ["same"]
     unregister_writer("same", "transaction_log", registry, writer=new)
     assert collector_for("transaction_log", registry).names() == []
+
+
+def test_collectors_of_a_dead_registry_go_with_it(tmp_path: Path) -> None:
+    """Held weakly by registry: no leak, and no dead registry's entry for a new one at its address.
+
+    Keyed by ``id(registry)`` before, an entry outlived its registry; a new
+    registry allocated at the same address then found it and registered
+    nothing, so its broker's metrics were never exported.
+    """
+    import gc
+
+    from txnstream import Broker
+    from txnstream import metrics as m
+
+    def sizes() -> tuple[int, int, int]:
+        return len(m._collectors), len(m._coordinator_collectors), len(m._broker_collectors)
+
+    def one_broker(path: Path) -> None:
+        reg = CollectorRegistry()
+        with Broker.open(path, registry=reg) as b:
+            c = b.client("x")
+            with c.transaction() as t:
+                c.producer("t").send(b"x", txn=t)
+            assert "txnstream_txn_tc_committed_total" in generate_latest(reg).decode()
+        assert sizes() != before  # this registry's collectors are known while it lives
+
+    gc.collect()
+    before = sizes()
+    for i in range(3):
+        one_broker(tmp_path / str(i))
+        gc.collect()
+        assert sizes() == before

@@ -248,7 +248,12 @@ _PREFIXES: Final[dict[str, str]] = {
     "transaction_log": TC_PREFIX,
     "pending_ack": PENDING_ACK_PREFIX,
 }
-_collectors: dict[tuple[int, str], BufferedWriterCollector] = {}
+# Collectors per registry, held weakly: a registry that is gone takes its
+# entry with it (keyed by id(), a new registry at the same address was taken
+# for the dead one: its metrics were never exported).
+_collectors: weakref.WeakKeyDictionary[CollectorRegistry, dict[str, BufferedWriterCollector]] = (
+    weakref.WeakKeyDictionary()
+)
 _collectors_lock = threading.Lock()
 
 
@@ -258,13 +263,13 @@ def collector_for(
     """Return the collector of ``kind`` in ``registry``, registering it on first use."""
     if kind not in _PREFIXES:
         raise ValueError(f"kind must be one of {sorted(_PREFIXES)}, got {kind!r}")
-    key = (id(registry), kind)
     with _collectors_lock:
-        collector = _collectors.get(key)
+        by_kind = _collectors.setdefault(registry, {})
+        collector = by_kind.get(kind)
         if collector is None:
             collector = BufferedWriterCollector(_PREFIXES[kind])
             registry.register(collector)
-            _collectors[key] = collector
+            by_kind[kind] = collector
         return collector
 
 
@@ -397,17 +402,19 @@ class CoordinatorCollector(Collector):
         yield latency
 
 
-_coordinator_collectors: dict[int, CoordinatorCollector] = {}
+_coordinator_collectors: weakref.WeakKeyDictionary[CollectorRegistry, CoordinatorCollector] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def coordinator_collector(registry: CollectorRegistry = REGISTRY) -> CoordinatorCollector:
     """Return the coordinator collector of ``registry``, registering it on first use."""
     with _collectors_lock:
-        collector = _coordinator_collectors.get(id(registry))
+        collector = _coordinator_collectors.get(registry)
         if collector is None:
             collector = CoordinatorCollector()
             registry.register(collector)
-            _coordinator_collectors[id(registry)] = collector
+            _coordinator_collectors[registry] = collector
         return collector
 
 
@@ -547,17 +554,19 @@ class BrokerCollector(Collector):
         yield from fams
 
 
-_broker_collectors: dict[int, BrokerCollector] = {}
+_broker_collectors: weakref.WeakKeyDictionary[CollectorRegistry, BrokerCollector] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def register_broker(broker: BrokerSource, name: str, registry: CollectorRegistry = REGISTRY) -> str:
     """Export a broker's metrics under label ``broker=name``; returns ``name``."""
     with _collectors_lock:
-        collector = _broker_collectors.get(id(registry))
+        collector = _broker_collectors.get(registry)
         if collector is None:
             collector = BrokerCollector()
             registry.register(collector)
-            _broker_collectors[id(registry)] = collector
+            _broker_collectors[registry] = collector
     collector.add(name, broker)
     return name
 
@@ -567,6 +576,6 @@ def unregister_broker(
 ) -> None:
     """Stop exporting broker ``name`` (with ``broker``: only if it is that one)."""
     with _collectors_lock:
-        collector = _broker_collectors.get(id(registry))
+        collector = _broker_collectors.get(registry)
     if collector is not None:
         collector.remove(name, broker)

@@ -24,6 +24,7 @@ from txnstream.spark.topic_source import (
     TopicRange,
     TopicSelection,
     TopicStreamReader,
+    read_marker_range,
     read_topic_range,
 )
 from txnstream.tiered import object_name
@@ -306,3 +307,30 @@ def test_a_stream_starts_a_partition_its_checkpoint_lacks_at_the_earliest(tmp_pa
         assert _values(data, list(parts)) == [b"m%d" % i for i in range(60)]  # type: ignore[arg-type]
     finally:
         broker.close()
+
+
+def test_markers_of_offloaded_and_trimmed_ledgers_are_read_from_remote(tmp_path: Path) -> None:
+    """Mode ``markers`` reads remote segments too (the audit found every such marker missing)."""
+    data = tmp_path / "data"
+    config = BrokerConfig(max_entries_per_ledger=10, transaction_timeout_ms=60_000)
+    with Broker.open(data, config, registry=None) as broker:
+        broker.create_topic(TOPIC, 0)
+        broker.client("r").subscribe(TOPIC, "rc").close()
+        workload(broker)
+
+        def markers() -> list[tuple[int, int, str]]:
+            opts = {"path": str(data), "topic": TOPIC, "mode": "markers"}
+            sel = TopicSelection.from_options(opts)
+            return sorted(
+                (row["ledger_id"], row["entry_id"], row["marker"])
+                for r in sel.ranges()
+                for b in read_marker_range(str(data), r)
+                for row in b.to_pylist()
+            )
+
+        before = markers()
+        assert {m for _, _, m in before} == {"COMMIT", "ABORT"}
+        segs = broker.admin.offload(TOPIC)
+        drain(broker)
+        wait_trimmed_past(broker, segs[len(segs) // 2].ledger_id)
+        assert markers() == before

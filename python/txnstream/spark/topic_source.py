@@ -78,7 +78,7 @@ index is replaced, in memory only, by the segment's ABORT markers) and
 those aborted by markers in the local ledgers. The read limit comes from
 the local ledgers: the broker never trims past the oldest open
 transaction's first message while a subscription reads the topic.
-Streaming reads cover the local ledgers only.
+Streaming reads and mode ``markers`` read remote segments too.
 
 Tasks read their range with the Rust columnar scan
 (:func:`txnstream._native.scan_topic_columns` for a ledger,
@@ -520,14 +520,14 @@ class TopicSelection:
         """Return the Spark partitions: ledger ranges of every selected topic partition.
 
         With tiered storage, remote segments of ledgers no longer stored
-        locally come first, one Spark partition each (messages mode only:
-        ``markers`` reads the local ledgers).
+        locally come first, one Spark partition each (in both modes: the
+        markers of an offloaded, trimmed ledger are read from its segment).
         """
         out: list[TopicRange] = []
         # Local ledgers first, then the remote metadata: a ledger is offloaded
         # before it is trimmed, so one trimmed in between is in the metadata.
         scans = [(ledger, *self.scan(ledger)) for ledger in self.ledgers]
-        tiered = _TieredView.open(self) if self.mode == MESSAGES else None
+        tiered = _TieredView.open(self)
         for ledger, state, ledgers in scans:
             remote = tiered.remote_segments(ledger, ledgers) if tiered else []
             start, end = self.bounds(state, ledgers, remote)
@@ -656,7 +656,7 @@ class _TieredView:
         none of the range's), and those aborted by a local marker.
         """
         topic, index = _key_of(state.ledger)
-        committed = sel.isolation == READ_COMMITTED
+        committed = sel.isolation == READ_COMMITTED and sel.mode == MESSAGES
         aborts: list[tuple[TxnKey, Pos, Pos]] = []
         if committed:
             for seg in remote:
@@ -931,6 +931,9 @@ def read_marker_range(path: str, part: TopicRange) -> Iterator[pa.RecordBatch]:
     The Rust scanner decodes only each entry's metadata; entries that are
     not markers are skipped there, so no message is parsed in Python.
     """
+    if part.segment_id is not None:
+        yield from _remote_marker_range(part)
+        return
     ml = ManagedLedger.open(path, part.ledger, read_only=True)
     try:
         after = _before((part.ledger_id, part.first_entry))
@@ -944,29 +947,51 @@ def read_marker_range(path: str, part: TopicRange) -> Iterator[pa.RecordBatch]:
             inside = [r for r in rows if r[0] == part.ledger_id and r[1] <= part.last_entry]
             found = [(r[1], r[2], r[3]) for r in inside if r[2] is not None]
             if found:
-                n = len(found)
-                types = [m for _e, m, _t in found]
-                txns = [t for _e, _m, t in found]
-                no_txn = np.array([t is None for t in txns], dtype=np.bool_)
-                most = np.array([0 if t is None else t[0] for t in txns], dtype=np.uint64)
-                least = np.array([0 if t is None else t[1] for t in txns], dtype=np.uint64)
-                arrays = [
-                    pa.array([part.topic] * n, pa.string()),
-                    pa.array(np.full(n, part.partition, dtype=np.int32)),
-                    pa.array(np.full(n, part.ledger_id, dtype=np.uint64).view(np.int64)),
-                    pa.array(np.array([e for e, _m, _t in found], dtype=np.int64)),
-                    pa.array(np.array(types, dtype=np.int32)),
-                    pa.array([_marker_name(m) for m in types], pa.string()),
-                    pa.array(most.view(np.int64), pa.int64(), mask=no_txn),
-                    pa.array(least.view(np.int64), pa.int64(), mask=no_txn),
-                ]
-                yield pa.RecordBatch.from_arrays(arrays, schema=_marker_arrow_schema())
+                yield _marker_batch(part, found)
             if len(inside) < len(rows) or not rows:
                 return
             after = Position(rows[-1][0], rows[-1][1])
             next_entry = rows[-1][1] + 1
     finally:
         ml.close()
+
+
+def _remote_marker_range(part: TopicRange) -> Iterator[pa.RecordBatch]:
+    """:func:`read_marker_range` of a remote segment's range (one remote call)."""
+    assert part.remote is not None
+    assert part.segment_id is not None
+    name = object_name(part.ledger, part.ledger_id, part.segment_id, "segment")
+    data = RemoteStorage(part.remote).get(name, "segment")
+    found: list[tuple[int, int, TxnKey | None]] = []
+    for i, entry in enumerate(decode_segment(part.ledger_id, part.segment_first_entry, data)):
+        e = part.segment_first_entry + i
+        if part.first_entry <= e <= part.last_entry:
+            d = decode_topic_entry(entry)
+            if d["marker_type"] is not None:
+                found.append((e, d["marker_type"], d["txn"]))
+    if found:
+        yield _marker_batch(part, found)
+
+
+def _marker_batch(part: TopicRange, found: list[tuple[int, int, TxnKey | None]]) -> pa.RecordBatch:
+    """Marker rows ``(entry_id, marker_type, txn)`` of one ledger as an Arrow record batch."""
+    n = len(found)
+    types = [m for _e, m, _t in found]
+    txns = [t for _e, _m, t in found]
+    no_txn = np.array([t is None for t in txns], dtype=np.bool_)
+    most = np.array([0 if t is None else t[0] for t in txns], dtype=np.uint64)
+    least = np.array([0 if t is None else t[1] for t in txns], dtype=np.uint64)
+    arrays = [
+        pa.array([part.topic] * n, pa.string()),
+        pa.array(np.full(n, part.partition, dtype=np.int32)),
+        pa.array(np.full(n, part.ledger_id, dtype=np.uint64).view(np.int64)),
+        pa.array(np.array([e for e, _m, _t in found], dtype=np.int64)),
+        pa.array(np.array(types, dtype=np.int32)),
+        pa.array([_marker_name(m) for m in types], pa.string()),
+        pa.array(most.view(np.int64), pa.int64(), mask=no_txn),
+        pa.array(least.view(np.int64), pa.int64(), mask=no_txn),
+    ]
+    return pa.RecordBatch.from_arrays(arrays, schema=_marker_arrow_schema())
 
 
 def _read_range(sel: TopicSelection, part: TopicRange) -> Iterator[pa.RecordBatch]:

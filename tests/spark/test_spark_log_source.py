@@ -176,6 +176,12 @@ def test_malformed_entries_give_null_fields_and_an_error(
     assert bad["error"].startswith("record 1") and bad["metadata_op"] is None
     assert [r["error"] for r in by_entry[0] + by_entry[6]] == [None, None, None]
     assert by_entry[6][0]["metadata_op"] == "UPDATE"
+    # Entries mode: the damaged entry is an error row too, the others are intact.
+    entries = read(spark, tmp_path, log=log, kind="txn", mode="entries").collect()
+    assert [r["entry_id"] for r in entries] == list(range(7))
+    assert [r["error"] is None for r in entries] == [True] * 5 + [False, True]
+    assert entries[5]["entry"] is None and "corrupt" in entries[5]["error"]
+    assert entries[6]["entry"] == good[1]
 
 
 def test_live_directory_while_a_writer_appends(spark: SparkSession, tmp_path: Path) -> None:

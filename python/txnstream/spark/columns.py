@@ -117,12 +117,15 @@ PENDING_ACK_FIELDS = [
     StructField("error", StringType()),
 ]
 
-#: One row per entry (``mode=entries``): the raw bytes, for the UDFs.
+#: One row per entry (``mode=entries``): the raw bytes, for the UDFs; an
+#: entry whose stored bytes are damaged has a null ``entry`` and the reason
+#: in ``error``.
 ENTRY_FIELDS = [
     StructField("log", StringType()),
     StructField("ledger_id", LongType()),
     StructField("entry_id", LongType()),
     StructField("entry", BinaryType()),
+    StructField("error", StringType()),
 ]
 
 

@@ -25,7 +25,8 @@ Options (case-insensitive):
     (mark-delete, deleted ranges, batch-index ack sets).
 ``mode``
     ``records`` (default: decoded records) or ``entries`` (one row per entry
-    with its raw bytes, for the UDFs of :mod:`txnstream.spark.udfs`).
+    with its raw bytes, for the UDFs of :mod:`txnstream.spark.udfs`; a damaged
+    entry is a row with a null ``entry`` and the reason in ``error``).
 ``maxEntriesPerPartition`` / ``maxRowsPerBatch``
     tuning: partitions are ledgers, split into ranges of at most this many
     entries (default 8192); Arrow batches hold about this many rows (65536).
@@ -57,7 +58,12 @@ from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 from pyspark.sql.types import StructType
 
 from txnstream._native import ManagedLedger, Position, scan_log
-from txnstream.errors import InvalidArgumentError, PositionNotFoundError
+from txnstream.errors import (
+    CorruptEntryError,
+    CorruptLedgerError,
+    InvalidArgumentError,
+    PositionNotFoundError,
+)
 from txnstream.spark.columns import (
     ENTRY_FIELDS,
     PENDING_ACK_FIELDS,
@@ -346,23 +352,43 @@ def _entries(sel: LogSelection, ml: ManagedLedger, part: LedgerRange) -> Iterato
     at = part.first_entry
     while at <= part.last_entry:
         end = min(at + _ENTRY_WINDOW - 1, part.last_entry)
+        rows: list[tuple[int, bytes | None, str | None]]
         try:
             window = ml.read_range(Position(part.ledger_id, at), Position(part.ledger_id, end))
+            rows = [(p.entry_id, e, None) for p, e in window]
         except PositionNotFoundError:  # past the end of the log: nothing more to read
             return
+        except (CorruptLedgerError, CorruptEntryError):
+            rows = _entries_one_by_one(ml, part.ledger_id, at, end)
         at = end + 1
-        if not window:
+        if not rows:
             continue
-        n = len(window)
+        n = len(rows)
         yield pa.RecordBatch.from_arrays(
             [
                 _repeat_string(part.log, n),
                 pa.array(np.full(n, part.ledger_id, dtype=np.int64)),
-                pa.array(np.array([p.entry_id for p, _ in window], dtype=np.int64)),
-                pa.array([e for _, e in window], pa.binary()),
+                pa.array(np.array([e for e, _, _ in rows], dtype=np.int64)),
+                pa.array([d for _, d, _ in rows], pa.binary()),
+                pa.array([err for _, _, err in rows], pa.string()),
             ],
             schema=schema,
         )
+
+
+def _entries_one_by_one(
+    ml: ManagedLedger, ledger_id: int, first: int, last: int
+) -> list[tuple[int, bytes | None, str | None]]:
+    # A window with damage, entry by entry: each damaged entry is an error row.
+    out: list[tuple[int, bytes | None, str | None]] = []
+    for entry_id in range(first, last + 1):
+        try:
+            out.append((entry_id, ml.read(Position(ledger_id, entry_id)), None))
+        except PositionNotFoundError:
+            break
+        except (CorruptLedgerError, CorruptEntryError) as e:
+            out.append((entry_id, None, str(e)))
+    return out
 
 
 class _Reader(DataSourceReader):

@@ -424,6 +424,33 @@ def test_bad_input_is_a_clear_error(workload: Workload, tmp_path: Path) -> None:
     workload.broker.close()
     code, out = fail(d, "abort-transaction", "--txn-id", "(0,999)")
     assert code == 1 and "not found" in out and not is_live(d)
+    # A config file that cannot be read is a clear error, not a traceback.
+    bad_conf = tmp_path / "bad.conf"
+    bad_conf.write_bytes(b"\xff\xfe")
+    code, out = fail(d, "abort-transaction", "--txn-id", "(0,1)", "--config", str(bad_conf))
+    assert code == 1 and "cannot be read" in out and "Traceback" not in out
+
+
+def test_a_damaged_registry_value_or_sequence_mark_is_a_typed_error(
+    workload: Workload, tmp_path: Path
+) -> None:
+    """Read-only views on unusual content raise TxnStreamErrors naming it (not ValueError)."""
+    from txnstream import CompactedTopic
+    from txnstream.datadir import coordinator_stats, transaction_buffer_stats
+    from txnstream.errors import CorruptEntryError, StorageError
+
+    d = workload.data
+    workload.broker.close()
+    reg = CompactedTopic.open(d, TOPICS_REGISTRY)
+    reg.put(IN, b"two")
+    reg.close()
+    with pytest.raises(CorruptEntryError, match=r"partition count of .* is b'two'"):
+        transaction_buffer_stats(d, "in")
+    mark = d / "coordinators" / "0" / "max_local_txn_id"
+    mark.unlink(missing_ok=True)
+    mark.mkdir(parents=True)
+    with pytest.raises(StorageError, match="max_local_txn_id: cannot be read"):
+        coordinator_stats(d)
 
 
 # ------------------------------------------------------------ dynamic config

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -130,6 +131,15 @@ def test_direct_construction_checks_writer_limits() -> None:
     with pytest.raises(ConfigError) as info:
         BrokerConfig(transaction_log_batched_write=BatchedWriteConfig(True, 5))
     assert info.value.key == "transactionLogBatchedWriteMaxRecords"
+    # The writer's upper bounds too, under the Pulsar key (were refused at open, misnamed).
+    for key, value in (
+        ("transactionLogBatchedWriteMaxDelayInMillis", 1e300),
+        ("transactionLogBatchedWriteMaxSize", 2**70),
+        ("transactionPendingAckBatchedWriteMaxRecords", 10**9),
+    ):
+        with pytest.raises(ConfigError, match="must be in") as info:
+            BrokerConfig.from_dict({key: value})
+        assert info.value.key == key
 
 
 def test_runtime_set_is_validated_and_atomic() -> None:
@@ -181,3 +191,27 @@ def test_unreadable_config_files_are_config_errors(tmp_path: Path) -> None:
         with pytest.raises(ConfigError, match="cannot be read") as err:
             BrokerConfig.load(path)
         assert err.value.key == str(path)
+
+
+def test_wrong_types_are_config_errors_naming_the_setting(tmp_path: Path) -> None:
+    from txnstream.coordinator import CoordinatorConfig
+
+    loose: Any = BrokerConfig  # called with wrong types on purpose
+    bad: list[tuple[Any, str]] = [
+        (lambda: loose(transaction_log_batched_write={"enabled": True}), "transaction_log"),
+        (lambda: loose(extra=None), "extra"),
+        (lambda: loose.from_dict(None), "settings"),
+        (lambda: loose.from_dict({"transaction_log_batched_write": 5}), "transaction_log"),
+    ]
+    for make, key in bad:
+        with pytest.raises(ConfigError) as err:
+            make()
+        assert err.value.key.startswith(key)
+    toml = tmp_path / "c.toml"
+    toml.write_text("transaction_log_batched_write = 5\n")
+    with pytest.raises(ConfigError, match="expected a table"):
+        BrokerConfig.load(toml)
+    for value in (True, 2.9):
+        cfg = BrokerConfig.from_dict({"transactionMetaPersistCount": value})
+        with pytest.raises(ConfigError, match="transactionMetaPersistCount"):
+            CoordinatorConfig.from_broker_config(cfg)

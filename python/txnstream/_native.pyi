@@ -14,6 +14,8 @@ from txnstream.frame import PendingAckColumns, TxnLogColumns
 MAGIC: int
 VERSION: int
 MAX_BATCH_SIZE: int
+#: Largest entry a managed ledger takes, in bytes.
+MAX_ENTRY_SIZE: int
 #: Cursor names starting with this hold ledgers back from trimming but never trim alone.
 HOLD_CURSOR_PREFIX: str
 

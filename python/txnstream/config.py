@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+from txnstream._native import MAX_BATCH_SIZE, MAX_ENTRY_SIZE
 from txnstream.durable_file import write_atomically
 from txnstream.errors import ConfigError
 
@@ -62,6 +63,8 @@ MIN_BROKER_MAX_RECORDS: Final = 10
 MIN_BROKER_MAX_SIZE: Final = 128 * 1024
 #: Smallest ``…BatchedWriteMaxDelayInMillis`` accepted with the feature on.
 MIN_BROKER_MAX_DELAY_MS: Final = 1.0
+#: Longest batching delay the writer takes (a day; Rust `delay_from_millis`).
+MAX_WRITER_DELAY_MS: Final = 86_400_000
 
 # Attribute of BrokerConfig -> Pulsar key prefix.
 _SECTIONS: Final = {
@@ -216,12 +219,17 @@ class BatchedWriteConfig:
         numeric = isinstance(delay, int | float) and not isinstance(delay, bool)
         if not numeric or not math.isfinite(delay):
             raise _error("max_delay_ms", delay, "expected a finite number of milliseconds")
-        if self.max_records < 1:
-            raise _error("max_records", self.max_records, "must be at least 1")
-        if self.max_size < 1:
-            raise _error("max_size", self.max_size, "must be at least 1 byte")
-        if self.max_delay_ms < 0:
-            raise _error("max_delay_ms", self.max_delay_ms, "must not be negative")
+        # The writer's own bounds (a batch of up to 2 x max_size must fit one
+        # entry; a delay beyond a day is absurd), checked here so the error
+        # names the setting at construction, not at the broker's open.
+        if not 1 <= self.max_records <= MAX_BATCH_SIZE:
+            raise _error("max_records", self.max_records, f"must be in 1..{MAX_BATCH_SIZE}")
+        if not 1 <= self.max_size <= MAX_ENTRY_SIZE // 2:
+            raise _error("max_size", self.max_size, f"must be in 1..{MAX_ENTRY_SIZE // 2} bytes")
+        if not 0 <= self.max_delay_ms <= MAX_WRITER_DELAY_MS:
+            raise _error(
+                "max_delay_ms", self.max_delay_ms, f"must be in 0..{MAX_WRITER_DELAY_MS} ms"
+            )
 
     def validate(self, prefix: str = "transactionLogBatchedWrite") -> None:
         """Apply the broker limits of PIP-160 when enabled; keys named ``prefix + suffix``."""
@@ -314,7 +322,12 @@ class BrokerConfig:
     def validate(self) -> None:
         """Raise :class:`ConfigError` for the first invalid setting."""
         for section, prefix in _SECTIONS.items():
-            getattr(self, section).validate(prefix)
+            value = getattr(self, section)
+            if not isinstance(value, BatchedWriteConfig):
+                raise _error(section, value, "expected a BatchedWriteConfig")
+            value.validate(prefix)
+        if not isinstance(self.extra, dict):
+            raise _error("extra", self.extra, "expected a dict of Pulsar-named settings")
         for key, (attr, coerce, lo, hi) in BROKER_SETTINGS.items():
             value = getattr(self, attr)
             checked = coerce(key, value)
@@ -338,6 +351,8 @@ class BrokerConfig:
         Nested mappings named after a section (``transaction_log_batched_write``,
         ``pending_ack_batched_write``) are read with field names as keys.
         """
+        if not isinstance(settings, Mapping):
+            raise _error("settings", settings, "expected a mapping of setting names to values")
         values: dict[str, dict[str, Any]] = {s: {} for s in _SECTIONS}
         extra: dict[str, Any] = {}
         flat: dict[str, Any] = {}
@@ -349,7 +364,10 @@ class BrokerConfig:
                     continue
                 attr, coerce, _, _ = BROKER_SETTINGS[key]
                 flat[attr] = coerce(key, value)
-            elif key in _SECTIONS and isinstance(value, Mapping):
+            elif key in _SECTIONS and not isinstance(value, Mapping):
+                raise _error(key, value, "expected a table of settings")
+            elif key in _SECTIONS:
+                assert isinstance(value, Mapping)
                 prefix = _SECTIONS[key]
                 for name, v in value.items():
                     if name not in _COERCE:

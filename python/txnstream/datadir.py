@@ -333,19 +333,33 @@ def ledger_internal_stats(ml: ManagedLedger) -> dict[str, Any]:
     }
 
 
+def _partition_count(path: Path, topic: str) -> int | None:
+    """``topic``'s partition count in the topics registry (None: not registered)."""
+    raw = _compacted_get(path, TOPICS_REGISTRY, topic)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise CorruptEntryError(
+            f"{TOPICS_REGISTRY}: the partition count of {topic} is {raw!r}, not a number",
+            position=None,
+            offset=0,
+        ) from None
+
+
 def _partitions(path: Path, topic: str, names: set[str]) -> list[TopicName]:
     """Return the partitions of ``topic`` the directory knows (InvalidTopicNameError if none)."""
     tn = TopicName.parse(topic)
     if tn.is_partition:
         if tn.full in names:
             return [tn]
-        count = _compacted_get(path, TOPICS_REGISTRY, tn.base.full)
-        if count is not None and tn.partition < int(count):
+        count = _partition_count(path, tn.base.full)
+        if count is not None and tn.partition < count:
             return [tn]
     else:
-        count = _compacted_get(path, TOPICS_REGISTRY, tn.full)
-        if count is not None:
-            n = int(count)
+        n = _partition_count(path, tn.full)
+        if n is not None:
             return [tn] if n == 0 else [tn.partition_name(i) for i in range(n)]
         if tn.full in names:
             return [tn]
@@ -432,7 +446,9 @@ def _sequence_mark(path: Path, tc_id: int) -> int | None:
     try:
         text = p.read_text("ascii").strip()
     except (FileNotFoundError, UnicodeDecodeError):
-        return None
+        return None  # absent, or not a number: no mark (as the coordinator reads it)
+    except OSError as e:
+        raise StorageError(f"{p}: cannot be read: {e}", errno=e.errno) from e
     return int(text) if text.isdigit() else None
 
 

@@ -248,6 +248,8 @@ class CoordinatorConfig:
                 if spelling in extra:
                     raw = extra[spelling]
                     try:
+                        if isinstance(raw, bool) or (conv is int and isinstance(raw, float)):
+                            raise TypeError  # True is not 1, nor 2.9 a count of 2
                         values[name] = conv(raw)
                     except (TypeError, ValueError):
                         raise ConfigError(

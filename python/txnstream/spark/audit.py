@@ -1103,14 +1103,17 @@ def _not_checked(reason: str, **extra: Any) -> dict[str, Any]:
     return {"verdict": "not_checked", "reason": reason, **extra}
 
 
-def _consumed(ctx: AuditContext, ins: DataFrame) -> DataFrame:
-    """Input messages consumed and committed: one row each, ``via`` ack or cursor."""
+def _acked_by(ctx: AuditContext, ins: DataFrame, txns: DataFrame, how: str) -> DataFrame:
+    """Return the inputs ``ins`` covered by an ACK record of the transactions ``txns`` selects.
+
+    ``how``: ``inner`` (acks of the transactions in ``txns``) or
+    ``left_anti`` (acks of every other transaction).
+    """
     owners = ctx.table("pending_ack_logs")
-    committed = ctx.table("transactions").filter(F.col("status") == "COMMITTED").select(*TXN_KEY)
     acks = (
         ctx.table("pending_ack_records")
         .filter(F.col("op") == "ACK")
-        .join(committed, TXN_KEY, "inner")
+        .join(txns, TXN_KEY, how)
         .join(owners, "log", "inner")
         .select(
             F.col("ledger").alias("a_ledger"),
@@ -1134,12 +1137,30 @@ def _consumed(ctx: AuditContext, ins: DataFrame) -> DataFrame:
     here = F.struct("ledger_id", "entry_id")
     at_ack = F.struct(F.col("m_ledger").alias("ledger_id"), F.col("m_entry").alias("entry_id"))
     same_entry = (F.col("ledger_id") == F.col("m_ledger")) & (F.col("entry_id") == F.col("m_entry"))
-    by_ack = ins.join(
+    return ins.join(
         acks,
         (F.col("ledger") == F.col("a_ledger"))
         & ((same_entry & covered) | (F.col("cumulative") & (here < at_ack))),
         "inner",
     ).select("ledger", "ledger_id", "entry_id", "batch_index", "ack_most", "ack_least")
+
+
+def _consumed(ctx: AuditContext, ins: DataFrame) -> DataFrame:
+    """Input messages consumed and committed: one row each, ``via`` ack or cursor.
+
+    On a live directory the cursors are read after the coordinator logs: an
+    input acked by a transaction still in flight at that cut (or begun after
+    it) may show as consumed through its cursor while its outputs are after
+    the cut. Such an input is left out, as its outputs are.
+    """
+    txns = ctx.table("transactions")
+    committed = txns.filter(F.col("status") == "COMMITTED").select(*TXN_KEY)
+    decided = txns.filter(F.col("status").isin("COMMITTED", "ABORTED")).select(*TXN_KEY)
+    by_ack = _acked_by(ctx, ins, committed, "inner")
+    in_flight = _acked_by(ctx, ins, decided, "left_anti").select(
+        "ledger", "ledger_id", "entry_id", "batch_index"
+    )
+    here = F.struct("ledger_id", "entry_id")
     cursors = ctx.table("cursor_deleted").withColumnRenamed("ledger", "c_ledger")
     by_cursor = ins.join(
         cursors,
@@ -1157,6 +1178,9 @@ def _consumed(ctx: AuditContext, ins: DataFrame) -> DataFrame:
             )
         ),
         "left_semi",
+    )
+    by_cursor = by_cursor.join(
+        in_flight, ["ledger", "ledger_id", "entry_id", "batch_index"], "left_anti"
     ).select(
         "ledger",
         "ledger_id",

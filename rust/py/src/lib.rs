@@ -29,6 +29,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("MAGIC", txnstream_core::frame::MAGIC)?;
     m.add("VERSION", txnstream_core::frame::VERSION)?;
     m.add("MAX_BATCH_SIZE", txnstream_core::ackset::MAX_BATCH_SIZE)?;
+    m.add("MAX_ENTRY_SIZE", txnstream_core::ledger::MAX_ENTRY_SIZE)?;
     m.add(
         "HOLD_CURSOR_PREFIX",
         txnstream_core::ledger::HOLD_CURSOR_PREFIX,

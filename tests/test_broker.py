@@ -512,6 +512,8 @@ def test_cumulative_ack_needs_the_subscription_to_itself(broker: Broker) -> None
     with pytest.raises(InvalidArgumentError, match="2 consumers share it") as err:
         a.ack_cumulative(m2, txn=txn)
     assert err.value.argument == "msg"  # type: ignore[attr-defined]
+    # Refused before any side effect: the transaction did not register the subscription.
+    assert broker.admin.get_transaction(txn.txn_id).subscriptions == ()
     with pytest.raises(InvalidArgumentError, match="2 consumers share it"):
         a.ack_cumulative(m2)
     txn.abort()

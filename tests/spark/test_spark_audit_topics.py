@@ -27,7 +27,7 @@ import pytest
 from click.testing import CliRunner
 from pyspark.sql import SparkSession
 
-from txnstream import Broker
+from txnstream import Broker, Position
 from txnstream.buffer.transaction_buffer import TransactionBuffer
 from txnstream.cli import main
 from txnstream.client import Message, MessageId
@@ -445,3 +445,54 @@ def test_live_commit_after_the_coordinator_cut_is_no_lost_input(
         assert r.verdict == "PASS", violation_rows(r, spark)
         ex = r.summary["exactly_once"]
         assert (ex["verdict"], ex["outputs_after_cut"]) == ("PASS", 1)
+
+
+def test_a_committed_transaction_trimmed_from_the_coordinator_log_is_not_in_flight(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Its ACK record outlives its coordinator records (a later open ack pins that ledger).
+
+    Missing from the coordinator table, it was taken for one in flight: its
+    input left the cursor evidence and its committed output became an
+    ``untraceable_output`` safety violation on clean data.
+    """
+    import time
+
+    from txnstream._native import ManagedLedger
+
+    in_t, out_t = "persistent://public/default/in", "persistent://public/default/out"
+    data = tmp_path / "data"
+    with Broker.open(data, BrokerConfig(max_entries_per_ledger=4), registry=None) as broker:
+        client = broker.client("w")
+        consumer = client.subscribe(in_t, "sub")
+        p_in, p_out = client.producer(in_t, name="seed"), client.producer(out_t, name="etl")
+        for i in range(2):
+            p_in.send(b"v%d" % i, key=f"in-{i}")
+
+        def process() -> Any:
+            m = consumer.receive(timeout_ms=2000)
+            assert m is not None
+            t = client.transaction(timeout_ms=600_000)
+            p_out.send(b"o", properties={"source": m.key or ""}, txn=t)
+            consumer.ack(m, txn=t)
+            return t
+
+        process().commit()
+        for _ in range(6):  # its coordinator records roll into ledgers that get trimmed
+            client.transaction(timeout_ms=600_000).commit()
+        process()  # open: its ACK keeps the first one's pending-ack ledger stored
+        for _ in range(12):
+            client.transaction(timeout_ms=600_000).commit()
+        log = ManagedLedger.open(data, "__transaction_log_0", read_only=True)
+        deadline = time.monotonic() + 30
+        while (log.first_position or Position(0, 0)).ledger_id <= 1:
+            assert time.monotonic() < deadline, "the coordinator log was not trimmed"
+            broker.maintain_now()
+            time.sleep(0.05)
+            log.close()
+            log = ManagedLedger.open(data, "__transaction_log_0", read_only=True)
+        log.close()
+        broker.write_snapshots(due_only=False)
+        broker.topic(in_t).ml.open_cursor("sub").flush()
+    r = run_audit(data, tmp_path / "a", spark=spark)
+    assert r.verdict == "PASS", violation_rows(r, spark)

@@ -276,6 +276,8 @@ def test_live_directory_while_a_writer_commits(spark: SparkSession, tmp_path: Pa
         ({"path": "DIR", "topic": "orders", "isolation": ""}, "isolation"),
         ({"path": "DIR", "topic": "orders", "mode": " "}, "mode"),
         ({"path": "DIR", "topic": "orders-["}, "topic"),
+        ({"path": "DIR", "topic": "orders[1]-["}, "topic"),
+        ({"path": "DIR", "topic": "orders[!]"}, "topic"),
         (
             {"path": "DIR", "topic": "orders", "startingPositions": '{"orders": {"0": -2.0}}'},
             "startingPositions",

@@ -397,8 +397,32 @@ class Subscription:
     def ack_cumulative(self, position: TxnPosition) -> None:
         """Acknowledge every message up to ``position`` outside any transaction."""
         with self.cond:
+            self._check_alone_locked(position)
             self.pending.ack_cumulative_outside(position)
             self._forget_through(position)
+
+    def check_alone(self, position: TxnPosition) -> None:
+        """Raise if a cumulative ack up to ``position`` is refused (before any side effect).
+
+        The ack itself checks again under the lock, so a consumer attaching
+        in between is caught too.
+        """
+        with self.cond:
+            self._check_alone_locked(position)
+
+    def _check_alone_locked(self, position: TxnPosition) -> None:
+        # Under the lock, with the ack that follows: a cumulative ack needs the
+        # subscription to one consumer (Pulsar: Exclusive or Failover), or it
+        # would cover -- and on abort deliver again -- what the others received.
+        n = len(self._consumers)
+        if n > 1:
+            raise InvalidArgumentError(
+                f"ack_cumulative on subscription {self.name!r} of {self.partition}: {n} "
+                "consumers share it, and a cumulative ack would cover what the others "
+                "received; acknowledge each message instead (ack)",
+                argument="msg",
+                value=str(position),
+            )
 
     def _forget_through(self, position: TxnPosition) -> None:
         # Under the lock: acknowledged up to ``position``.
@@ -415,6 +439,9 @@ class Subscription:
         """Acknowledge in ``txn`` (pending until it ends); the ACK record's future."""
         with self.cond:
             self._check_open()
+            if cumulative:
+                self._check_alone_locked(positions[0])
+                return self.pending.ack(txn, positions, cumulative)
         return self.pending.ack(txn, positions, cumulative)
 
     def _txn_ended(

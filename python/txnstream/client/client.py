@@ -765,19 +765,11 @@ class Consumer:
         """
         self._check()
         sub, pos = self._where(msg)
-        n = sub.consumers()
-        if n > 1:
-            raise InvalidArgumentError(
-                f"ack_cumulative on subscription {sub.name!r} of {sub.partition}: {n} consumers "
-                "share it, and a cumulative ack would cover what the others received; "
-                "acknowledge each message instead (ack)",
-                argument="msg",
-                value=str(pos),
-            )
         t = self._txn(txn)
         if t is None:
             sub.ack_cumulative(pos)
             return
+        sub.check_alone(pos)  # before the transaction registers the subscription
         self._ack_in(t, sub, pos, cumulative=True)
 
     def negative_ack(self, msg: MessageLike) -> None:

@@ -1103,17 +1103,13 @@ def _not_checked(reason: str, **extra: Any) -> dict[str, Any]:
     return {"verdict": "not_checked", "reason": reason, **extra}
 
 
-def _acked_by(ctx: AuditContext, ins: DataFrame, txns: DataFrame, how: str) -> DataFrame:
-    """Return the inputs ``ins`` covered by an ACK record of the transactions ``txns`` selects.
-
-    ``how``: ``inner`` (acks of the transactions in ``txns``) or
-    ``left_anti`` (acks of every other transaction).
-    """
+def _acked_by(ctx: AuditContext, ins: DataFrame, txns: DataFrame) -> DataFrame:
+    """Return the inputs ``ins`` covered by an ACK record of a transaction in ``txns``."""
     owners = ctx.table("pending_ack_logs")
     acks = (
         ctx.table("pending_ack_records")
         .filter(F.col("op") == "ACK")
-        .join(txns, TXN_KEY, how)
+        .join(txns, TXN_KEY, "inner")
         .join(owners, "log", "inner")
         .select(
             F.col("ledger").alias("a_ledger"),
@@ -1155,9 +1151,22 @@ def _consumed(ctx: AuditContext, ins: DataFrame) -> DataFrame:
     """
     txns = ctx.table("transactions")
     committed = txns.filter(F.col("status") == "COMMITTED").select(*TXN_KEY)
-    decided = txns.filter(F.col("status").isin("COMMITTED", "ABORTED")).select(*TXN_KEY)
-    by_ack = _acked_by(ctx, ins, committed, "inner")
-    in_flight = _acked_by(ctx, ins, decided, "left_anti").select(
+    by_ack = _acked_by(ctx, ins, committed)
+    # In flight at the cut: undecided there, or begun after it (an id above
+    # every id its coordinator's log showed). One the logs no longer hold
+    # with a lower id was decided and trimmed before the cut: not in flight.
+    undecided = txns.filter(F.col("status").isin("OPEN", "COMMITTING", "ABORTING"))
+    highest = txns.groupBy("txnid_most_bits").agg(F.max("txnid_least_bits").alias("seen"))
+    acked_txns = (
+        ctx.table("pending_ack_records").filter(F.col("op") == "ACK").select(*TXN_KEY).distinct()
+    )
+    later = (
+        acked_txns.join(txns.select(*TXN_KEY), TXN_KEY, "left_anti")
+        .join(highest, "txnid_most_bits", "left")
+        .filter(F.col("seen").isNull() | (F.col("txnid_least_bits") > F.col("seen")))
+        .select(*TXN_KEY)
+    )
+    in_flight = _acked_by(ctx, ins, undecided.select(*TXN_KEY).unionByName(later)).select(
         "ledger", "ledger_id", "entry_id", "batch_index"
     )
     here = F.struct("ledger_id", "entry_id")

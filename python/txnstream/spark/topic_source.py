@@ -752,6 +752,25 @@ def _complete(pattern: str) -> str:
     return f"{DOMAIN}://{pattern}"
 
 
+def _unclosed_bracket(pattern: str) -> bool:
+    """Return True if a '[' of ``pattern`` has no closing ']' (as ``fnmatch`` reads it)."""
+    i, n = 0, len(pattern)
+    while i < n:
+        if pattern[i] == "[":
+            j = i + 1
+            if j < n and pattern[j] == "!":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1  # a ']' first in the set is a member
+            close = pattern.find("]", j)
+            if close < 0:
+                return True
+            i = close + 1
+        else:
+            i += 1
+    return False
+
+
 def _select(names: Sequence[str], spec: str) -> tuple[str, ...]:
     """Ledger names of the partitions ``spec`` (the option ``topic``) selects."""
     topics = _topic_ledgers(names)
@@ -760,7 +779,7 @@ def _select(names: Sequence[str], spec: str) -> tuple[str, ...]:
         if not item:
             raise _bad("topic", spec, "holds an empty name")
         if any(c in item for c in "*?["):
-            if "[" in item and "]" not in item[item.index("[") + 2 :]:
+            if _unclosed_bracket(item):
                 # fnmatch takes an unclosed '[' literally: a query selecting nothing, forever.
                 raise _bad("topic", item, "holds a '[' with no closing ']'")
             pattern = _complete(item)
@@ -935,9 +954,9 @@ def read_marker_range(path: str, part: TopicRange) -> Iterator[pa.RecordBatch]:
         yield from _remote_marker_range(part)
         return
     ml = ManagedLedger.open(path, part.ledger, read_only=True)
+    next_entry = part.first_entry
     try:
         after = _before((part.ledger_id, part.first_entry))
-        next_entry = part.first_entry
         while True:
             # No further than the range's last entry (the scan would run into later ledgers).
             want = min(_SCAN_CHUNK, part.last_entry - next_entry + 1)
@@ -948,12 +967,16 @@ def read_marker_range(path: str, part: TopicRange) -> Iterator[pa.RecordBatch]:
             found = [(r[1], r[2], r[3]) for r in inside if r[2] is not None]
             if found:
                 yield _marker_batch(part, found)
+            if inside:
+                next_entry = inside[-1][1] + 1
             if len(inside) < len(rows) or not rows:
-                return
+                break
             after = Position(rows[-1][0], rows[-1][1])
-            next_entry = rows[-1][1] + 1
     finally:
         ml.close()
+    if next_entry <= part.last_entry:
+        # Came up short: the ledger was trimmed after planning (see read_topic_range).
+        yield from _remote_marker_range(_offloaded_rest(path, part, next_entry))
 
 
 def _remote_marker_range(part: TopicRange) -> Iterator[pa.RecordBatch]:

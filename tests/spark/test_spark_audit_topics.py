@@ -399,6 +399,30 @@ def test_topic_source_refuses_an_unknown_mode(planted: Planted, spark: SparkSess
         )
 
 
+class _HandCtp:
+    """Consume-transform-produce units by hand: inputs keyed ``in-N``, outputs naming them."""
+
+    IN = "persistent://public/default/in"
+    OUT = "persistent://public/default/out"
+
+    def __init__(self, broker: Broker, inputs: int) -> None:
+        self.client = broker.client("w")
+        self.consumer = self.client.subscribe(self.IN, "sub")
+        self.out = self.client.producer(self.OUT, name="etl")
+        seed = self.client.producer(self.IN, name="seed")
+        for i in range(inputs):
+            seed.send(b"v%d" % i, key=f"in-{i}")
+
+    def process(self) -> Any:
+        """Take one input, send its output and ack it in a new transaction (not ended)."""
+        m = self.consumer.receive(timeout_ms=2000)
+        assert m is not None
+        t = self.client.transaction(timeout_ms=600_000)
+        self.out.send(b"o", properties={"source": m.key or ""}, txn=t)
+        self.consumer.ack(m, txn=t)
+        return t
+
+
 def test_live_commit_after_the_coordinator_cut_is_no_lost_input(
     spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -412,31 +436,17 @@ def test_live_commit_after_the_coordinator_cut_is_no_lost_input(
 
     from txnstream.spark import audit
 
-    in_t, out_t = "persistent://public/default/in", "persistent://public/default/out"
     with Broker.open(tmp_path / "data", BrokerConfig(), registry=None) as broker:
-        client = broker.client("w")
-        consumer = client.subscribe(in_t, "sub")
-        p_in, p_out = client.producer(in_t, name="seed"), client.producer(out_t, name="etl")
-        for i in range(4):
-            p_in.send(b"v%d" % i, key=f"in-{i}")
-
-        def process() -> Any:
-            m = consumer.receive(timeout_ms=2000)
-            assert m is not None
-            t = client.transaction(timeout_ms=600_000)
-            p_out.send(b"o", properties={"source": m.key or ""}, txn=t)
-            consumer.ack(m, txn=t)
-            return t
-
+        ctp = _HandCtp(broker, 4)
         for _ in range(3):
-            process().commit()
-        late = process()  # in flight when the audit reads the coordinator logs
+            ctp.process().commit()
+        late = ctp.process()  # in flight when the audit reads the coordinator logs
         load_topics = audit._load_topics
 
         def commit_then_load(*args: Any) -> Any:
             late.commit()
             broker.maintain_now()
-            broker.topic(in_t).ml.checkpoint()
+            broker.topic(_HandCtp.IN).ml.checkpoint()
             time.sleep(1.5)  # the cursor's new position reaches the files
             return load_topics(*args)
 
@@ -460,29 +470,15 @@ def test_a_committed_transaction_trimmed_from_the_coordinator_log_is_not_in_flig
 
     from txnstream._native import ManagedLedger
 
-    in_t, out_t = "persistent://public/default/in", "persistent://public/default/out"
     data = tmp_path / "data"
     with Broker.open(data, BrokerConfig(max_entries_per_ledger=4), registry=None) as broker:
-        client = broker.client("w")
-        consumer = client.subscribe(in_t, "sub")
-        p_in, p_out = client.producer(in_t, name="seed"), client.producer(out_t, name="etl")
-        for i in range(2):
-            p_in.send(b"v%d" % i, key=f"in-{i}")
-
-        def process() -> Any:
-            m = consumer.receive(timeout_ms=2000)
-            assert m is not None
-            t = client.transaction(timeout_ms=600_000)
-            p_out.send(b"o", properties={"source": m.key or ""}, txn=t)
-            consumer.ack(m, txn=t)
-            return t
-
-        process().commit()
+        ctp = _HandCtp(broker, 2)
+        ctp.process().commit()
         for _ in range(6):  # its coordinator records roll into ledgers that get trimmed
-            client.transaction(timeout_ms=600_000).commit()
-        process()  # open: its ACK keeps the first one's pending-ack ledger stored
+            ctp.client.transaction(timeout_ms=600_000).commit()
+        ctp.process()  # open: its ACK keeps the first one's pending-ack ledger stored
         for _ in range(12):
-            client.transaction(timeout_ms=600_000).commit()
+            ctp.client.transaction(timeout_ms=600_000).commit()
         log = ManagedLedger.open(data, "__transaction_log_0", read_only=True)
         deadline = time.monotonic() + 30
         while (log.first_position or Position(0, 0)).ledger_id <= 1:
@@ -493,6 +489,6 @@ def test_a_committed_transaction_trimmed_from_the_coordinator_log_is_not_in_flig
             log = ManagedLedger.open(data, "__transaction_log_0", read_only=True)
         log.close()
         broker.write_snapshots(due_only=False)
-        broker.topic(in_t).ml.open_cursor("sub").flush()
+        broker.topic(_HandCtp.IN).ml.open_cursor("sub").flush()
     r = run_audit(data, tmp_path / "a", spark=spark)
     assert r.verdict == "PASS", violation_rows(r, spark)

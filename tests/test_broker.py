@@ -913,3 +913,21 @@ def test_the_coordinator_batch_switch_is_checked_like_the_pending_ack_one(tmp_pa
         assert not any(
             w["batch_enabled"] for w in b.admin.batched_log_stats("coordinator")["writers"]
         )
+
+
+def test_a_live_batch_switch_is_persisted_like_a_pulsar_dynamic_setting(tmp_path: Path) -> None:
+    """It survives a restart, and the directory's file views show it while the broker runs."""
+    from txnstream.config import read_dynamic_config
+
+    with Broker.open(tmp_path, registry=None) as b:
+        b.admin.set_transaction_log_batch_enabled(True)
+        b.admin.set_pending_ack_batch_enabled(True)
+        assert read_dynamic_config(tmp_path) == {
+            "transactionLogBatchedWriteEnabled": True,
+            "transactionPendingAckBatchedWriteEnabled": True,
+        }
+    with Broker.open(tmp_path, registry=None) as b:  # the default config says off
+        assert b.config.transaction_log_batched_write.enabled
+        assert b.config.pending_ack_batched_write.enabled
+        b.admin.set_transaction_log_batch_enabled(False)
+    assert read_dynamic_config(tmp_path)["transactionLogBatchedWriteEnabled"] is False

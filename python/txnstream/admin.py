@@ -147,19 +147,18 @@ class Admin:
         return self._broker._coordinators().stats()
 
     def set_transaction_log_batch_enabled(self, enabled: bool) -> None:
-        """Switch batched writes of every coordinator's log (PIP-160)."""
-        if not isinstance(enabled, bool):
-            raise InvalidArgumentError(
-                f"enabled must be a bool, got {enabled!r}", argument="enabled", value=enabled
-            )
-        # Through the broker's config: checked as at open (a batch limit the
-        # writers refuse is a ConfigError here too), and kept in step with it.
-        self._broker.config.set("transactionLogBatchedWriteEnabled", enabled)
+        """Switch batched writes of every coordinator's log (PIP-160), persisted.
+
+        Checked as at open and written to the directory's dynamic settings
+        first (``Broker.set_dynamic``): it survives a restart, as a Pulsar
+        dynamic setting does.
+        """
+        self._broker.set_dynamic("transactionLogBatchedWriteEnabled", enabled)
         for tc in self._broker._coordinators().coordinators():
             tc.set_batch_enabled(enabled)
 
     def set_pending_ack_batch_enabled(self, enabled: bool) -> None:
-        """Switch batched writes of every pending-ack log (PIP-160)."""
+        """Switch batched writes of every pending-ack log (PIP-160), persisted (as above)."""
         self._broker.set_pending_ack_batch_enabled(enabled)
 
     def pending_ack_batch_stats(self) -> dict[str, dict[str, Any]]:

@@ -543,8 +543,9 @@ def write_dynamic_config(
     Every key must be one of :data:`DYNAMIC_SETTINGS`; values are checked
     first (nothing is written on a :class:`ConfigError`). The file is
     replaced atomically and durably (temp file, fsync, rename, directory
-    fsync). Returns every persisted setting. Only for a closed directory:
-    a running broker reads it at its next open.
+    fsync). Returns every persisted setting. The CLI writes it for a closed
+    directory (a running broker reads it at its next open); a running broker
+    writes it itself when switched live (``Broker.set_dynamic``).
     """
     if not isinstance(settings, Mapping):
         raise ConfigError(

@@ -47,6 +47,7 @@ topics and logs, then the timer.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -64,7 +65,7 @@ from txnstream.broker.topic_name import MAX_PARTITIONS, TopicName
 from txnstream.buffer import TxnOutcomes
 from txnstream.buffer.snapshot_reader import SharedSnapshotReader, SnapshotReaders
 from txnstream.buffer.snapshot_writer import SnapshotWriter
-from txnstream.config import BrokerConfig, apply_dynamic_config
+from txnstream.config import BrokerConfig, apply_dynamic_config, write_dynamic_config
 from txnstream.coordinator import (
     CoordinatorConfig,
     TransactionCoordinator,
@@ -795,14 +796,30 @@ class Broker:
             return list(self._writers.values())
 
     def set_pending_ack_batch_enabled(self, enabled: bool) -> None:
-        """Switch batched writes of every pending-ack log on or off (now and for new ones)."""
+        """Switch batched writes of every pending-ack log on or off.
+
+        Now, for new logs, and after a restart (persisted: :meth:`set_dynamic`).
+        """
+        self.set_dynamic("transactionPendingAckBatchedWriteEnabled", enabled)
+        for w in self.pending_ack_writers():
+            w.set_batch_enabled(enabled)
+
+    def set_dynamic(self, key: str, enabled: bool) -> None:
+        """Check, persist and take one dynamic batch switch (Pulsar's dynamic configuration).
+
+        Checked as at open (a batch limit the writers refuse is a
+        :class:`ConfigError`, nothing changed), then written durably to the
+        directory's ``dynamic-config.toml`` -- so the next open and the
+        CLI's file views see it, as Pulsar persists dynamic settings --
+        then applied to :attr:`config`. The caller switches the writers.
+        """
         if not isinstance(enabled, bool):
             raise InvalidArgumentError(
                 f"enabled must be a bool, got {enabled!r}", argument="enabled", value=enabled
             )
-        self.config.set("transactionPendingAckBatchedWriteEnabled", enabled)
-        for w in self.pending_ack_writers():
-            w.set_batch_enabled(enabled)
+        dataclasses.replace(self.config).set(key, enabled)  # check on a copy first
+        write_dynamic_config(self.path, {key: enabled})
+        self.config.set(key, enabled)
 
     # ------------------------------------------------------------ TxnOutcomes
 

@@ -874,7 +874,7 @@ def test_the_coordinator_count_cannot_be_lowered(tmp_path: Path) -> None:
 
     with Broker.open(tmp_path, BrokerConfig(coordinators=2), registry=None) as b:
         client = b.client()
-        for _ in range(2):  # one transaction per coordinator
+        for _ in range(2):  # both coordinator logs exist from open; these write to them
             with client.transaction() as txn:
                 client.producer("t").send(b"x", txn=txn)
     with pytest.raises(ConfigError, match="set it to at least 2") as err:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from txnstream import Broker, testing
-from txnstream.errors import StorageError, TransactionWriteFailed
+from txnstream.errors import StorageError, StorageStoppedError, TransactionWriteFailed
 
 
 @pytest.fixture
@@ -71,3 +72,38 @@ def test_late_transaction_listed_while_its_abort_is_stuck(broker: Broker) -> Non
         testing.release_fault(ml, "sync")
     testing.wait_until(lambda: not broker.admin.late_transactions(), 10_000)
     testing.wait_until(lambda: not broker.admin.open_transactions(), 10_000)
+
+
+@pytest.mark.parametrize("kind", ["sync", "write"])
+def test_a_panicking_storage_thread_fails_the_commit_fast_and_close_returns(
+    tmp_path: Path, kind: str
+) -> None:
+    # A bug that panics on a storage thread: the commit fails at once (the
+    # stopped storage is not retried for the whole end timeout), every
+    # later call fails the same way, close returns, and reopening recovers
+    # everything acknowledged before; nothing of the transaction is visible
+    # (its NEW record may have reached the file: then its timeout aborts it,
+    # as after a kill -9 between a write and its sync).
+    b = Broker.open(tmp_path, registry=None)
+    client = b.client()
+    p = client.producer("t")
+    kept = p.send(b"before")
+    testing.inject_panic(b.topic("t").ml, kind)
+    started = time.monotonic()
+    txn = client.transaction()
+    # The send fails (no position) or only the commit does.
+    with contextlib.suppress(StorageStoppedError):
+        p.send(b"in txn", txn=txn)
+    with pytest.raises((StorageStoppedError, TransactionWriteFailed)):
+        txn.commit()
+    with pytest.raises(StorageStoppedError):
+        p.send(b"after")
+    with pytest.raises(StorageStoppedError):
+        b.close()
+    assert time.monotonic() - started < b.config.end_timeout_ms / 1000.0
+    with Broker.open(tmp_path, registry=None) as again:
+        c = again.client().subscribe("t", "s", initial_position="earliest")
+        got = c.receive(5000)
+        assert got is not None and (got.value, got.message_id) == (b"before", kept)
+        assert c.receive(300) is None
+        assert {t.txn_id for t in again.admin.open_transactions()} <= {txn.txn_id}

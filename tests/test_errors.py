@@ -16,6 +16,7 @@ from txnstream import errors
         (ts.ConfigError, (ts.TxnStreamError, ValueError)),
         (ts.InvalidArgumentError, (ts.TxnStreamError, ValueError)),
         (ts.StorageError, (ts.TxnStreamError, OSError)),
+        (ts.StorageStoppedError, (ts.StorageError, ts.TxnStreamError, OSError)),
         (ts.WriterClosedError, (ts.TxnStreamError,)),
         (ts.TransactionNotFound, (ts.TransactionError, ts.TxnStreamError)),
         (ts.TransactionConflictError, (ts.TransactionError,)),

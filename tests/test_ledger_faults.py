@@ -11,6 +11,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,6 +21,8 @@ from txnstream import (
     ManagedLedger,
     Position,
     StorageError,
+    StorageStoppedError,
+    TxnPosition,
     testing,
 )
 
@@ -106,6 +109,45 @@ def test_sync_append_gets_the_error_and_bad_fault_kind(tmp_path: Path) -> None:
         assert ml.read(ml.append(b"y")) == b"y"
         with pytest.raises(InvalidArgumentError):
             testing.inject_fault(ml, "explode")
+
+
+@pytest.mark.parametrize("kind", ["sync", "write"])
+def test_a_panicking_storage_thread_answers_every_future_and_close_returns(
+    tmp_path: Path, kind: str
+) -> None:
+    # A bug that panics on a storage thread: every pending future (ledger
+    # appends and BufferedWriter records) gets a StorageError instead of
+    # waiting forever, later writes fail at once, close returns, and the
+    # next open has everything acknowledged before.
+    from txnstream._native import BufferedWriter
+
+    ml = ManagedLedger.open(tmp_path, "p")
+    good = [ml.append(payload(i)) for i in range(3)]
+    writer = BufferedWriter(ml, max_delay_ms=1.0)
+    testing.inject_panic(ml, kind)
+    futures: list[cf.Future[Any]] = [ml.append_async(payload(i)) for i in range(10)]
+    futures += [writer.write(b"r%d" % i) for i in range(10)]
+    outcomes: list[object] = []
+    for f in futures:
+        try:
+            outcomes.append(f.result(timeout=20))  # a hang fails here, not forever
+        except StorageError as e:
+            outcomes.append(e)
+    first = outcomes[0]
+    assert isinstance(first, StorageStoppedError)
+    assert not first.retriable and first.errno is None
+    assert all(isinstance(o, Position | StorageStoppedError) for o in outcomes[:10])
+    assert all(isinstance(o, TxnPosition | StorageStoppedError) for o in outcomes[10:])
+    with pytest.raises(StorageStoppedError, match="panicked"):
+        ml.append(b"later")
+    with pytest.raises(StorageStoppedError):
+        ml.close()
+    with ManagedLedger.open(tmp_path, "p") as again:
+        assert [again.read(p) for p in good] == [payload(i) for i in range(3)]
+        for i, got in enumerate(outcomes[:10]):
+            if isinstance(got, Position):
+                assert again.read(got) == payload(i)
+        assert again.read(again.append(b"after")) == b"after"
 
 
 REAL_LIMIT = textwrap.dedent(

@@ -94,6 +94,17 @@ class StorageError(TxnStreamError, OSError):
     retriable = True
 
 
+class StorageStoppedError(StorageError):
+    """The data directory's storage stopped: a storage thread failed (a bug).
+
+    Not retriable: every later write fails the same way until the data
+    directory is opened again (which recovers everything acknowledged). A
+    write that was in flight may or may not be durable.
+    """
+
+    retriable = False
+
+
 class WriterClosedError(TxnStreamError):
     """A buffered writer was closed before the record was written."""
 
@@ -237,6 +248,7 @@ __all__ = [
     "PositionNotFoundError",
     "ReadOnlyError",
     "StorageError",
+    "StorageStoppedError",
     "TransactionAlreadyAborted",
     "TransactionAlreadyCommitted",
     "TransactionConflictError",

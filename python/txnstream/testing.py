@@ -70,6 +70,15 @@ def inject_fault(ml: ManagedLedger, kind: str, errno: int = 5, times: int = 1) -
     _hooks().inject_fault(ml, kind, errno, times)
 
 
+def inject_panic(ml: ManagedLedger, kind: str) -> None:
+    """Make the next call of ``kind`` panic on the storage thread that makes it.
+
+    A bug's worst case: every caller must still get an answer (an error),
+    and nothing more is written until the directory is opened again.
+    """
+    _hooks().inject_panic(ml, kind)
+
+
 def hold_fault(ml: ManagedLedger, kind: str) -> None:
     """Hold every later call of ``kind`` at a gate until :func:`release_fault`."""
     _hooks().hold_fault(ml, kind)
@@ -500,6 +509,7 @@ __all__ = [
     "fire_timeout",
     "hold_fault",
     "inject_fault",
+    "inject_panic",
     "live_meta",
     "log_ledger",
     "queued_calls",

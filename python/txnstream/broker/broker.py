@@ -981,16 +981,27 @@ class Broker:
             self._topics.clear()
         if self._registry is not None:
             unregister_broker(self._label or "broker", self, self._registry)
+        # The last logs: their failure (e.g. the storage stopped) is raised,
+        # after the timers are closed all the same.
+        failure: BaseException | None = None
         tiered, self._tiered = self._tiered, None
         if tiered is not None:
             if self._registry is not None and tiered.collector is not None:
                 with contextlib.suppress(KeyError):
                     self._registry.unregister(tiered.collector)
-            tiered.metadata_ml.close()
+            try:
+                tiered.metadata_ml.close()
+            except Exception as exc:
+                failure = exc
         if self._registry_topic is not None:
-            self._registry_topic.close()
+            try:
+                self._registry_topic.close()
+            except Exception as exc:
+                failure = failure or exc
             self._registry_topic = None
         self.timers.close()
+        if failure is not None:
+            raise failure
 
     def __enter__(self) -> Broker:
         return self

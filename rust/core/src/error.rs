@@ -61,6 +61,10 @@ pub enum Error {
     /// The managed ledger was closed.
     #[error("managed ledger {0} is closed")]
     LedgerClosed(String),
+    /// The data directory's storage stopped (a storage thread panicked):
+    /// nothing more is written until it is opened again.
+    #[error("storage stopped: {0}")]
+    Stopped(String),
     /// The managed ledger was opened read-only.
     #[error("managed ledger {0} is open read-only")]
     ReadOnly(String),

@@ -1003,3 +1003,120 @@ fn positions_handed_out_before_a_failed_write_are_never_reused() {
         .collect();
     assert_eq!(again, positions);
 }
+
+/// Runs `f` on its own thread; panics if it has not returned within 20 s
+/// (a hang fails the test instead of stalling the suite).
+#[cfg(feature = "testing")]
+fn within<T: Send + 'static>(what: &str, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(Duration::from_secs(20))
+        .unwrap_or_else(|_| panic!("{what} did not return within 20 s"))
+}
+
+#[cfg(feature = "testing")]
+#[test]
+fn a_panicking_storage_thread_fails_every_caller_and_close_returns() {
+    // A bug that panics on a storage thread must not leave a caller
+    // waiting forever. Small groups are synced by the writer thread itself,
+    // groups of 64 KiB and more by the sync thread: a panic at the sync
+    // (FaultKind::Sync) of each, and at the writer's write (Write).
+    let cases = [
+        (FaultKind::Write, 1usize),
+        (FaultKind::Sync, 1),
+        (FaultKind::Sync, 100 << 10),
+    ];
+    for (kind, bytes) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let ml = Arc::new(ManagedLedger::open(tmp.path(), "p", opts()).unwrap());
+        let good: Vec<Position> = (0..5).map(|i| ml.append(&payload(i)).unwrap()).collect();
+        ml.fault_injector().inject_panic(kind);
+        let (tx, rx) = mpsc::channel();
+        // One group of `bytes` (in 10 entries), then single appends.
+        let big = vec![vec![7u8; bytes.div_ceil(10)]; 10];
+        let t = tx.clone();
+        ml.append_many_async(big, Box::new(move |r| t.send(r).unwrap()));
+        for i in 0..20u64 {
+            let tx = tx.clone();
+            ml.append_async(
+                payload(i),
+                Box::new(move |r| tx.send(r.map(|p| vec![p])).unwrap()),
+            );
+        }
+        let results: Vec<_> = (0..21)
+            .map(|_| {
+                rx.recv_timeout(Duration::from_secs(20))
+                    .unwrap_or_else(|_| panic!("{kind:?} {bytes}: an append callback never ran"))
+            })
+            .collect();
+        assert!(results[0].is_err(), "{kind:?} {bytes}: {:?}", results[0]);
+        // Later writes fail at once: the journal stopped.
+        let m = Arc::clone(&ml);
+        match within("a later append", move || m.append(b"later")) {
+            Err(Error::Stopped(message)) => assert!(message.contains("panicked"), "{message}"),
+            other => panic!("{kind:?} {bytes}: {other:?}"),
+        }
+        let m = Arc::clone(&ml);
+        let closed = within("close", move || m.close());
+        assert!(
+            closed.is_err(),
+            "{kind:?} {bytes}: close after a panic reports it"
+        );
+        drop(ml);
+        // Everything acknowledged is there after reopening, and the
+        // directory takes writes again.
+        let ml = ManagedLedger::open(tmp.path(), "p", opts()).unwrap();
+        for (i, g) in good.iter().enumerate() {
+            assert_eq!(ml.read(*g).unwrap(), payload(i as u64));
+        }
+        for p in results.into_iter().filter_map(Result::ok).flatten() {
+            assert!(
+                ml.read(p).is_ok(),
+                "{kind:?} {bytes}: acknowledged {p} lost"
+            );
+        }
+        let p = ml.append(b"again").unwrap();
+        assert_eq!(ml.read(p).unwrap(), b"again");
+        ml.close().unwrap();
+    }
+}
+
+#[cfg(feature = "testing")]
+#[test]
+fn a_panicking_flusher_is_reported_and_starts_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let o = LedgerOptions {
+        checkpoint_interval: Duration::from_millis(5),
+        ..opts()
+    };
+    let ml = ManagedLedger::open(tmp.path(), "f", o).unwrap();
+    let stat = |ml: &ManagedLedger, k: &str| {
+        ml.storage_stats()
+            .into_iter()
+            .find(|(n, _)| *n == k)
+            .map(|(_, v)| v)
+            .unwrap()
+    };
+    // The next catalog write (a checkpoint, on the flusher thread) panics.
+    ml.fault_injector().inject_panic(FaultKind::Meta);
+    ml.append(b"one").unwrap();
+    let wait = |what: &str, cond: &dyn Fn() -> bool| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !cond() {
+            assert!(std::time::Instant::now() < deadline, "{what}");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    wait("the panic is reported", &|| {
+        ml.storage_error()
+            .is_some_and(|e| e.contains("flusher thread panicked"))
+    });
+    // Checkpoints go on (the flusher started again) and writes are fine.
+    let before = stat(&ml, "checkpoints");
+    let p = ml.append(b"two").unwrap();
+    wait("a later checkpoint", &|| stat(&ml, "checkpoints") > before);
+    assert_eq!(ml.read(p).unwrap(), b"two");
+    ml.close().unwrap();
+}

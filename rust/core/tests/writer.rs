@@ -573,3 +573,52 @@ fn drop_closes_and_fails_pending() {
     assert!(matches!(col.wait(1)[0].1, Err(Error::WriterClosed(_))));
     assert!(sink.appended().is_empty());
 }
+
+/// Panics at its first append, then forwards to a [`MemSink`].
+struct PanicOnceSink {
+    inner: Arc<MemSink>,
+    armed: std::sync::atomic::AtomicBool,
+}
+
+impl txnstream_core::sink::EntrySink for PanicOnceSink {
+    fn append_async(&self, entry: Vec<u8>, done: txnstream_core::sink::AppendCallback) {
+        if self.armed.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            panic!("a bug in the sink");
+        }
+        self.inner.append_async(entry, done);
+    }
+
+    fn name(&self) -> &str {
+        "panic-once"
+    }
+}
+
+#[test]
+fn a_panic_in_one_writers_timer_flush_does_not_stop_the_timer_for_the_others() {
+    // The max_delay timer is one thread for the whole process: a panic in
+    // one writer's delayed flush must not stop every other writer's.
+    let bad = Arc::new(PanicOnceSink {
+        inner: MemSink::new(),
+        armed: std::sync::atomic::AtomicBool::new(true),
+    });
+    let cfg5 = cfg(1000, 1 << 20, Duration::from_millis(5));
+    let a = BufferedWriter::new(bad.clone(), cfg5, Some("a".into())).unwrap();
+    let dropped = Collector::default();
+    a.write(b"lost", dropped.callback(0)).unwrap();
+    // Only the timer flushes it (max_delay): wait for the panic to happen.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while bad.armed.load(std::sync::atomic::Ordering::SeqCst) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the timer never flushed"
+        );
+        thread::sleep(Duration::from_millis(1));
+    }
+    let sink = MemSink::new();
+    let b = writer(&sink, cfg5);
+    let col = Collector::default();
+    b.write(b"later", col.callback(0)).unwrap();
+    let got = col.wait(1); // fails after 10 s if the timer thread died
+    assert!(got[0].1.is_ok());
+    assert_eq!(sink.entries().len(), 1);
+}

@@ -246,13 +246,44 @@ pub fn future_with_callback<'py, T: Send + 'static>(
     wrap: fn(Py<PyAny>, Result<T>) -> Job,
 ) -> BindResult<(Bound<'py, PyAny>, Resolve<T>)> {
     let fut = new_future(py)?;
-    let handle = fut.clone().unbind();
-    let tx = completer()?;
-    let done = Box::new(move |r: Result<T>| {
-        // The receiver lives for the whole process; a send cannot fail.
-        let _ = tx.send(wrap(handle, r));
-    });
+    let pending = Pending {
+        handle: Some(fut.clone().unbind()),
+        tx: completer()?,
+        wrap,
+    };
+    let done = Box::new(move |r: Result<T>| pending.resolve(r));
     Ok((fut, done))
+}
+
+/// A future's way to the completion thread. Dropped unused -- the core lost
+/// the callback, e.g. a storage thread panicked and unwound -- it resolves
+/// the future with an error, so no Python caller waits forever.
+struct Pending<T> {
+    handle: Option<Py<PyAny>>,
+    tx: Sender<Job>,
+    wrap: fn(Py<PyAny>, Result<T>) -> Job,
+}
+
+impl<T> Pending<T> {
+    fn resolve(mut self, r: Result<T>) {
+        if let Some(h) = self.handle.take() {
+            // The receiver lives for the whole process; a send cannot fail.
+            let _ = self.tx.send((self.wrap)(h, r));
+        }
+    }
+}
+
+impl<T> Drop for Pending<T> {
+    fn drop(&mut self) {
+        if let Some(h) = self.handle.take() {
+            let e = Error::Stopped(
+                "the storage dropped this write without an outcome (a storage thread \
+                 panicked); it may or may not be durable"
+                    .into(),
+            );
+            let _ = self.tx.send((self.wrap)(h, Err(e)));
+        }
+    }
 }
 
 /// A new `concurrent.futures.Future`, already RUNNING so it cannot be

@@ -85,6 +85,10 @@ fn build(py: Python<'_>, err: &Error) -> PyResult<PyErr> {
         }
         Error::WriterClosed(_) => "WriterClosedError",
         Error::LedgerClosed(_) => "LedgerClosedError",
+        Error::Stopped(_) => {
+            details.set_item("errno", py.None())?;
+            "StorageStoppedError"
+        }
         Error::ReadOnly(_) => "ReadOnlyError",
         Error::PositionNotFound { position, .. } => {
             details.set_item("position", (position.ledger_id, position.entry_id))?;

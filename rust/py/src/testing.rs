@@ -4,8 +4,8 @@
 //!
 //! The hooks act on the data directory of a managed ledger (every ledger of
 //! it shares one journal): the next N writes, syncs, reads, preallocations
-//! or catalog writes fail with a chosen errno, or every call of a kind waits
-//! at a gate until released.
+//! or catalog writes fail with a chosen errno (or panic), or every call of a
+//! kind waits at a gate until released.
 
 use crate::args::timeout_ms_arg;
 use crate::errors::BindResult;
@@ -28,6 +28,14 @@ fn fault_kind(kind: &str) -> BindResult<FaultKind> {
 #[pyo3(signature = (ml, kind, errno=5, times=1))]
 fn inject_fault(ml: &PyManagedLedger, kind: &str, errno: i32, times: u32) -> BindResult<()> {
     ml.inner.inject_fault(fault_kind(kind)?, errno, times);
+    Ok(())
+}
+
+/// The next call of ``kind`` panics on the storage thread making it (a
+/// bug's worst case).
+#[pyfunction]
+fn inject_panic(ml: &PyManagedLedger, kind: &str) -> BindResult<()> {
+    ml.inner.fault_injector().inject_panic(fault_kind(kind)?);
     Ok(())
 }
 
@@ -71,6 +79,7 @@ fn clear_faults(ml: &PyManagedLedger) {
 pub fn register(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let t = PyModule::new(m.py(), "_testing")?;
     t.add_function(wrap_pyfunction!(inject_fault, &t)?)?;
+    t.add_function(wrap_pyfunction!(inject_panic, &t)?)?;
     t.add_function(wrap_pyfunction!(hold_fault, &t)?)?;
     t.add_function(wrap_pyfunction!(release_fault, &t)?)?;
     t.add_function(wrap_pyfunction!(wait_fault_held, &t)?)?;

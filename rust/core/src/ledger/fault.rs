@@ -53,6 +53,8 @@ struct Armed {
     kind: FaultKind,
     errno: i32,
     remaining: u32,
+    /// Panic instead of failing (only armed by tests: `testing` feature).
+    panic: bool,
 }
 
 /// Armed faults, shared by a ledger and the test that arms them.
@@ -77,6 +79,21 @@ impl FaultInjector {
             kind,
             errno,
             remaining: times,
+            panic: false,
+        });
+        self.any.store(true, Ordering::Release);
+    }
+
+    /// Makes the next call of `kind` panic, on whichever storage thread
+    /// makes it: a bug's worst case, to check that no caller then waits
+    /// forever.
+    #[cfg(any(test, feature = "testing"))]
+    pub fn inject_panic(&self, kind: FaultKind) {
+        self.armed.lock().push(Armed {
+            kind,
+            errno: 0,
+            remaining: 1,
+            panic: true,
         });
         self.any.store(true, Ordering::Release);
     }
@@ -149,7 +166,7 @@ impl FaultInjector {
             .find(|a| a.kind == kind && a.remaining > 0)
             .map(|a| {
                 a.remaining -= 1;
-                a.errno
+                (a.errno, a.panic)
             });
         armed.retain(|a| a.remaining > 0);
         if armed.is_empty()
@@ -161,8 +178,10 @@ impl FaultInjector {
         {
             self.any.store(false, Ordering::Release);
         }
+        drop(armed);
         match hit {
-            Some(errno) => Err(io::Error::from_raw_os_error(errno)),
+            Some((_, true)) => panic!("injected panic at {kind:?}"),
+            Some((errno, false)) => Err(io::Error::from_raw_os_error(errno)),
             None => Ok(()),
         }
     }

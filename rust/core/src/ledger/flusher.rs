@@ -375,6 +375,9 @@ impl Store {
         if let Some(e) = &self.ckpt.lock().sync_failed {
             return Err(e.clone());
         }
+        if let Some(e) = j.stopped() {
+            return Err(e);
+        }
         let at = j.synced.load(Ordering::Acquire);
         let from = self.ckpt.lock().copied;
         if from < at {

@@ -55,6 +55,7 @@ use crossbeam_channel::{Receiver, Sender};
 use parking_lot::{Condvar, Mutex};
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::panic::AssertUnwindSafe;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -75,16 +76,20 @@ pub(crate) fn mark_storage_thread() {
     STORAGE_THREAD.with(|c| c.set(true));
 }
 
-/// How a caller learns the outcome.
-pub(crate) enum Done {
+/// How a caller learns the outcome: told exactly once. A `Done` dropped
+/// without being completed -- its command was lost because a storage thread
+/// panicked and unwound -- completes with an error, so no caller ever waits
+/// for an answer that cannot come.
+pub(crate) struct Done(Option<Reply>);
+
+/// The ways a caller is told (see [`Done`]).
+enum Reply {
     /// One entry, a callback (the `EntrySink` path).
     Callback(AppendCallback),
     /// Any number of entries, a callback with all positions.
     Batch(Box<dyn FnOnce(Result<Vec<Position>>) + Send>),
     /// A blocked caller.
     Waiter(Sender<Result<Vec<Position>>>),
-    /// Nobody waits (background cursor and trim records).
-    Nothing,
     /// One entry whose caller learns its position as soon as the writer
     /// assigns it (before the sync), and later whether it is durable.
     Positioned(Option<PositionCallback>, AppendCallback),
@@ -93,26 +98,53 @@ pub(crate) enum Done {
 /// Told an entry's position once the journal writer assigned it.
 pub type PositionCallback = Box<dyn FnOnce(Result<Position>) + Send + 'static>;
 
+fn first_position(r: Result<Vec<Position>>) -> Result<Position> {
+    r.and_then(|v| {
+        v.first()
+            .copied()
+            .ok_or_else(|| Error::invalid("append completed without a position"))
+    })
+}
+
 impl Done {
-    pub(crate) fn complete(self, r: Result<Vec<Position>>) {
-        match self {
-            Done::Callback(cb) => cb(r.and_then(|v| {
-                v.first()
-                    .copied()
-                    .ok_or_else(|| Error::invalid("append completed without a position"))
-            })),
-            Done::Batch(cb) => cb(r),
-            Done::Waiter(tx) => {
+    /// One entry, a callback (the `EntrySink` path).
+    pub(crate) fn callback(cb: AppendCallback) -> Self {
+        Self(Some(Reply::Callback(cb)))
+    }
+
+    /// Any number of entries, a callback with all positions.
+    pub(crate) fn batch(cb: Box<dyn FnOnce(Result<Vec<Position>>) + Send>) -> Self {
+        Self(Some(Reply::Batch(cb)))
+    }
+
+    /// A blocked caller.
+    pub(crate) fn waiter(tx: Sender<Result<Vec<Position>>>) -> Self {
+        Self(Some(Reply::Waiter(tx)))
+    }
+
+    /// Nobody waits (background cursor and trim records).
+    pub(crate) fn nothing() -> Self {
+        Self(None)
+    }
+
+    /// One entry: its position once assigned (`at`), then its durability.
+    pub(crate) fn positioned(at: PositionCallback, durable: AppendCallback) -> Self {
+        Self(Some(Reply::Positioned(Some(at), durable)))
+    }
+
+    pub(crate) fn complete(mut self, r: Result<Vec<Position>>) {
+        let Some(reply) = self.0.take() else {
+            return;
+        };
+        match reply {
+            Reply::Callback(cb) => cb(first_position(r)),
+            Reply::Batch(cb) => cb(r),
+            Reply::Waiter(tx) => {
                 // The waiter may have gone away; nothing to tell then.
                 let _ = tx.send(r);
             }
-            Done::Nothing => {}
-            Done::Positioned(at, durable) => {
-                let first = r.and_then(|v| {
-                    v.first()
-                        .copied()
-                        .ok_or_else(|| Error::invalid("append completed without a position"))
-                });
+            Reply::Positioned(at, durable) => {
+                let first = first_position(r);
                 if let Some(at) = at {
                     // Failed before it was positioned.
                     at(first.clone());
@@ -123,13 +155,31 @@ impl Done {
     }
 
     /// Reports the assigned positions to a `Positioned` caller (once).
-    fn positioned(&mut self, positions: &[Position]) {
-        if let Done::Positioned(at, _) = self {
+    fn positioned_at(&mut self, positions: &[Position]) {
+        if let Some(Reply::Positioned(at, _)) = &mut self.0 {
             if let (Some(cb), Some(&p)) = (at.take(), positions.first()) {
                 cb(Ok(p));
             }
         }
     }
+}
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        if self.0.is_some() {
+            let reply = Done(self.0.take());
+            reply.complete(Err(lost_write()));
+        }
+    }
+}
+
+/// The error of a write whose command was lost (see [`Done`]).
+fn lost_write() -> Error {
+    Error::Stopped(
+        "a storage thread panicked before this write completed (it may or may not be \
+         durable); nothing more can be written until the data directory is opened again"
+            .into(),
+    )
 }
 
 /// A change of a managed ledger other than appending entries.
@@ -252,6 +302,8 @@ pub(crate) struct SyncJob {
 struct PipeState {
     inflight: usize,
     failed: Option<(Error, Vec<Staged>)>,
+    /// The sync thread panicked: every later group fails with this.
+    fatal: Option<Error>,
 }
 
 /// What the two threads share about groups in flight.
@@ -302,6 +354,17 @@ impl Pipeline {
         s.failed.take()
     }
 
+    /// The sync thread panicked: fail what is in flight and everything after.
+    fn fatal(&self, e: Error) {
+        let mut s = self.state.lock();
+        s.failed.get_or_insert_with(|| (e.clone(), Vec::new()));
+        s.fatal = Some(e);
+    }
+
+    fn fatal_error(&self) -> Option<Error> {
+        self.state.lock().fatal.clone()
+    }
+
     fn give_back(&self, e: Option<Error>, jobs: Vec<SyncJob>) {
         let mut s = self.state.lock();
         let failed = s.failed.get_or_insert_with(|| {
@@ -349,6 +412,10 @@ pub(crate) struct Journal {
     pub publisher: Arc<dyn Published>,
     /// The `SYNCED` hint file.
     hint: Arc<dyn FsFile>,
+    /// Set when a journal thread panicked: nothing more is written or
+    /// checkpointed in this process (the next open recovers from the
+    /// journal, which holds everything that was acknowledged).
+    stopped: Mutex<Option<Error>>,
 }
 
 /// The segment being appended to.
@@ -503,7 +570,17 @@ impl Journal {
             groups: AtomicU64::new(0),
             publisher,
             hint,
+            stopped: Mutex::new(None),
         }
+    }
+
+    /// The error of a journal stopped by a panicking thread, if it was.
+    pub(crate) fn stopped(&self) -> Option<Error> {
+        self.stopped.lock().clone()
+    }
+
+    fn stop(&self, e: &Error) {
+        self.stopped.lock().get_or_insert_with(|| e.clone());
     }
 
     pub(crate) fn write_hint(&self, end: u64) {
@@ -637,11 +714,19 @@ impl WriterThread {
             wake: wake_rx,
             sync_thread: sync,
         };
+        let rx_after = me.rx.clone();
+        let j_after = Arc::clone(&me.j);
         let writer = std::thread::Builder::new()
             .name(format!("txs-journal-{name}"))
             .spawn(move || {
                 mark_storage_thread();
-                me.run()
+                if let Err(p) = std::panic::catch_unwind(AssertUnwindSafe(|| me.run())) {
+                    // Unwinding dropped the commands the writer held: their
+                    // callers were told (see `Done`). Fail every later one.
+                    let e = panicked("journal writer", p.as_ref());
+                    j_after.stop(&e);
+                    fail_until_closed(&j_after, &rx_after, &e);
+                }
             })?;
         Ok(writer)
     }
@@ -906,7 +991,7 @@ impl WriterThread {
                 }
                 self.mls.insert(ml.id, w);
                 let mut done = done;
-                done.positioned(&positions);
+                done.positioned_at(&positions);
                 Ok(Staged {
                     ml: Some(ml),
                     recs,
@@ -1077,6 +1162,9 @@ impl WriterThread {
     /// end (syncing the cut). The queue is drained BEFORE anyone is told.
     fn fail_group(&mut self, staged: Vec<Staged>, rest: Vec<Command>, e: &Error) {
         let given_back = self.pipe.take_failure();
+        if let Some(fatal) = self.pipe.fatal_error() {
+            self.poisoned = Some(fatal);
+        }
         // Positions of the failed groups may have been handed out: their
         // managed ledgers move to a new ledger (never reusing an id the
         // writer's view had reached) before anything else is appended.
@@ -1351,6 +1439,37 @@ fn write_chunked(
     Ok(())
 }
 
+/// What a caught panic said.
+pub(crate) fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown cause".to_owned())
+}
+
+/// The error of a journal stopped by a panic of thread `which`.
+fn panicked(which: &str, payload: &(dyn std::any::Any + Send)) -> Error {
+    let why = panic_message(payload);
+    Error::Stopped(format!(
+        "the {which} thread panicked ({why}); nothing more can be written until the data \
+         directory is opened again"
+    ))
+}
+
+/// After the writer thread panicked: fail every command until the store
+/// closes (a close is answered with the error), so no caller waits.
+fn fail_until_closed(j: &Journal, rx: &Receiver<Command>, e: &Error) {
+    for cmd in rx.iter() {
+        if let Command::Close { done } = cmd {
+            let _ = done.send(Err(e.clone()));
+            return;
+        }
+        j.publisher.released(cmd.bytes());
+        cmd.fail(e);
+    }
+}
+
 fn sync_loop(j: &Journal, pipe: &Pipeline, rx: &Receiver<SyncJob>, wake: &Sender<()>) {
     while let Ok(first) = rx.recv() {
         let mut jobs = vec![first];
@@ -1358,7 +1477,20 @@ fn sync_loop(j: &Journal, pipe: &Pipeline, rx: &Receiver<SyncJob>, wake: &Sender
         let n = jobs.len();
         let outcome = match pipe.failure() {
             Some(_) => Err((None, jobs)),
-            None => sync_and_complete(j, jobs).map_err(|(e, jobs)| (Some(e), jobs)),
+            None => match std::panic::catch_unwind(AssertUnwindSafe(|| sync_and_complete(j, jobs)))
+            {
+                Ok(r) => r.map_err(|(e, jobs)| (Some(e), jobs)),
+                Err(p) => {
+                    // The jobs were dropped by the unwinding: their callers
+                    // were told (see `Done`). Nothing more is written.
+                    let e = panicked("journal sync", p.as_ref());
+                    j.stop(&e);
+                    pipe.fatal(e);
+                    pipe.settled(n);
+                    let _ = wake.try_send(());
+                    continue;
+                }
+            },
         };
         match outcome {
             Ok(()) => pipe.settled(n),

@@ -279,7 +279,7 @@ impl ManagedLedger {
         let mut v = self
             .shared
             .store
-            .submit_wait(self.append_cmd(vec![data.to_vec()], Done::Nothing))?;
+            .submit_wait(self.append_cmd(vec![data.to_vec()], Done::nothing()))?;
         v.pop()
             .ok_or_else(|| Error::invalid("append completed without a position"))
     }
@@ -296,7 +296,7 @@ impl ManagedLedger {
         }
         self.shared
             .store
-            .submit_wait(self.append_cmd(data, Done::Nothing))
+            .submit_wait(self.append_cmd(data, Done::nothing()))
     }
 
     /// Like [`append_many`](Self::append_many) but returns at once; `done`
@@ -319,7 +319,7 @@ impl ManagedLedger {
         let _ = self
             .shared
             .store
-            .submit(self.append_cmd(data, Done::Batch(done)));
+            .submit(self.append_cmd(data, Done::batch(done)));
     }
 
     /// Appends one entry; `at` learns its position as soon as the journal
@@ -341,7 +341,7 @@ impl ManagedLedger {
         let _ = self
             .shared
             .store
-            .submit(self.append_cmd(vec![data], Done::Positioned(Some(at), durable)));
+            .submit(self.append_cmd(vec![data], Done::positioned(at, durable)));
     }
 
     /// Reads the entry at `pos`.
@@ -488,7 +488,7 @@ impl ManagedLedger {
             ml: Arc::clone(&self.shared.ml),
             entries,
             bytes,
-            done: Done::Nothing,
+            done: Done::nothing(),
         })
     }
 
@@ -554,7 +554,7 @@ impl EntrySink for ManagedLedger {
         let _ = self
             .shared
             .store
-            .submit(self.append_cmd(vec![entry], Done::Callback(done)));
+            .submit(self.append_cmd(vec![entry], Done::callback(done)));
     }
 
     fn has_room(&self, bytes: usize) -> bool {

@@ -71,6 +71,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use prost::Message;
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::io;
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, OnceLock};
@@ -526,7 +527,18 @@ impl Store {
             .name("txs-flusher".into())
             .spawn(move || {
                 group_commit::mark_storage_thread();
-                me.flusher_loop()
+                // A panic (a bug) is reported like a failed flush and the
+                // loop starts again: trimming, cursor flushes and
+                // checkpoints go on, nobody waits on this thread.
+                while let Err(p) = std::panic::catch_unwind(AssertUnwindSafe(|| me.flusher_loop()))
+                {
+                    let why = group_commit::panic_message(p.as_ref());
+                    let mut c = me.ckpt.lock();
+                    c.errors += 1;
+                    c.last_error = Some(format!("the flusher thread panicked: {why}"));
+                    drop(c);
+                    std::thread::sleep(Duration::from_millis(50));
+                }
             })
             .map_err(|e| io_err("starting the flusher thread", &e))?;
         self.threads.lock().push(t);
@@ -609,7 +621,7 @@ impl Store {
         let created = self.submit_wait(Command::Meta {
             ml: Arc::clone(&ml),
             op: MetaOp::Create,
-            done: Done::Nothing,
+            done: Done::nothing(),
         });
         if let Err(e) = created {
             let mut names = self.names.lock();
@@ -730,7 +742,7 @@ impl Store {
         let r = r.and(self.submit(Command::Meta {
             ml: Arc::clone(ml),
             op: MetaOp::Seal,
-            done: Done::Nothing,
+            done: Done::nothing(),
         }));
         ml.open.store(false, Ordering::Release);
         r
@@ -756,10 +768,10 @@ impl Store {
         let (tx, rx) = crossbeam_channel::bounded(n.max(1));
         let mk_done = |tx: &Sender<Result<Vec<Position>>>| {
             if wait {
-                Done::Waiter(tx.clone())
+                Done::waiter(tx.clone())
             } else {
                 let ml = Arc::clone(ml);
-                Done::Batch(Box::new(move |r| {
+                Done::batch(Box::new(move |r| {
                     if r.is_err() {
                         // Try again with the next flush.
                         ml.cursors_dirty.store(true, Ordering::Release);
@@ -829,7 +841,7 @@ impl Store {
         self.submit_wait(Command::Meta {
             ml: Arc::clone(ml),
             op: MetaOp::Cursor(state),
-            done: Done::Nothing,
+            done: Done::nothing(),
         })
         .map(|_| ())
     }
@@ -839,7 +851,7 @@ impl Store {
         self.submit_wait(Command::Meta {
             ml: Arc::clone(ml),
             op: MetaOp::CursorDelete(name.to_owned()),
-            done: Done::Nothing,
+            done: Done::nothing(),
         })
         .map(|_| ())
     }
@@ -851,7 +863,7 @@ impl Store {
         self.submit_wait(Command::Meta {
             ml: Arc::clone(ml),
             op: MetaOp::Delete,
-            done: Done::Nothing,
+            done: Done::nothing(),
         })?;
         names.remove(&ml.name);
         self.mls.write().remove(&ml.id);
@@ -873,7 +885,7 @@ impl Store {
         self.submit_wait(Command::Meta {
             ml: Arc::clone(ml),
             op: MetaOp::SetCompacted,
-            done: Done::Nothing,
+            done: Done::nothing(),
         })
         .map(|_| ())
     }
@@ -964,7 +976,7 @@ impl Store {
                 ml,
                 entries,
                 bytes,
-                done: Done::Waiter(tx),
+                done: Done::waiter(tx),
             },
             Command::Replace {
                 ml, entries, bytes, ..
@@ -972,15 +984,15 @@ impl Store {
                 ml,
                 entries,
                 bytes,
-                done: Done::Waiter(tx),
+                done: Done::waiter(tx),
             },
             Command::Meta { ml, op, .. } => Command::Meta {
                 ml,
                 op,
-                done: Done::Waiter(tx),
+                done: Done::waiter(tx),
             },
             Command::Barrier { .. } => Command::Barrier {
-                done: Done::Waiter(tx),
+                done: Done::waiter(tx),
             },
             Command::Close { .. } => return Err(Error::invalid("cannot wait on a close command")),
         };
@@ -998,7 +1010,7 @@ impl Store {
     /// Waits until everything queued so far is durable.
     pub fn barrier(&self) -> Result<()> {
         self.submit_wait(Command::Barrier {
-            done: Done::Nothing,
+            done: Done::nothing(),
         })
         .map(|_| ())
     }

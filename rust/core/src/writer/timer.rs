@@ -10,6 +10,7 @@ use crate::fork;
 use parking_lot::{Condvar, Mutex, MutexGuard};
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
+use std::panic::AssertUnwindSafe;
 use std::sync::Weak;
 use std::thread;
 use std::time::Instant;
@@ -107,7 +108,9 @@ impl Scheduler {
                     if let Some(Reverse(slot)) = h.slots.pop() {
                         MutexGuard::unlocked(&mut h, || {
                             if let Some(t) = slot.target.upgrade() {
-                                t.on_timer();
+                                // One writer's panic must not stop the timer
+                                // every writer of the process relies on.
+                                let _ = std::panic::catch_unwind(AssertUnwindSafe(|| t.on_timer()));
                             }
                         });
                     }

@@ -494,9 +494,17 @@ class Producer:
         idempotent: an id already persisted returns the original message's
         id and writes nothing.
         """
-        fut = self.send_async(value, key, properties, txn, sequence_id=sequence_id)
-        mid: MessageId = _result(fut, self.client.end_timeout_ms, f"send to {self.topic}")
-        return mid
+        partition, published = self._queue_one(value, key, properties, txn, sequence_id)
+        timeout_ms, what = self.client.end_timeout_ms, f"send to {self.topic}"
+        src = published.assigned if published.assigned is not None else published.durable
+        if src is None:  # a duplicate: its original id
+            ids: list[MessageId] = _result(
+                self._message_ids(partition, published, 1), timeout_ms, what
+            )
+            return ids[0]
+        # Straight from the storage future, as the asyncio face: no futures chained per send.
+        pos: Position = _result(src, timeout_ms, what)
+        return MessageId(pos.ledger_id, pos.entry_id, 0, 1, partition)
 
     def send_many(
         self,

@@ -631,3 +631,30 @@ def test_a_dead_participant_does_not_hold_the_end_workers(tmp_path: Path) -> Non
             time.sleep(0.05)
     finally:
         tc.close()
+
+
+def test_a_retried_end_does_not_push_a_newer_end_out_of_the_store() -> None:
+    """Step 3 of an end that failed, retried after newer ends of its client."""
+    topic = InMemoryTerminatedPersistence()
+    tc, clock, timers = in_memory(terminated=topic, transaction_meta_persist_count=2)
+    try:
+        first = tc.new_transaction(timeout_ms=60_000, client_name="c")
+        topic.fail_next(1)  # its store write fails: completed in the background
+        assert tc.commit(first) is TxnStatus.COMMITTED
+        assert tc.get_transaction(first).status is TxnStatus.COMMITTING
+        newer = []
+        for _ in range(2):
+            clock.advance(10)
+            txn = tc.new_transaction(timeout_ms=60_000, client_name="c")
+            assert tc.abort(txn) is TxnStatus.ABORTED
+            newer.append(txn)
+        clock.advance(60_000)  # past any backoff: the retry runs
+        testing.settle(tc, timers)
+        assert tc.stats()["live"] == 0
+        # The client's two newest ends are remembered; the retried older one
+        # stays out rather than pushing one of them out.
+        assert [tc.get_transaction(t).status for t in newer] == [TxnStatus.ABORTED] * 2
+        with pytest.raises(TransactionNotFound):
+            tc.get_transaction(first)
+    finally:
+        tc.close()

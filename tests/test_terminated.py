@@ -275,3 +275,45 @@ def test_restore_refuses_a_value_that_is_not_its_keys_transaction() -> None:
     topic.data = {txn_key(t(2)): one.SerializeToString()}
     with pytest.raises(CorruptEntryError, match=r"\(0,1\)"):
         TerminatedTxnStore(2, persistence=topic, clock=clock).restore()
+
+
+def test_a_retried_record_of_a_pushed_out_transaction_pushes_out_nothing() -> None:
+    """PIP-255 retry: step 3 repeated after newer ends pushed the transaction out."""
+    clock = FakeClock()
+    topic = MemoryTopic()
+    store = TerminatedTxnStore(2, persistence=topic, clock=clock)
+    for i in (1, 2, 3):
+        assert store.record(t(i), "a", TxnStatus.COMMITTED, end_time=clock.wall - 100 + i)
+    assert store.lookup(t(1)) is None  # pushed out by t(3)
+    # The retry carries t(1)'s decision time: older than all the client keeps.
+    assert not store.record(t(1), "a", TxnStatus.COMMITTED, end_time=clock.wall - 99)
+    assert store.lookup(t(1)) is None
+    assert [store.lookup(t(i)) is not None for i in (2, 3)] == [True, True]
+    assert set(topic.data) == {txn_key(t(2)), txn_key(t(3))}
+    again = TerminatedTxnStore(2, persistence=topic, clock=clock)
+    assert again.restore() == 2 and again.lookup(t(1)) is None
+
+
+def test_ends_recorded_out_of_order_are_kept_in_end_time_order() -> None:
+    clock = FakeClock()
+    topic = MemoryTopic()
+    store = TerminatedTxnStore(3, persistence=topic, clock=clock)
+    now = clock.wall
+    assert (
+        store.record_many(
+            [(t(1), "a", TxnStatus.COMMITTED, False), (t(3), "a", TxnStatus.ABORTED, False)],
+            end_times=[now + 1, now + 3],
+        )
+        == 2
+    )
+    assert store.record(t(2), "a", TxnStatus.COMMITTED, end_time=now + 2)  # a late retry
+    assert store.record(t(4), "a", TxnStatus.COMMITTED, end_time=now + 4)
+    # The oldest by end time goes, not the one recorded first... nor the late one.
+    assert [store.lookup(t(i)) is not None for i in (1, 2, 3, 4)] == [False, True, True, True]
+    # The sweep relies on the order too: it stops at the first young entry.
+    clock.advance(store.persist_time_ms + 2)  # t(2) is exactly persist_time old
+    assert store.sweep() == 1
+    assert [store.lookup(t(i)) is not None for i in (2, 3, 4)] == [False, True, True]
+    with pytest.raises(InvalidArgumentError, match="2 end times for 1"):
+        store.record_many([(t(5), "a", TxnStatus.COMMITTED, False)], end_times=[1, 2])
+    assert store.lookup(t(5)) is None

@@ -686,7 +686,10 @@ class EndDriver:
         assert final is not None
         assert decided.is_ending
         try:
-            self._store.record(tid, meta.client_name, final, timed_out=meta.timed_out)
+            # The decision's time orders the store, the same on every retry.
+            self._store.record(
+                tid, meta.client_name, final, timed_out=meta.timed_out, end_time=meta.last_modified
+            )
             self._hook("terminated_stored", tid)
             now = self._clock.wall_ms()
             record = encode_txn_update(
@@ -888,7 +891,8 @@ class EndDriver:
                 [
                     (table.tid(m.seq), m.client_name, final, m.timed_out)
                     for m, final in zip(metas, finals, strict=True)
-                ]
+                ],
+                end_times=[m.last_modified for m in metas],
             )
             for m in metas:
                 self._hook("terminated_stored", table.tid(m.seq))

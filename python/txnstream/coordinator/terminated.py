@@ -32,6 +32,7 @@ loses no stored outcome.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import threading
@@ -197,35 +198,47 @@ class TerminatedTxnStore:
     ) -> bool:
         """Remember that ``txn_id`` ended with ``status`` and persist it durably.
 
-        Returns False (nothing stored) when the store is disabled or the
-        transaction has no client name. Writes one record (plus a tombstone
-        for the client's transaction it pushes out); recording the same
-        transaction again rewrites its record, so it returns only once that
-        record is durable too.
+        ``end_time`` (wall-clock ms, default now) orders the client's
+        transactions: the coordinator passes the time of its decision, which
+        a retry repeats. Returns False (nothing stored) when the store is
+        disabled, the transaction has no client name, or it ended before all
+        of the client's newest ``persist_count`` (a retried end of a
+        transaction already pushed out stays out). Writes one record (plus a
+        tombstone for the client's transaction it pushes out); recording the
+        same transaction again rewrites its record, so it returns only once
+        that record is durable too.
         """
         if not self.enabled or not client_name:
             return False
-        self.record_many([(txn_id, client_name, status, timed_out)], end_time=end_time)
-        return True
+        times = None if end_time is None else [end_time]
+        return self.record_many([(txn_id, client_name, status, timed_out)], end_times=times) == 1
 
     def record_many(
         self,
         items: Sequence[tuple[TxnID, str | None, TxnStatus, bool]],
         *,
-        end_time: int | None = None,
+        end_times: Sequence[int] | None = None,
     ) -> int:
         """:meth:`record` for many ``(txn_id, client_name, status, timed_out)`` at once.
 
-        One durable write for all of them (plus their tombstones); items
-        without a client name are skipped. Returns how many were recorded.
+        ``end_times``, when given, holds each item's end time (else all end
+        now). One durable write for all of them (plus their tombstones);
+        items without a client name, or older than all of the client's
+        newest ``persist_count``, are skipped. Returns how many were recorded.
         """
         if not self.enabled:
             return 0
+        if end_times is not None and len(end_times) != len(items):
+            raise InvalidArgumentError(
+                f"{len(end_times)} end times for {len(items)} transactions",
+                argument="end_times",
+                value=len(end_times),
+            )
         writes: list[tuple[str, bytes | None]] = []
         recorded: list[TxnID] = []
         with self._lock:
-            now = self._clock.wall_ms() if end_time is None else end_time
-            for txn_id, client_name, status, timed_out in items:
+            now = self._clock.wall_ms()
+            for i, (txn_id, client_name, status, timed_out) in enumerate(items):
                 if not client_name:
                     continue
                 final = _final(status)
@@ -234,8 +247,9 @@ class TerminatedTxnStore:
                     entries = self._clients[client_name] = {}
                 row = entries.get(txn_id)
                 if row is None:
-                    row = (final, now, timed_out)
-                    entries[txn_id] = row
+                    row = (final, now if end_times is None else end_times[i], timed_out)
+                    if not self._insert(entries, txn_id, row):
+                        continue
                     self._index[txn_id] = client_name
                 writes.append((txn_key(txn_id), _encode(client_name, txn_id, *row)))
                 recorded.append(txn_id)
@@ -247,6 +261,28 @@ class TerminatedTxnStore:
         self._write(writes)
         self._forget_if_gone(recorded)
         return len(recorded)
+
+    def _insert(
+        self,
+        entries: dict[TxnID, tuple[TxnStatus, int, bool]],
+        txn_id: TxnID,
+        row: tuple[TxnStatus, int, bool],
+    ) -> bool:
+        # Under the lock: keep ``entries`` in end-time order (ties: the later
+        # call is newer). False: it ended before every one of a full client's
+        # remembered transactions, so it would be pushed out at once.
+        end_time = row[1]
+        if not entries or end_time >= next(reversed(entries.values()))[1]:
+            entries[txn_id] = row  # the usual case: it is the newest
+            return True
+        ordered = list(entries.items())
+        if len(ordered) >= self.persist_count and end_time < ordered[0][1][1]:
+            return False
+        at = bisect.bisect_right([r[1] for _, r in ordered], end_time)
+        ordered.insert(at, (txn_id, row))
+        entries.clear()
+        entries.update(ordered)
+        return True
 
     def _write(self, writes: list[tuple[str, bytes | None]]) -> None:
         if self._persistence is None or not writes:

@@ -824,7 +824,9 @@ class Broker:
     # ------------------------------------------------------------ TxnOutcomes
 
     def _coordinators(self) -> TransactionCoordinators:
-        if not self._ready.wait(self.config.end_timeout_ms / 1000.0):
+        # is_set() first: Event.wait takes a Python-level Condition even when set.
+        ready = self._ready
+        if not ready.is_set() and not ready.wait(self.config.end_timeout_ms / 1000.0):
             raise CoordinatorNotFound("the broker's coordinators are still opening")
         tcs = self.coordinators
         if tcs is None:

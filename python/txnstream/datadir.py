@@ -58,7 +58,13 @@ from txnstream.buffer.transaction_buffer import TransactionBuffer
 from txnstream.config import read_dynamic_config
 from txnstream.coordinator.metadata import TransactionInfo, TxnID, TxnStatus
 from txnstream.coordinator.state import CURSOR as COORDINATOR_CURSOR
-from txnstream.coordinator.state import FoldResult, log_name, terminated_topic_name
+from txnstream.coordinator.state import (
+    LOG_PREFIX,
+    FoldResult,
+    log_ids,
+    log_name,
+    terminated_topic_name,
+)
 from txnstream.errors import (
     CorruptEntryError,
     InvalidArgumentError,
@@ -112,7 +118,6 @@ CATALOG_FILE: Final = "CATALOG"
 #: (``txnstream.broker.broker.TOPICS_REGISTRY``, a layer above this module).
 TOPICS_REGISTRY: Final = "__txnstream_topics"
 
-_COORDINATOR_PREFIX: Final = "__transaction_log_"
 #: The two kinds of batched log, by their CLI name.
 LOG_KINDS: Final = ("coordinator", "pending-ack")
 
@@ -134,7 +139,7 @@ BATCH_SWITCH_KEY: dict[str, str] = {
 
 def log_kind(name: str) -> str:
     """Return what the managed ledger ``name`` is: ``txn``, ``pending_ack`` or ``other``."""
-    if name.startswith(_COORDINATOR_PREFIX):
+    if name.startswith(LOG_PREFIX):
         return "txn"
     if name.endswith(PENDING_ACK_SUFFIX):
         return "pending_ack"
@@ -406,13 +411,7 @@ def internal_stats(directory: str | os.PathLike[str], name: str) -> dict[str, di
 
 def coordinator_ids(directory: str | os.PathLike[str]) -> list[int]:
     """Ids of the coordinators whose log is in ``directory``, ascending."""
-    ids = []
-    for name in _names(_directory(directory)):
-        if name.startswith(_COORDINATOR_PREFIX):
-            suffix = name[len(_COORDINATOR_PREFIX) :]
-            if suffix.isdigit():
-                ids.append(int(suffix))
-    return sorted(ids)
+    return log_ids(_names(_directory(directory)))
 
 
 def _remembered(path: Path, tc_id: int) -> dict[TxnID, tuple[TxnStatus, int, bool, str]]:

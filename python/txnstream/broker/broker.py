@@ -75,6 +75,7 @@ from txnstream.coordinator import (
 )
 from txnstream.coordinator.coordinator import directory_arg
 from txnstream.coordinator.ending import Participant
+from txnstream.coordinator.state import log_ids
 from txnstream.errors import (
     AlreadyClosedError,
     ConfigError,
@@ -309,12 +310,7 @@ class Broker:
         log says COMMITTED -- a torn transaction. As in Pulsar (the count is
         the coordinator topic's partitions), the count cannot be lowered.
         """
-        prefix = log_name(0)[:-1]
-        present = [
-            int(name[len(prefix) :])
-            for name in ManagedLedger.names(self.path)
-            if name.startswith(prefix) and name[len(prefix) :].isdigit()
-        ]
+        present = log_ids(ManagedLedger.names(self.path))
         count = self.config.coordinators
         if present and max(present) >= count:
             raise ConfigError(

@@ -30,7 +30,7 @@ import logging
 import os
 import stat
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -68,9 +68,22 @@ CURSOR = "transaction-coordinator"
 MAX_SEQ = (1 << 64) - 1
 
 
+#: Managed-ledger names of coordinators' transaction logs: this prefix and the id.
+LOG_PREFIX = "__transaction_log_"
+
+
 def log_name(tc_id: int) -> str:
     """Managed-ledger name of coordinator ``tc_id``'s transaction log."""
-    return f"__transaction_log_{tc_id}"
+    return f"{LOG_PREFIX}{tc_id}"
+
+
+def log_ids(names: Iterable[str]) -> list[int]:
+    """Ids of the coordinators whose transaction log is among ``names``, ascending."""
+    return sorted(
+        int(n[len(LOG_PREFIX) :])
+        for n in names
+        if n.startswith(LOG_PREFIX) and n[len(LOG_PREFIX) :].isdigit()
+    )
 
 
 def terminated_topic_name(tc_id: int) -> str:

@@ -509,3 +509,139 @@ def test_negative_ack_of_another_consumers_message_is_ignored(broker: Broker) ->
     assert sub.stats()["unacked"] == 1
     a.ack(m)
     assert other.receive(100) is None and a.receive(100) is None
+
+
+# ------------------------------------------------------------------ review fixes (stop 20)
+
+
+def drain(c: Consumer, timeout_ms: int = 100) -> list[Message]:
+    out = []
+    while (m := c.receive(timeout_ms)) is not None:
+        out.append(m)
+    return out
+
+
+def test_a_transactions_cumulative_ack_moves_forward_within_a_batch(broker: Broker) -> None:
+    client, c, msgs = setup(broker, n=0, batch=4)
+    with client.transaction() as txn:
+        c.ack_cumulative(msgs[1], txn=txn)
+        c.ack_cumulative(msgs[3], txn=txn)  # further in the same entry: not a conflict
+        with pytest.raises(TransactionConflictError, match="at or below this transaction"):
+            c.ack_cumulative(msgs[2], txn=txn)
+    c.redeliver_unacknowledged()
+    assert drain(c) == []  # the commit applied the furthest one: the whole batch
+
+
+def test_a_cumulative_ack_outside_conflicts_with_a_transactions_cumulative_hold(
+    broker: Broker,
+) -> None:
+    client, c, msgs = setup(broker)
+    txn = client.transaction()
+    c.ack_cumulative(msgs[3], txn=txn)
+    with pytest.raises(TransactionConflictError, match="holds a cumulative ack"):
+        c.ack_cumulative(msgs[1])  # below it: it would take messages the txn holds
+    txn.abort()
+    c.redeliver_unacknowledged()
+    assert [m.value for m in drain(c)] == [b"0", b"1", b"2", b"3", b"4"]
+
+
+def test_a_cumulative_ack_outside_below_a_held_batch_index_is_accepted(broker: Broker) -> None:
+    client, c, msgs = setup(broker, n=0, batch=4)
+    txn = client.transaction()
+    c.ack(msgs[3], txn=txn)  # holds index 3 only
+    c.ack_cumulative(msgs[1])  # indexes 0..1: none held
+    with pytest.raises(TransactionConflictError, match="holds a message at or below"):
+        c.ack_cumulative(msgs[3])
+    txn.abort()
+    c.redeliver_unacknowledged()
+    assert sorted(m.value for m in drain(c)) == [b"b2", b"b3"]
+
+
+def test_an_unbatched_id_of_a_batched_entry_conflicts_with_a_held_index(broker: Broker) -> None:
+    from txnstream.client import MessageId
+
+    client, c, msgs = setup(broker, n=0, batch=3)
+    txn = client.transaction()
+    c.ack(msgs[2], txn=txn)
+    mid = msgs[0].message_id
+    whole = MessageId(mid.ledger_id, mid.entry_id, 0, 1, mid.partition)  # the whole entry
+    with pytest.raises(TransactionConflictError, match="held by transaction"):
+        c.ack(whole)
+    txn.abort()
+    c.redeliver_unacknowledged()
+    assert sorted(m.value for m in drain(c)) == [b"b0", b"b1", b"b2"]
+
+
+def test_a_message_of_another_topic_is_refused_by_ack(broker: Broker) -> None:
+    from txnstream.errors import InvalidArgumentError
+
+    client = broker.client()
+    client.producer("a").send(b"a0")
+    client.producer("b").send(b"b0")
+    ca, cb = client.subscribe("a", "s"), client.subscribe("b", "s")
+    mb = cb.receive(1_000)
+    assert mb is not None
+    with pytest.raises(InvalidArgumentError, match="persistent://public/default/a"):
+        ca.ack(mb)
+    assert [m.value for m in drain(ca)] == [b"a0"]  # nothing of "a" was acked
+
+
+@pytest.mark.parametrize("isolation", ["read_committed", "read_uncommitted"])
+def test_read_committed_never_gets_what_read_uncommitted_left_for_redelivery(
+    broker: Broker, isolation: str
+) -> None:
+    """A subscription switching isolation drops what it queued under the old one."""
+    client = broker.client()
+    p = client.producer("t")
+    client.subscribe("t", "s").close()
+    open_txn, aborted = client.transaction(), client.transaction()
+    p.send(b"open", txn=open_txn)
+    p.send(b"aborted", txn=aborted)
+    open_txn.wait_durable(5_000)
+    aborted.wait_durable(5_000)
+    ru = client.subscribe("t", "s", isolation="read_uncommitted")
+    assert [m.value for m in drain(ru)] == [b"open", b"aborted"]
+    ru.close()  # unacknowledged: queued for redelivery
+    aborted.abort()
+    if isolation == "read_uncommitted":  # the same isolation keeps its redeliveries
+        again = client.subscribe("t", "s", isolation="read_uncommitted")
+        assert [m.value for m in drain(again)] == [b"open", b"aborted"]
+        again.close()
+    rc = client.subscribe("t", "s", isolation="read_committed")
+    assert drain(rc) == []
+    open_txn.commit()
+    assert [m.value for m in drain(rc, 1_000)] == [b"open"]
+
+
+@pytest.mark.parametrize("commit", [True, False])
+def test_a_restored_hold_ending_while_its_message_is_read_ahead_is_delivered_once_or_never(
+    tmp_path: Path, commit: bool
+) -> None:
+    """A hold restored at open, ended while the message waits in the read-ahead buffer."""
+    from txnstream.config import BrokerConfig
+
+    cfg = BrokerConfig(transaction_timeout_ms=600_000)
+    with Broker.open(tmp_path, cfg, registry=None) as b:
+        client = b.client("first")
+        p = client.producer("t")
+        for i in range(6):
+            p.send(b"m%d" % i)
+        c = client.subscribe("t", "s")
+        msgs = drain(c)
+        txn = client.transaction(timeout_ms=600_000)
+        c.ack(msgs[3], txn=txn)
+        txn.wait_durable(5_000)  # left open across the restart
+        txn_id = txn.txn_id
+    with Broker.open(tmp_path, cfg, registry=None) as b:
+        c = b.client("second").subscribe("t", "s")
+        first = c.receive(1_000)
+        assert first is not None and first.value == b"m0"  # m1..m5 are read ahead
+        c.ack(first)
+        tc = b._coordinators().get(txn_id.most_bits)
+        tc.end_transaction(txn_id, "commit" if commit else "abort")
+        got = []
+        while (m := c.receive(300)) is not None:
+            got.append(m.value)
+            c.ack(m)
+    want = [b"m1", b"m2", b"m4", b"m5"] if commit else [b"m1", b"m2", b"m3", b"m4", b"m5"]
+    assert sorted(got) == want

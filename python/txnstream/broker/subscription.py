@@ -132,9 +132,15 @@ class Subscription:
             self._check_open()
             if isolation != self.isolation and not self._consumers:
                 # Nobody reads yet: take the new isolation, and read again from
-                # the mark-delete position what was buffered under the old one.
+                # the mark-delete position what was buffered, or queued for
+                # redelivery, under the old one (READ_UNCOMMITTED delivered
+                # messages READ_COMMITTED must not see: open or aborted).
                 self.isolation = isolation
                 self._buffer.clear()
+                self._redeliver.clear()
+                self._nacked.clear()
+                self._nacked_keys.clear()
+                self._reread_through = None
                 self._read_after = self.cursor.mark_delete_position
             if isolation != self.isolation:
                 raise InvalidArgumentError(
@@ -453,6 +459,11 @@ class Subscription:
     ) -> None:
         # The pending-ack store applied (commit) or released (abort) txn's acks.
         with self.cond:
+            # Messages it held that this subscription never delivered (holds
+            # restored at open, ids acked without a receive) may sit in the
+            # read-ahead buffer: there, the buffer delivers them once (abort)
+            # or must not (commit). Not yet read: the read does it.
+            undelivered = [key_of(p) for p in messages if key_of(p) not in self._unacked]
             if committed:
                 for p in messages:
                     key = key_of(p)
@@ -460,8 +471,12 @@ class Subscription:
                     self._redeliveries.pop(key, None)
                 if cumulative is not None:
                     self._forget_through(cumulative)
+                    self._unbuffer_through(key_of(cumulative))
+                self._unbuffer(undelivered)
             else:
-                self._redeliver_locked(key_of(p) for p in messages)
+                again = [key_of(p) for p in messages if key_of(p) in self._unacked]
+                passed = [k for k in undelivered if self._was_read(k) and not self._buffered(k)]
+                self._redeliver_locked(again + passed)
                 if cumulative is not None:
                     bound = key_of(cumulative)
                     self._redeliver_locked([k for k in self._unacked if k <= bound])
@@ -474,6 +489,30 @@ class Subscription:
                     self._read_after = self.cursor.mark_delete_position
                     self._buffer.clear()
             self.cond.notify_all()
+
+    def _was_read(self, key: Key) -> bool:
+        # Under the lock: the reader has passed the message's entry.
+        after = self._read_after
+        return after is not None and (key[0], key[1]) <= (after.ledger_id, after.entry_id)
+
+    def _buffered(self, key: Key) -> bool:
+        # Under the lock: the message waits in the read-ahead buffer.
+        buf = self._buffer
+        if not buf or key < buf[0][:3] or key > buf[-1][:3]:
+            return False
+        return any(row[:3] == key for row in buf)
+
+    def _unbuffer(self, keys: list[Key]) -> None:
+        # Under the lock: drop these messages from the read-ahead buffer.
+        gone = {k for k in keys if self._buffered(k)}
+        if gone:
+            self._buffer = deque(row for row in self._buffer if row[:3] not in gone)
+
+    def _unbuffer_through(self, bound: Key) -> None:
+        # Under the lock: drop buffered messages up to ``bound`` (acknowledged).
+        buf = self._buffer
+        while buf and buf[0][:3] <= bound:
+            buf.popleft()
 
     # ------------------------------------------------------------ stats
 

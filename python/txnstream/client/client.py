@@ -723,6 +723,8 @@ class Consumer:
             raise _bad("msg", msg, f"a message of {self.topic} (no partition {mid.partition} here)")
         if mid.batch_size < 1 or not 0 <= mid.batch_index < mid.batch_size:
             raise _bad("msg", msg, "a MessageId with 0 <= batch_index < batch_size")
+        if isinstance(msg, Message) and msg.topic != sub.partition:
+            raise _bad("msg", msg, f"a message of {sub.partition} (it came from {msg.topic})")
         return sub, mid.position
 
     def _txn(self, txn: object) -> Transaction | None:

@@ -19,7 +19,15 @@ state is unchanged when one is raised):
   transaction holds a message at or below it individually;
 - a cumulative ack while another transaction holds one (one holder per
   subscription), at or below the cursor's mark-delete, or at or below the
-  position this transaction already holds cumulatively.
+  position this transaction already holds cumulatively (moving it forward,
+  also within one batched entry, is allowed).
+
+Acks outside any transaction are refused (the same error) when they would
+take a message a transaction holds: an individual ack of a held message (an
+unbatched id of a batched entry stands for all of it), and a cumulative ack
+while a transaction holds a cumulative ack or any message it covers. Pulsar
+does not check these; accepting them would lose the message if the
+transaction aborts.
 
 A cumulative ack takes exactly one message id (the API has no other shape).
 Late acks of a transaction that ended here, or at or below its
@@ -130,6 +138,10 @@ def covers(cumulative: TxnPosition, entry: Position, batch_index: int) -> bool:
     if entry != at:
         return entry < at
     return cumulative.batch_size <= 1 or batch_index <= cumulative.batch_index
+
+
+#: A batch index above any batch's: "the whole entry" in :func:`covers`.
+_WHOLE_ENTRY = 1 << 62
 
 
 def _conflict(txn: TxnID, pos: TxnPosition, why: str) -> TransactionConflictError:
@@ -325,12 +337,17 @@ class PendingAckStore:
     def ack_outside(self, positions: Sequence[TxnPosition]) -> None:
         """Acknowledge messages outside any transaction, unless a transaction holds one.
 
-        The check and the cursor update happen under the store's lock, so a
+        An unbatched id of a batched entry acknowledges the whole entry, so
+        it conflicts with a transaction holding any message of it. The check
+        and the cursor update happen under the store's lock, so a
         transaction cannot take one of them in between.
         """
         with self._lock:
             for p in positions:
-                holder = self._holder_locked(p.position, p.batch_index)
+                if p.batch_size <= 1:
+                    holder = self._entry_holder_locked(p.position)
+                else:
+                    holder = self._holder_locked(p.position, p.batch_index)
                 if holder is not None:
                     raise TransactionConflictError(
                         f"message ({p.ledger_id}:{p.entry_id}:{p.batch_index}) of "
@@ -340,25 +357,61 @@ class PendingAckStore:
                     )
             self.acks.individual(positions)
 
+    def _entry_holder_locked(self, entry: Position) -> TxnID | None:
+        # A transaction holding any message of the entry (any batch index).
+        h = self._held.get(entry)
+        if isinstance(h, TxnID):
+            return h
+        if h:
+            return next(iter(h))
+        cum = self._cumulative
+        if cum is not None and covers(cum[1], entry, 0):
+            return cum[0]
+        return None
+
     def ack_cumulative_outside(self, position: TxnPosition) -> None:
         """Acknowledge up to ``position`` outside any transaction, unless one holds any of it."""
         entry = position.position
         with self._lock:
             cum = self._cumulative
-            if cum is not None and cum[1].position <= entry:
+            # A transaction's cumulative ack holds every message from the
+            # mark-delete position to its own: any effective cumulative ack
+            # takes some of them.
+            if cum is not None and not self.acks.at_or_below_mark_delete(entry):
                 raise TransactionConflictError(
-                    f"transaction {cum[0]} holds a cumulative ack on {self.partition}",
+                    f"transaction {cum[0]} holds a cumulative ack up to {cum[1]!r} on "
+                    f"{self.partition}; a cumulative ack up to {position!r} outside it "
+                    "would take messages it holds",
                     txn_id=cum[0],
                 )
-            for held, h in self._held.items():
-                if held <= entry:
-                    holder = h if isinstance(h, TxnID) else next(iter(h))
-                    raise TransactionConflictError(
-                        f"transaction {holder} holds a message at or below {entry!r} on "
-                        f"{self.partition}",
-                        txn_id=holder,
-                    )
+            holder = self._held_through_locked(position, None)
+            if holder is not None:
+                raise TransactionConflictError(
+                    f"transaction {holder} holds a message at or below {position!r} on "
+                    f"{self.partition}",
+                    txn_id=holder,
+                )
             self.acks.cumulative(position)
+
+    def _held_through_locked(self, p: TxnPosition, txn: TxnID | None) -> TxnID | None:
+        # A transaction other than ``txn`` individually holding a message that a
+        # cumulative ack up to ``p`` covers: every earlier entry and, in ``p``'s
+        # own entry, the whole entry or (for a batch) the indexes up to its own.
+        for pos, h in self._held.items():
+            if pos > p.position:
+                continue
+            if isinstance(h, TxnID):
+                if h != txn:
+                    return h
+                continue
+            for t, acked in h.items():
+                if t != txn and (
+                    pos < p.position
+                    or p.batch_size <= 1
+                    or any(i <= p.batch_index for i in absent_indexes(acked, p.batch_size))
+                ):
+                    return t
+        return None
 
     def holds_any(self) -> bool:
         """Return True if any transaction holds a message here (a cheap check before dispatch)."""
@@ -448,31 +501,14 @@ class PendingAckStore:
         cum = self._cumulative
         if cum is not None and cum[0] != txn:
             raise _conflict(txn, p, f"transaction {cum[0]} holds the cumulative ack")
-        if cum is not None and p.position <= cum[1].position:
+        # Moving its own cumulative ack forward is allowed, also within one
+        # batched entry (an unbatched id stands for the whole entry).
+        whole = p.batch_index if p.batch_size > 1 else _WHOLE_ENTRY
+        if cum is not None and covers(cum[1], p.position, whole):
             raise _conflict(txn, p, f"it is at or below this transaction's {cum[1]!r}")
-        for pos, h in self._held.items():
-            if pos > p.position:
-                continue
-            if isinstance(h, TxnID):
-                other = h if h != txn else None
-            else:
-                # Batch indexes held individually: in the cumulative ack's own
-                # entry only those at or below its index are covered by it.
-                other = next(
-                    (
-                        t
-                        for t, acked in h.items()
-                        if t != txn
-                        and (
-                            pos < p.position
-                            or p.batch_size <= 1
-                            or any(i <= p.batch_index for i in absent_indexes(acked, p.batch_size))
-                        )
-                    ),
-                    None,
-                )
-            if other is not None:
-                raise _conflict(txn, p, f"transaction {other} holds a message below it")
+        other = self._held_through_locked(p, txn)
+        if other is not None:
+            raise _conflict(txn, p, f"transaction {other} holds a message below it")
 
     def _hold(self, txn: TxnID, acks: TxnAcks, positions: Sequence[TxnPosition]) -> None:
         # Under the lock, after the checks.

@@ -274,7 +274,7 @@ class Topic:
                 if self._dedup_on:
                     self.dedup.failed(producer, sequence_ids)
                 if first and txn is not None:
-                    tb.ongoing.pop(txn, None)  # nothing was queued
+                    tb.unregister(txn)  # nothing was queued
                 raise
             if self._dedup_on:
                 self.dedup.placed(

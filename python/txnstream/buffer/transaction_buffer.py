@@ -268,6 +268,12 @@ class TransactionBuffer:
         self._recompute()
         return True
 
+    def unregister(self, txn: TxnID) -> None:
+        """Under :attr:`lock`: undo :meth:`register` (its first append was not queued)."""
+        self.ongoing.pop(txn, None)
+        self._fences.pop(txn, None)
+        self._recompute()
+
     def assigned(self, txn: TxnID, fut: Future[Position]) -> None:
         """Done-callback of a first message's position: the limit can move up to it."""
         if fut.exception() is not None:

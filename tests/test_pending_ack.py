@@ -645,3 +645,19 @@ def test_a_restored_hold_ending_while_its_message_is_read_ahead_is_delivered_onc
             c.ack(m)
     want = [b"m1", b"m2", b"m4", b"m5"] if commit else [b"m1", b"m2", b"m3", b"m4", b"m5"]
     assert sorted(got) == want
+
+
+@pytest.mark.parametrize("commit", [True, False])
+def test_a_consumer_closing_leaves_its_transactional_acks_to_the_transaction(
+    broker: Broker, commit: bool
+) -> None:
+    client, c, msgs = setup(broker, n=2)
+    txn = client.transaction()
+    c.ack(msgs[0], txn=txn)
+    c.close()  # msgs[1] is delivered again; msgs[0] stays with the transaction
+    again = client.subscribe("t", "s")
+    got = drain(again)
+    assert [(m.value, m.redelivery_count) for m in got] == [(b"1", 1)]
+    txn.commit() if commit else txn.abort()
+    got = drain(again)
+    assert [(m.value, m.redelivery_count) for m in got] == ([] if commit else [(b"0", 1)])

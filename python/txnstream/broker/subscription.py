@@ -152,11 +152,20 @@ class Subscription:
             self._consumers.add(consumer)
 
     def detach(self, consumer: int) -> None:
-        """Detach a consumer: its unacknowledged messages are delivered again."""
+        """Detach a consumer: its unacknowledged messages are delivered again.
+
+        Messages it acknowledged in a transaction stay with that transaction:
+        its abort delivers them again (once), its commit acknowledges them.
+        """
         with self.cond:
             self._consumers.discard(consumer)
-            self._redeliver_locked(k for k, c in self._unacked.items() if c == consumer)
+            self._redeliver_locked(
+                k for k, c in self._unacked.items() if c == consumer and not self._held(k)
+            )
             self.cond.notify_all()
+
+    def _held(self, key: Key) -> bool:
+        return self.pending.is_held(Position(key[0], key[1]), key[2])
 
     def consumers(self) -> int:
         """Return how many consumers are connected."""
@@ -365,12 +374,7 @@ class Subscription:
     def redeliver_unacknowledged(self, consumer: int) -> int:
         """Deliver ``consumer``'s unacknowledged messages again; return how many."""
         with self.cond:
-            pending = self.pending
-            keys = [
-                k
-                for k, c in self._unacked.items()
-                if c == consumer and not pending.is_held(Position(k[0], k[1]), k[2])
-            ]
+            keys = [k for k, c in self._unacked.items() if c == consumer and not self._held(k)]
             self._redeliver_locked(keys)
             self.cond.notify_all()
             return len(keys)

@@ -120,8 +120,9 @@ def audit(
             f"the audit needs the Spark extra (pip install 'txnstream[spark]'): {e}"
         ) from e
     out_dir = out or data_dir.resolve().with_name(data_dir.resolve().name + "-audit")
-    if out_dir.resolve() == data_dir.resolve() or data_dir.resolve() in out_dir.resolve().parents:
-        raise click.BadParameter("must not be inside DATA_DIR", param_hint="--out")
+    o, d = out_dir.resolve(), data_dir.resolve()
+    if o == d or d in o.parents or o in d.parents:  # it is replaced whole
+        raise click.BadParameter("must not be inside DATA_DIR, nor hold it", param_hint="--out")
     console = Console(stderr=True)
     options = AuditOptions(
         stuck_after_ms=stuck_after_ms,

@@ -28,6 +28,7 @@ from txnstream._native import (
 )
 from txnstream.cli import main
 from txnstream.coordinator import TxnID
+from txnstream.errors import InvalidArgumentError
 from txnstream.spark.audit import AuditOptions, AuditResult, run_audit, violation_rows
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -242,6 +243,20 @@ def test_clean_directory_passes_and_cli_prints_json(spark: SparkSession, tmp_pat
     assert (tmp_path / "a" / "report.html").is_file()
     bad = CliRunner().invoke(main, ["audit", str(data), "--out", str(data / "x")])
     assert bad.exit_code == 2 and "inside DATA_DIR" in bad.output
+    # The output is replaced whole: never a directory holding the data, nor
+    # one an audit did not write (the API checks as the CLI does).
+    (tmp_path / "keep.txt").write_text("keep")
+    bad = CliRunner().invoke(main, ["audit", str(data), "--out", str(tmp_path)])
+    assert bad.exit_code == 2 and "hold it" in bad.output
+    with pytest.raises(InvalidArgumentError, match="neither be, hold nor lie inside"):
+        run_audit(data, tmp_path, spark=spark)
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(InvalidArgumentError, match="an audit did not write"):
+        run_audit(data, mine, spark=spark)
+    assert (tmp_path / "keep.txt").is_file() and (mine / "notes.txt").is_file() and data.is_dir()
+    assert (tmp_path / "a" / ".txnstream-audit").is_file()  # an earlier audit's: replaceable
 
 
 def test_audit_of_a_live_directory_finds_nothing_while_a_writer_commits(

@@ -1504,6 +1504,42 @@ def _save(df: DataFrame, out: Path, name: str) -> DataFrame:
     return df.sparkSession.read.parquet(str(out / name))
 
 
+#: A file in every audit output directory: a later audit may replace the directory.
+AUDIT_MARKER = ".txnstream-audit"
+
+
+def _replaceable_output(out: Path, data_dir: Path) -> None:
+    """Refuse an output directory whose replacement would delete what it must not.
+
+    The audit replaces ``out`` whole: it must not be, hold or lie inside the
+    data directory, and an existing one must be empty or an earlier audit's
+    output (its marker, or the report an audit writes).
+    """
+    o, d = out.resolve(), data_dir.resolve()
+    if o == d or d in o.parents or o in d.parents:
+        raise InvalidArgumentError(
+            f"audit output {str(out)!r} must neither be, hold nor lie inside the data "
+            f"directory {str(data_dir)!r} (the output is replaced whole)",
+            argument="out_dir",
+            value=str(out),
+        )
+    if o.exists():
+        if not o.is_dir():
+            raise InvalidArgumentError(
+                f"audit output {str(out)!r} exists and is not a directory",
+                argument="out_dir",
+                value=str(out),
+            )
+        earlier = (o / AUDIT_MARKER).exists() or (o / "summary.json").exists()
+        if not earlier and any(o.iterdir()):
+            raise InvalidArgumentError(
+                f"audit output {str(out)!r} is a directory an audit did not write, and not "
+                "empty: it would be replaced whole; give a new or empty directory",
+                argument="out_dir",
+                value=str(out),
+            )
+
+
 def run_audit(
     data_dir: str | Path,
     out_dir: str | Path,
@@ -1529,9 +1565,11 @@ def run_audit(
     names = ManagedLedger.names(data)  # before Spark starts: not a data directory fails fast
     partitions = topic_partitions(names)
     opts = _checked_topics(opts, partitions)
+    _replaceable_output(out, Path(data_dir))
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
+    (out / AUDIT_MARKER).write_text("written by txnstream audit; replaced by the next one\n")
     spark = spark or session(master)
     coordinator_logs = sorted(n for n in names if log_kind(n) == "txn")
     pending_logs = sorted(n for n in names if log_kind(n) == "pending_ack")

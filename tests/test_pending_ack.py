@@ -661,3 +661,29 @@ def test_a_consumer_closing_leaves_its_transactional_acks_to_the_transaction(
     txn.commit() if commit else txn.abort()
     got = drain(again)
     assert [(m.value, m.redelivery_count) for m in got] == ([] if commit else [(b"0", 1)])
+
+
+@pytest.mark.parametrize("cumulative", [False, True])
+def test_a_transactional_ack_of_an_id_naming_no_message_is_refused_before_anything(
+    broker: Broker, cumulative: bool
+) -> None:
+    from txnstream.client import MessageId
+    from txnstream.errors import PositionNotFoundError
+
+    client, c, msgs = setup(broker, n=1)
+    mid = msgs[0].message_id
+    txn = client.transaction()
+    for bogus in (
+        MessageId(mid.ledger_id, mid.entry_id + 5, 0, 1, mid.partition),  # not written yet
+        MessageId(mid.ledger_id + 7, 0, 0, 1, mid.partition),  # no such ledger
+    ):
+        with pytest.raises(PositionNotFoundError, match="no message at"):
+            (c.ack_cumulative if cumulative else c.ack)(bogus, txn=txn)
+    assert client.broker._coordinators().get_transaction(txn.txn_id).subscriptions == ()
+    assert store(broker).stats()["transactions"] == 0
+    txn.commit()
+    # Messages written later at those positions are delivered.
+    p = client.producer("t")
+    for i in range(6):
+        p.send(b"late%d" % i)
+    assert [m.value for m in drain(c)] == [b"late%d" % i for i in range(6)]

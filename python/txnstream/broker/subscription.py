@@ -443,6 +443,32 @@ class Subscription:
         for key in [k for k in self._redeliveries if k <= bound]:
             del self._redeliveries[key]
 
+    def check_exists(self, position: TxnPosition) -> None:
+        """Raise :class:`PositionNotFoundError` unless ``position``'s entry was written.
+
+        A transactional ack is only checked against the cursor when its
+        transaction commits: an id naming no entry must be refused before.
+        """
+        entry = position.position
+        last = self.ml.last_position
+        if last is not None and entry <= last:
+            if entry.ledger_id == last.ledger_id:
+                return
+            for lid, count, _ in self.ml.ledgers():
+                if lid == entry.ledger_id:
+                    if entry.entry_id < count:
+                        return
+                    break
+            if self.cursor.is_deleted(entry):  # trimmed: acknowledged already
+                return
+        where = (
+            "it is empty" if last is None else f"its last entry is {last.ledger_id}:{last.entry_id}"
+        )
+        raise PositionNotFoundError(
+            f"no message at {entry.ledger_id}:{entry.entry_id} on {self.partition} ({where})",
+            position=(entry.ledger_id, entry.entry_id),
+        )
+
     def ack_in_transaction(
         self, txn: TxnID, positions: list[TxnPosition], cumulative: bool
     ) -> Future[TxnPosition]:

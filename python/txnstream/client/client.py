@@ -755,6 +755,7 @@ class Consumer:
     def _ack_in(
         self, t: Transaction, sub: Subscription, pos: TxnPosition, cumulative: bool
     ) -> None:
+        sub.check_exists(pos)  # before the transaction registers the subscription
         t._join()  # from here, a commit waits for this ack
         written: Future[TxnPosition] | None = None
         try:

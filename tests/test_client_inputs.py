@@ -266,3 +266,39 @@ def test_parsed_topic_names_are_remembered_within_a_bound() -> None:
         TopicName.parse(f"t{i}")
     assert len(tn_mod._PARSED) <= tn_mod.PARSED_CACHE
     assert TopicName.parse("cache-me") == first
+
+
+@pytest.mark.parametrize("auto_create", [True, False])
+def test_a_partition_name_needs_its_partitioned_topic_and_creates_nothing(
+    tmp_path: Path, auto_create: bool
+) -> None:
+    from txnstream import ManagedLedger
+
+    cfg = BrokerConfig(allow_auto_topic_creation=auto_create)
+    with Broker.open(tmp_path, cfg, registry=None) as b:
+        b.admin.create_topic("pt", 3)
+        b.admin.create_topic("plain", 0)
+        before = sorted(ManagedLedger.names(tmp_path))
+        client = b.client()
+        for name, why in (
+            ("ghost-partition-0", "ghost does not exist"),
+            ("pt-partition-3", "pt has 3 partition"),
+            ("plain-partition-0", "plain is not partitioned"),
+        ):
+            for call in (
+                lambda n=name: client.producer(n).send(b"x"),
+                lambda n=name: client.subscribe(n, "s"),
+                lambda n=name: b.admin.topic_stats(n),
+                lambda n=name: b.admin.read_committed_lag(n),
+            ):
+                with pytest.raises(InvalidTopicNameError, match=why) as e:
+                    call()
+                assert e.value.details["value"].endswith(name)
+        assert sorted(ManagedLedger.names(tmp_path)) == before
+        assert sorted(b.topic_names()) == [
+            ("persistent://public/default/plain", 0),
+            ("persistent://public/default/pt", 3),
+        ]
+        client.producer("pt-partition-2").send(b"ok")  # a real partition
+        m = client.subscribe("pt", "s").receive(2_000)
+        assert m is not None and m.value == b"ok"

@@ -457,14 +457,19 @@ class Broker:
         topic = name if isinstance(name, TopicName) else TopicName.parse(name)
         base = topic.base
         if topic.is_partition:
+            self._check_partition(topic)
             return 0
         value = self._topics_registry.get(base.full)
         if value is not None:
             return int(value)
         if not create or not self.config.allow_auto_topic_creation:
+            how = (
+                "allowAutoTopicCreation=false: create it with broker.admin.create_topic first"
+                if create
+                else "create it with broker.admin.create_topic"
+            )
             raise InvalidTopicNameError(
-                f"topic {base.full} does not exist (allowAutoTopicCreation=false: create it "
-                "with broker.admin.create_topic first)",
+                f"topic {base.full} does not exist ({how})",
                 argument="topic",
                 value=str(name),
             )
@@ -474,6 +479,29 @@ class Broker:
             else 0
         )
         return self.create_topic(base, n, exist_ok=True)
+
+    def _check_partition(self, topic: TopicName) -> None:
+        """Refuse a partition name unless its topic exists with that many partitions.
+
+        Partitions are never created on their own: a name ``t-partition-N``
+        needs topic ``t`` created partitioned with more than ``N`` partitions
+        (else what is written there is read by no consumer of ``t``).
+        """
+        value = self._topics_registry.get(topic.base.full)
+        n = None if value is None else int(value)
+        if n is None or topic.partition >= n:
+            why = (
+                "does not exist"
+                if n is None
+                else "is not partitioned"
+                if n == 0
+                else f"has {n} partition(s)"
+            )
+            raise InvalidTopicNameError(
+                f"{topic.full} names no partition: topic {topic.base.full} {why}",
+                argument="topic",
+                value=topic.full,
+            )
 
     def create_topic(
         self, name: str | TopicName, partitions: int = 0, *, exist_ok: bool = False
@@ -526,6 +554,7 @@ class Broker:
         """Return the partitions of ``name`` (itself when not partitioned)."""
         topic = name if isinstance(name, TopicName) else TopicName.parse(name)
         if topic.is_partition:
+            self._check_partition(topic)
             return [topic]
         n = self.partitions(topic)
         return [topic] if n == 0 else [topic.partition_name(i) for i in range(n)]
@@ -542,6 +571,12 @@ class Broker:
                 value=str(name),
             )
         full = tn.full
+        with self._lock:
+            t = self._topics.get(full)
+            if t is not None:
+                return t
+        if tn.is_partition:
+            self._check_partition(tn)  # before anything is opened for it
         with self._lock:
             t = self._topics.get(full)
             if t is not None:

@@ -302,3 +302,146 @@ def test_a_partition_name_needs_its_partitioned_topic_and_creates_nothing(
         client.producer("pt-partition-2").send(b"ok")  # a real partition
         m = client.subscribe("pt", "s").receive(2_000)
         assert m is not None and m.value == b"ok"
+
+
+def test_two_open_producers_cannot_share_a_name(broker: Broker) -> None:
+    """They would share sequence ids: deduplication would drop the second's messages."""
+    a, b = broker.client("etl"), broker.client("etl")
+    p1 = a.producer("t", name="ingest")
+    with pytest.raises(InvalidArgumentError, match="in use") as e:
+        b.producer("t", name="ingest")
+    assert e.value.details["value"] == "ingest"
+    # Generated names skip the ones in use (two clients may share a name).
+    g1, g2 = a.producer("t"), b.producer("t")
+    assert g1.name != g2.name
+    g1.send(b"one")
+    g2.send(b"two")
+    p1.close()
+    b.producer("t", name="ingest").send(b"three")  # free again once closed
+    c = a.subscribe("t", "s")
+    got = []
+    while (m := c.receive(200)) is not None:
+        got.append(m.value)
+    assert got == [b"one", b"two", b"three"]
+
+
+def test_a_message_id_with_the_wrong_batch_size_is_refused(broker: Broker) -> None:
+    from txnstream.client import MessageId
+
+    client = broker.client()
+    client.producer("t").send_many([b"m0", b"m1", b"m2"])
+    c = client.subscribe("t", "s")
+    got = [c.receive(1_000) for _ in range(3)]
+    mid = got[0].message_id  # type: ignore[union-attr]
+    rebuilt = MessageId(mid.ledger_id, mid.entry_id, 0)  # batch_size defaults to 1
+    for call in (c.ack, c.ack_cumulative, lambda m: c.ack(m, txn=client.transaction())):
+        with pytest.raises(InvalidArgumentError, match="holds 3 message"):
+            call(rebuilt)
+    c.ack(MessageId(mid.ledger_id, mid.entry_id, 0, 3, mid.partition))  # the right size
+    c.redeliver_unacknowledged()
+    assert sorted(m.value for m in [c.receive(1_000), c.receive(1_000)]) == [b"m1", b"m2"]  # type: ignore[union-attr]
+
+
+def test_text_that_is_not_utf8_is_refused_before_anything(broker: Broker) -> None:
+    client = broker.client()
+    p = client.producer("t")
+    txn = client.transaction()
+    for kw in ({"key": "\ud800"}, {"properties": {"k": "\udfff"}}, {"properties": {"\ud800": "v"}}):
+        with pytest.raises(InvalidArgumentError, match="UTF-8"):
+            p.send(b"x", txn=txn, **kw)
+        with pytest.raises(InvalidArgumentError, match="UTF-8"):
+            p.send_many([b"x"], **kw)
+    assert p.last_sequence_id == -1
+    assert broker._coordinators().get_transaction(txn.txn_id).partitions == ()
+    txn.commit()
+
+
+def test_an_oversize_send_in_a_transaction_leaves_it_usable(broker: Broker) -> None:
+    from txnstream._native import MAX_ENTRY_SIZE
+
+    client = broker.client()
+    p = client.producer("t")
+    with client.transaction() as txn:
+        with pytest.raises(InvalidArgumentError, match="MAX_ENTRY_SIZE"):
+            p.send(bytes(MAX_ENTRY_SIZE + 1), txn=txn)
+        assert broker._coordinators().get_transaction(txn.txn_id).partitions == ()
+        assert p.last_sequence_id == -1
+        p.send(b"small", txn=txn)  # the transaction is still usable, and commits
+    assert txn.state == "committed"
+
+
+def test_waits_beyond_the_longest_are_refused_typed(broker: Broker) -> None:
+    from txnstream.timer import MAX_WAIT_MS
+
+    client = broker.client()
+    c = client.subscribe("t", "s")
+    txn = client.transaction()
+    for call in (
+        lambda: c.receive(MAX_WAIT_MS + 1),
+        lambda: c.receive_many(1, 2**63),
+        lambda: txn.wait_durable(10**13),
+        lambda: broker.wait_recovered(10**13),
+        lambda: client.subscribe("t", "s2", negative_ack_redelivery_delay_ms=10**13),
+    ):
+        with pytest.raises(InvalidArgumentError, match="milliseconds"):
+            call()
+    assert c.receive(0) is None
+    txn.abort()
+
+
+def test_send_many_and_message_ids_of_wrong_types_are_refused(broker: Broker) -> None:
+    from txnstream.client import MessageId
+
+    client = broker.client()
+    p = client.producer("t")
+    c = client.subscribe("t", "s")
+    for call in (
+        lambda: p.send_many(None),  # type: ignore[arg-type]
+        lambda: p.send_many([b"a"], keys=5),  # type: ignore[arg-type]
+        lambda: p.send_many([b"a"], keys=(k for k in ["a"])),  # type: ignore[arg-type]
+        lambda: c.ack(MessageId(1, 0, 0, "1")),  # type: ignore[arg-type]
+        lambda: c.ack(MessageId(1, 0, None)),  # type: ignore[arg-type]
+        lambda: c.ack(MessageId(1, 0, partition=[])),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(InvalidArgumentError):
+            call()
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"transactionMetaPersistCount": "abc"},
+        {"transactionMetaPersistCount": -1},
+        {"transactionMetaPersistTimeInHour": 0},
+        {"transactionMetaPersistTimeInHour": 10**400},
+        {"transactionMetaExpireCheckIntervalInSecond": float("inf")},
+    ],
+)
+def test_broker_open_checks_the_coordinator_settings_before_creating_anything(
+    tmp_path: Path, extra: dict[str, object]
+) -> None:
+    cfg = BrokerConfig(extra=extra)
+    with pytest.raises(ConfigError):
+        Broker.open(tmp_path / "data", cfg, registry=None)
+    assert not (tmp_path / "data").exists()
+
+
+def test_huge_numbers_in_settings_are_config_errors() -> None:
+    from txnstream.config import BatchedWriteConfig
+    from txnstream.coordinator.config import CoordinatorConfig
+
+    for call in (
+        lambda: BatchedWriteConfig(max_delay_ms=10**400),
+        lambda: BrokerConfig().set("transactionLogBatchedWriteMaxDelayInMillis", 10**400),
+        lambda: BrokerConfig.from_broker_conf_text(
+            "transactionLogBatchedWriteMaxDelayInMillis=" + "1" * 400
+        ),
+        lambda: CoordinatorConfig(transaction_meta_persist_time_in_hour=10**400),
+    ):
+        with pytest.raises(TxnStreamError):
+            call()
+
+
+def test_a_directory_path_with_nul_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError, match="NUL"):
+        Broker.open(str(tmp_path / "da\0ta"), registry=None)

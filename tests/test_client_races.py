@@ -7,6 +7,7 @@ on the code before its fix.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ from txnstream import Broker, testing
 from txnstream.client.transaction import Transaction
 from txnstream.coordinator import TxnStatus
 from txnstream.errors import (
+    AlreadyClosedError,
     InvalidTxnStatusError,
     StorageError,
     TransactionWriteFailed,
@@ -217,3 +219,76 @@ def test_two_threads_committing_one_transaction_count_one_commit(broker: Broker)
         for th in threads:
             th.join(DEADLINE_S)
     assert client.commit_stats()["commits"] == 20
+
+
+# ------------------------------------------------------------ review fixes (stop 20)
+
+
+def test_cancelled_asyncio_receives_do_not_hold_the_clients_threads(broker: Broker) -> None:
+    """A cancelled await wakes its pool thread: 100 of them leave the pool free."""
+    client = broker.client("cancels")
+    aclient = client.aio()
+    idle = aclient.subscribe("idle", "s")
+    other = aclient.subscribe("other", "s")
+
+    async def main() -> tuple[Any, float]:
+        for _ in range(100):  # more than the pool's threads
+            with pytest.raises(TimeoutError):
+                await asyncio.wait_for(idle.receive(), 0.01)
+        started = time.monotonic()
+        got = await asyncio.wait_for(other.receive(timeout_ms=100), DEADLINE_S)
+        return got, time.monotonic() - started
+
+    got, took = asyncio.run(main())
+    assert got is None and took < DEADLINE_S / 2
+    busy = [t for t in threading.enumerate() if t.name.startswith("txnstream-aio")]
+    assert len(busy) < 64
+
+
+def test_a_commit_and_an_abort_racing_count_one_end(broker: Broker) -> None:
+    client = broker.client("race")
+    for _ in range(20):
+        txn = client.transaction()
+        barrier = threading.Barrier(2)
+
+        def end(fn: Any, b: threading.Barrier = barrier) -> None:
+            b.wait()
+            with contextlib.suppress(TxnStreamError):  # the loser is told the other outcome
+                fn()
+
+        threads = [threading.Thread(target=end, args=(f,)) for f in (txn.commit, txn.abort)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(DEADLINE_S)
+    stats = client.commit_stats()
+    assert stats["commits"] + stats["aborts"] == 20
+
+
+@pytest.mark.parametrize("api", ["sync", "asyncio"])
+def test_a_forked_child_fails_fast_on_the_parents_transaction(broker: Broker, api: str) -> None:
+    """Its NEW record may still be in flight at fork(): nothing in the child waits for it."""
+    import os
+
+    client = broker.client("fork")
+    txn = client.transaction()
+    aclient = client.aio()
+    atxn = aclient.transaction()
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 3
+        started = time.monotonic()
+        try:
+            if api == "sync":
+                txn.abort()
+            else:
+                asyncio.run(asyncio.wait_for(atxn.abort(), 5))
+        except AlreadyClosedError as exc:
+            code = 0 if "fork" in str(exc) and time.monotonic() - started < 5 else 2
+        except BaseException:
+            code = 4
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    txn.abort()
+    asyncio.run(atxn.abort())

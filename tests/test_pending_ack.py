@@ -9,7 +9,11 @@ import pytest
 
 from txnstream import Broker, TxnPosition
 from txnstream.client import Client, Consumer, Message
-from txnstream.errors import InvalidTxnStatusError, TransactionConflictError
+from txnstream.errors import (
+    InvalidArgumentError,
+    InvalidTxnStatusError,
+    TransactionConflictError,
+)
 from txnstream.pendingack import PendingAckStore
 from txnstream.proto import ABORT, ACK, COMMIT, Cumulative, PendingAckMetadataEntry
 from txnstream.replay import replay
@@ -565,15 +569,16 @@ def test_an_unbatched_id_of_a_batched_entry_conflicts_with_a_held_index(broker: 
     c.ack(msgs[2], txn=txn)
     mid = msgs[0].message_id
     whole = MessageId(mid.ledger_id, mid.entry_id, 0, 1, mid.partition)  # the whole entry
+    with pytest.raises(InvalidArgumentError, match="holds 3 message"):
+        c.ack(whole)  # the client refuses an id whose batch size is not its entry's
     with pytest.raises(TransactionConflictError, match="held by transaction"):
-        c.ack(whole)
+        store(broker).ack_outside([TxnPosition(mid.ledger_id, mid.entry_id)])  # the store too
     txn.abort()
     c.redeliver_unacknowledged()
     assert sorted(m.value for m in drain(c)) == [b"b0", b"b1", b"b2"]
 
 
 def test_a_message_of_another_topic_is_refused_by_ack(broker: Broker) -> None:
-    from txnstream.errors import InvalidArgumentError
 
     client = broker.client()
     client.producer("a").send(b"a0")
@@ -687,3 +692,25 @@ def test_a_transactional_ack_of_an_id_naming_no_message_is_refused_before_anythi
     for i in range(6):
         p.send(b"late%d" % i)
     assert [m.value for m in drain(c)] == [b"late%d" % i for i in range(6)]
+
+
+def test_a_negative_ack_of_a_held_message_leaves_it_to_its_transaction(broker: Broker) -> None:
+    client, c, msgs = setup(broker, n=1)
+    txn = client.transaction()
+    c.ack(msgs[0], txn=txn)
+    c.negative_ack(msgs[0])  # held: its transaction decides
+    txn.abort()
+    got = drain(c)
+    assert [(m.value, m.redelivery_count) for m in got] == [(b"0", 1)]
+
+
+def test_a_conflicting_ack_is_refused_before_the_transaction_registers_anything(
+    broker: Broker,
+) -> None:
+    client, c, msgs = setup(broker, n=2)
+    c.ack(msgs[0])
+    txn = client.transaction()
+    with pytest.raises(TransactionConflictError, match="already acknowledged"):
+        c.ack(msgs[0], txn=txn)
+    assert broker._coordinators().get_transaction(txn.txn_id).subscriptions == ()
+    txn.abort()

@@ -86,6 +86,16 @@ _PULSAR_KEYS: Final = {
 }
 
 
+
+def is_finite_number(value: object) -> bool:
+    """Return True for a finite int or float (not a bool; an int must fit a float)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond a float's range
+        return False
+
 def _error(key: str, value: object, reason: str) -> ConfigError:
     message = f"invalid configuration {key}={value!r}: {reason}"
     return ConfigError(message, key=key, value=str(value))
@@ -135,7 +145,7 @@ def _as_millis(key: str, value: object) -> float:
                 raise _error(key, value, "expected a number of milliseconds") from None
     else:
         raise _error(key, value, "expected a number of milliseconds")
-    if not math.isfinite(ms):
+    if not is_finite_number(ms):
         raise _error(key, value, "must be finite")
     return ms
 
@@ -216,8 +226,7 @@ class BatchedWriteConfig:
             if isinstance(value, bool) or not isinstance(value, int):
                 raise _error(name, value, "expected an int")
         delay = self.max_delay_ms
-        numeric = isinstance(delay, int | float) and not isinstance(delay, bool)
-        if not numeric or not math.isfinite(delay):
+        if not is_finite_number(delay):
             raise _error("max_delay_ms", delay, "expected a finite number of milliseconds")
         # The writer's own bounds (a batch of up to 2 x max_size must fit one
         # entry; a delay beyond a day is absurd), checked here so the error

@@ -83,6 +83,26 @@ def clock_arg(clock: object) -> Clock:
     return clock
 
 
+#: Longest wait our API takes, in ms (about 35 years; None waits without a limit).
+MAX_WAIT_MS = 1 << 40
+
+
+def timeout_ms_arg(value: object, argument: str = "timeout_ms") -> int | None:
+    """Return ``value`` if it is None or an int in ``0..MAX_WAIT_MS`` (a wait in ms)."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_WAIT_MS:
+        from txnstream.errors import InvalidArgumentError
+
+        raise InvalidArgumentError(
+            f"{argument} must be an int from 0 to {MAX_WAIT_MS} (milliseconds), or None for "
+            f"no limit; got {value!r}",
+            argument=argument,
+            value=value,
+        )
+    return value
+
+
 class TimerHandle:
     """A scheduled callback; cancel it through its service or scope."""
 

@@ -103,7 +103,7 @@ from txnstream.tiered import (
     TopicTxnIndexes,
 )
 from txnstream.tiered.offload import HOLD_CURSOR, LEGACY_HOLD_CURSOR
-from txnstream.timer import Clock, TimerHandle, TimerService, clock_arg
+from txnstream.timer import Clock, TimerHandle, TimerService, clock_arg, timeout_ms_arg
 
 if TYPE_CHECKING:
     from txnstream.admin import Admin
@@ -193,6 +193,20 @@ class Tiered:
         }
 
 
+def _coordinator_config(cfg: BrokerConfig) -> CoordinatorConfig:
+    """Return the coordinators' settings of a broker configuration (raises ConfigError)."""
+    tc_config = CoordinatorConfig.from_broker_config(
+        cfg,
+        default_timeout_ms=cfg.transaction_timeout_ms,
+        max_timeout_ms=cfg.max_transaction_timeout_ms,
+        end_timeout_ms=cfg.end_timeout_ms,
+        complete_in_background=True,
+    )
+    if "transactionMetaPersistCount" not in cfg.extra:
+        tc_config = tc_config.replace(transaction_meta_persist_count=DEFAULT_PERSIST_COUNT)
+    return tc_config
+
+
 class Broker:
     """The embedded engine on one data directory. Build with :meth:`open`."""
 
@@ -215,6 +229,9 @@ class Broker:
         self._ready = threading.Event()
         self._topics: dict[str, Topic] = {}
         self._opening: dict[str, Future[Topic]] = {}
+        # (partition, producer name) of every open producer.
+        self._producer_names: set[tuple[str, str]] = set()
+        self._pid = os.getpid()
         self._clients: list[Client] = []
         self._writers: dict[str, BufferedWriter] = {}
         self._maintenance_timer: TimerHandle | None = None
@@ -293,6 +310,7 @@ class Broker:
                 argument="metrics_label",
                 value=metrics_label,
             )
+        _coordinator_config(config)  # its settings too, before anything is created
         os.makedirs(directory, exist_ok=True)
         broker = cls(directory, config, clock=clk, registry=registry, metrics_label=metrics_label)
         try:
@@ -332,16 +350,7 @@ class Broker:
             max_bytes_per_ledger=self.config.max_size_per_ledger_mb << 20,
         )
         cfg = self.config
-        persist = cfg.extra.get("transactionMetaPersistCount", DEFAULT_PERSIST_COUNT)
-        tc_config = CoordinatorConfig.from_broker_config(
-            cfg,
-            default_timeout_ms=cfg.transaction_timeout_ms,
-            max_timeout_ms=cfg.max_transaction_timeout_ms,
-            end_timeout_ms=cfg.end_timeout_ms,
-            complete_in_background=True,
-        )
-        if "transactionMetaPersistCount" not in cfg.extra:
-            tc_config = tc_config.replace(transaction_meta_persist_count=persist)
+        tc_config = _coordinator_config(cfg)
         self._check_coordinator_count()
         opened: list[TransactionCoordinator] = []
         try:
@@ -408,11 +417,9 @@ class Broker:
 
     def wait_recovered(self, timeout_ms: int) -> bool:
         """Wait up to ``timeout_ms`` for the eager recovery wave; True once finished (or lazy)."""
-        if isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 0:
+        if timeout_ms_arg(timeout_ms) is None:
             raise InvalidArgumentError(
-                f"timeout_ms must be an int >= 0, got {timeout_ms!r}",
-                argument="timeout_ms",
-                value=timeout_ms,
+                "timeout_ms must be an int >= 0, got None", argument="timeout_ms", value=None
             )
         rec = self._topic_recovery
         return True if rec is None else rec.wait(timeout_ms)
@@ -444,6 +451,34 @@ class Broker:
     def _check_open(self) -> None:
         if self._closed:
             raise AlreadyClosedError(f"the broker on {self.path} is closed", what="broker")
+        self.check_process()
+
+    def check_process(self) -> None:
+        """Raise :class:`AlreadyClosedError` in a child forked after the broker opened.
+
+        The child has none of the broker's threads: its handles fail fast
+        (SPEC §4.1), and nothing waits for work the parent had in flight.
+        """
+        if os.getpid() != self._pid:
+            raise AlreadyClosedError(
+                f"the broker on {self.path} was opened before fork(): open it again in this "
+                "process",
+                what="broker",
+            )
+
+    def claim_producer_name(self, partitions: list[TopicName], name: str) -> bool:
+        """Reserve ``name`` on ``partitions`` for a new producer; False if an open one has it."""
+        keys = [(tn.full, name) for tn in partitions]
+        with self._lock:
+            if any(k in self._producer_names for k in keys):
+                return False
+            self._producer_names.update(keys)
+        return True
+
+    def release_producer_name(self, partitions: list[TopicName], name: str) -> None:
+        """Free ``name`` on ``partitions`` (its producer closed)."""
+        with self._lock:
+            self._producer_names.difference_update((tn.full, name) for tn in partitions)
 
     @property
     def _topics_registry(self) -> CompactedTopic:

@@ -191,13 +191,18 @@ class Subscription:
     # ------------------------------------------------------------ dispatch
 
     def fetch(
-        self, consumer: int, max_messages: int, deadline: float | None
+        self,
+        consumer: int,
+        max_messages: int,
+        deadline: float | None,
+        cancel: threading.Event | None = None,
     ) -> list[tuple[Row, int]]:
         """Up to ``max_messages`` messages with their redelivery counts.
 
         Waits until at least one is available or the monotonic ``deadline``
-        (seconds; None: no limit) passes; then returns what there is
-        (possibly nothing). Raises :class:`AlreadyClosedError` once closed.
+        (seconds; None: no limit) passes, or ``cancel`` is set (then
+        :meth:`wake`); then returns what there is (possibly nothing). Raises
+        :class:`AlreadyClosedError` once closed.
         """
         started = time.monotonic()
         with self.cond:
@@ -215,6 +220,8 @@ class Subscription:
                         # acked): stop reading at the deadline, with what there is.
                         return self._take(consumer, max_messages)
                     continue
+                if cancel is not None and cancel.is_set():
+                    return []
                 now = time.monotonic()
                 wait = None if deadline is None else deadline - now
                 if self._nacked:
@@ -385,8 +392,8 @@ class Subscription:
         with self.cond:
             for p in positions:
                 key = key_of(p)
-                if self._unacked.get(key) != consumer:
-                    continue  # not delivered to this consumer (or acked already)
+                if self._unacked.get(key) != consumer or self._held(key):
+                    continue  # not delivered to it (or acked), or its transaction decides
                 del self._unacked[key]
                 self._redeliveries[key] = self._redeliveries.get(key, 0) + 1
                 heapq.heappush(self._nacked, (due, key))
@@ -442,6 +449,33 @@ class Subscription:
         # Also keys not delivered now (negatively acked, waiting): their counts go.
         for key in [k for k in self._redeliveries if k <= bound]:
             del self._redeliveries[key]
+
+    def check_batch_size(self, position: TxnPosition) -> None:
+        """Raise unless ``position``'s batch size is its entry's (ids built by callers).
+
+        An unbatched id of a batched entry would acknowledge the whole batch.
+        A position with no entry passes (the ack itself reports it).
+        """
+        try:
+            size = decode_topic_entry(self.ml.read(position.position))["batch_size"]
+        except PositionNotFoundError:
+            return
+        if size != position.batch_size and not (size <= 1 and position.batch_size <= 1):
+            raise InvalidArgumentError(
+                f"message id {position.ledger_id}:{position.entry_id} (batch index "
+                f"{position.batch_index}) says batch_size={position.batch_size}, but that entry "
+                f"of {self.partition} holds {size} message(s); use the MessageId received",
+                argument="msg",
+                value=str(position),
+            )
+
+    def check_ack(self, txn: TxnID, position: TxnPosition, cumulative: bool) -> None:
+        """Raise what :meth:`ack_in_transaction` would (conflicts), changing nothing."""
+        with self.cond:
+            self._check_open()
+            if cumulative:
+                self._check_alone_locked(position)
+            self.pending.check(txn, [position], cumulative)
 
     def check_exists(self, position: TxnPosition) -> None:
         """Raise :class:`PositionNotFoundError` unless ``position``'s entry was written.

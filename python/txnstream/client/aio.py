@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -211,7 +212,7 @@ class AsyncConsumer:
             return got[0]
         if timeout_ms == 0:
             return None
-        msgs = await self._wait(self.sync.receive_many, 1, timeout_ms)
+        msgs = await self._wait(1, timeout_ms)
         return msgs[0] if msgs else None
 
     async def receive_many(
@@ -222,18 +223,21 @@ class AsyncConsumer:
         got = self.sync.receive_many(max_messages, 0)
         if got or timeout_ms == 0:
             return got
-        return await self._wait(self.sync.receive_many, max_messages, timeout_ms)
+        return await self._wait(max_messages, timeout_ms)
 
-    async def _wait(
-        self, fn: Callable[[int, int | None], list[Message]], n: int, timeout_ms: int | None
-    ) -> list[Message]:
-        # A blocking receive on the client's pool; if the caller stops waiting,
-        # whatever it still receives goes back to the subscription.
-        cf = self._client._submit(functools.partial(fn, n, timeout_ms))
+    async def _wait(self, n: int, timeout_ms: int | None) -> list[Message]:
+        # A blocking receive on the client's pool. If the caller stops waiting,
+        # the pool thread is woken and returns at once (it must not stay
+        # blocked: the pool is shared), and whatever it still received goes
+        # back to the subscription.
+        cancel = threading.Event()
+        cf = self._client._submit(functools.partial(self.sync._receive_many, n, timeout_ms, cancel))
         try:
             return await asyncio.wrap_future(cf)
         except asyncio.CancelledError:
             if not cf.cancel():
+                cancel.set()
+                self.sync._interrupt()
                 cf.add_done_callback(self._give_back)
             raise
 
@@ -274,10 +278,16 @@ class AsyncClient:
         #: The sync client.
         self.sync = client
         self._pool = ThreadPoolExecutor(AIO_THREADS, thread_name_prefix="txnstream-aio")
+        self._pid = os.getpid()
 
     def _submit(self, call: Callable[[], T]) -> Future[T]:
         # The client's pool; once the client closed (the pool is shut down), a
         # thread of its own, so an abort or the end of ``async with`` still runs.
+        if os.getpid() != self._pid:
+            # A forked child has none of the pool's threads (its queue would
+            # never run): a new pool, where the call fails fast as in the parent.
+            self._pool = ThreadPoolExecutor(AIO_THREADS, thread_name_prefix="txnstream-aio")
+            self._pid = os.getpid()
         try:
             return self._pool.submit(call)
         except RuntimeError:

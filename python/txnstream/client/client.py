@@ -45,6 +45,7 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Final
 
 from txnstream._native import (
+    MAX_ENTRY_SIZE,
     Position,
     TxnPosition,
     encode_batch_message,
@@ -61,6 +62,7 @@ from txnstream.errors import (
     TransactionEndPending,
 )
 from txnstream.metrics import COMMIT_LATENCY_BOUNDS_MS, COMMIT_WAIT_BOUNDS
+from txnstream.timer import timeout_ms_arg
 
 if TYPE_CHECKING:
     from txnstream.broker.broker import Broker
@@ -99,8 +101,19 @@ def _payload(value: object, argument: str = "value") -> bytes:
     raise _bad(argument, value, "bytes, bytearray or memoryview")
 
 
+def _utf8(argument: str, text: str, whole: object) -> None:
+    # A str that cannot be encoded (a lone surrogate) fails here, not half-way through a send.
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        raise _bad(argument, whole, "text that encodes as UTF-8 (no lone surrogates)") from None
+
+
 def _key(key: object) -> str | None:
-    if key is None or isinstance(key, str):
+    if key is None:
+        return None
+    if isinstance(key, str):
+        _utf8("key", key, key)
         return key
     raise _bad("key", key, "a str or None")
 
@@ -114,16 +127,14 @@ def _properties(props: object) -> list[tuple[str, str]] | None:
     for k, v in props.items():
         if not isinstance(k, str) or not isinstance(v, str):
             raise _bad("properties", props, f"a mapping of str to str (bad item {k!r}: {v!r})")
+        _utf8("properties", k, props)
+        _utf8("properties", v, props)
         out.append((k, v))
     return out or None
 
 
 def _timeout_ms(value: object, argument: str = "timeout_ms") -> int | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise _bad(argument, value, "a non-negative int (milliseconds) or None")
-    return value
+    return timeout_ms_arg(value, argument)
 
 
 class Client:
@@ -169,12 +180,30 @@ class Client:
         tn = TopicName.parse(topic)
         if name is not None and (not isinstance(name, str) or not name or not name.isprintable()):
             raise _bad("name", name, "a non-empty printable str or None")
+        partitions = self.broker.partition_names(tn)
         if name is None:
-            name = f"{self.name}-{next(self._producer_ids)}"
-        p = Producer(self, tn, name)
-        with self._lock:
-            self.check_open()
-            self._producers.append(p)
+            # The next free one: another client may have this client's name.
+            while True:
+                name = f"{self.name}-{next(self._producer_ids)}"
+                if self.broker.claim_producer_name(partitions, name):
+                    break
+        elif not self.broker.claim_producer_name(partitions, name):
+            # Two open producers of one name would share its sequence ids:
+            # deduplication would drop the second one's messages as retries.
+            raise InvalidArgumentError(
+                f"producer name {name!r} is in use on {tn.full} by an open producer "
+                "(Pulsar: ProducerBusy); close that one first, or use another name",
+                argument="name",
+                value=name,
+            )
+        try:
+            p = Producer(self, tn, name, partitions)
+            with self._lock:
+                self.check_open()
+                self._producers.append(p)
+        except BaseException:
+            self.broker.release_producer_name(partitions, name)
+            raise
         return p
 
     def subscribe(
@@ -296,12 +325,14 @@ def _bucket(bounds: Sequence[float], value: float) -> int:
 class Producer:
     """Sends messages to one topic; thread-safe."""
 
-    def __init__(self, client: Client, topic: TopicName, name: str) -> None:
+    def __init__(
+        self, client: Client, topic: TopicName, name: str, partitions: list[TopicName]
+    ) -> None:
         self.client = client
         self.topic = topic.full
         self.name = name
         self._broker = client.broker
-        self._partitions = client.broker.partition_names(topic)
+        self._partitions = partitions
         self._lock = threading.Lock()
         self._rr = 0
         self._closed = False
@@ -375,13 +406,25 @@ class Producer:
         written: Future[Position] | None = None
         try:
             with self._lock:
+                before = self._next_seq
                 seq, explicit = self._sequence(sequence_id, count)
+                try:
+                    entry = entry_of(seq)
+                    if len(entry) > MAX_ENTRY_SIZE:
+                        raise InvalidArgumentError(
+                            f"the message(s) make an entry of {len(entry)} bytes, more than "
+                            f"MAX_ENTRY_SIZE ({MAX_ENTRY_SIZE})",
+                            argument="value",
+                            value=len(entry),
+                        )
+                except BaseException:
+                    self._next_seq = before  # nothing was sent: the ids are free again
+                    raise
                 index = self._route_locked(key, seq if explicit else None)
                 tn = self._partitions[index]
                 topic = self._broker.topic(tn)
                 if txn is not None:
                     txn.add_partition(topic.full)
-                entry = entry_of(seq)
                 seqs = list(range(seq, seq + count))
                 txn_id = None if txn is None else txn.txn_id
                 published = topic.publish(self.name, seqs, entry, txn_id, batched=count > 1)
@@ -525,13 +568,19 @@ class Producer:
         transaction) or placed (in one).
         """
         self._check()
-        if isinstance(values, bytes | bytearray | memoryview | str):
+        if isinstance(values, bytes | bytearray | memoryview | str) or not isinstance(
+            values, Iterable
+        ):
             raise _bad("values", values, "an iterable of bytes values")
         payloads = [_payload(v, "values") for v in values]
         if not payloads:
             return []
         if keys is not None:
-            if isinstance(keys, str) or len(keys) != len(payloads):
+            if (
+                isinstance(keys, str)
+                or not isinstance(keys, Sequence)
+                or len(keys) != len(payloads)
+            ):
                 raise _bad("keys", keys, f"a sequence of {len(payloads)} keys (str or None)")
             ks = [_key(x) for x in keys]
         else:
@@ -560,8 +609,12 @@ class Producer:
         self._check()
 
     def close(self) -> None:
-        """Refuse further sends (queued ones complete)."""
-        self._closed = True
+        """Refuse further sends (queued ones complete); the name is free again."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._broker.release_producer_name(self._partitions, self.name)
 
     def __enter__(self) -> Producer:
         return self
@@ -653,13 +706,17 @@ class Consumer:
             sub.partition,
         )
 
-    def _poll(self, max_messages: int, deadline: float | None) -> list[Message]:
+    def _poll(
+        self, max_messages: int, deadline: float | None, cancel: threading.Event | None = None
+    ) -> list[Message]:
         if len(self._order) == 1:
             partition, sub = self._order[0]
-            got = sub.fetch(self.id, max_messages, deadline)
+            got = sub.fetch(self.id, max_messages, deadline, cancel)
             return [self._message(partition, sub, r, n) for r, n in got]
         while True:
             self._check()
+            if cancel is not None and cancel.is_set():
+                return []
             self._wake.clear()
             out: list[Message] = []
             with self._lock:
@@ -704,10 +761,23 @@ class Consumer:
 
     def receive_many(self, max_messages: int = 100, timeout_ms: int | None = 0) -> list[Message]:
         """Return up to ``max_messages`` messages once one arrived, or [] at the timeout."""
+        return self._receive_many(max_messages, timeout_ms)
+
+    def _receive_many(
+        self, max_messages: object, timeout_ms: object, cancel: threading.Event | None = None
+    ) -> list[Message]:
+        # receive_many that also returns [] soon after ``cancel`` is set and
+        # :meth:`_interrupt` called (an asyncio receive whose await was cancelled).
         self._check()
         if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
             raise _bad("max_messages", max_messages, "a positive int")
-        return self._poll(max_messages, self._deadline(timeout_ms))
+        return self._poll(max_messages, self._deadline(timeout_ms), cancel)
+
+    def _interrupt(self) -> None:
+        # Wake this consumer's blocked receives, so a cancelled one sees its flag.
+        for sub in self._subs.values():
+            sub.wake()
+        self._wake.set()
 
     # ------------------------------------------------------------ acks
 
@@ -718,13 +788,21 @@ class Consumer:
             mid = msg
         else:
             raise _bad("msg", msg, "a Message or MessageId")
+        fields = (mid.ledger_id, mid.entry_id, mid.batch_index, mid.batch_size, mid.partition)
+        if any(isinstance(f, bool) or not isinstance(f, int) for f in fields):
+            raise _bad("msg", msg, "a MessageId of ints")
         sub = self._subs.get(mid.partition)
         if sub is None:
             raise _bad("msg", msg, f"a message of {self.topic} (no partition {mid.partition} here)")
         if mid.batch_size < 1 or not 0 <= mid.batch_index < mid.batch_size:
             raise _bad("msg", msg, "a MessageId with 0 <= batch_index < batch_size")
-        if isinstance(msg, Message) and msg.topic != sub.partition:
-            raise _bad("msg", msg, f"a message of {sub.partition} (it came from {msg.topic})")
+        if isinstance(msg, Message):
+            if msg.topic != sub.partition:
+                raise _bad("msg", msg, f"a message of {sub.partition} (it came from {msg.topic})")
+        else:
+            # A MessageId built by the caller: its batch size must be its entry's, or
+            # an unbatched id of a batch would acknowledge the whole batch.
+            sub.check_batch_size(mid.position)
         return sub, mid.position
 
     def _txn(self, txn: object) -> Transaction | None:
@@ -755,7 +833,10 @@ class Consumer:
     def _ack_in(
         self, t: Transaction, sub: Subscription, pos: TxnPosition, cumulative: bool
     ) -> None:
-        sub.check_exists(pos)  # before the transaction registers the subscription
+        # Before the transaction registers the subscription: a message that
+        # does not exist, or an ack that conflicts (checked again with the ack).
+        sub.check_exists(pos)
+        sub.check_ack(t.txn_id, pos, cumulative)
         t._join()  # from here, a commit waits for this ack
         written: Future[TxnPosition] | None = None
         try:
@@ -780,7 +861,6 @@ class Consumer:
         if t is None:
             sub.ack_cumulative(pos)
             return
-        sub.check_alone(pos)  # before the transaction registers the subscription
         self._ack_in(t, sub, pos, cumulative=True)
 
     def negative_ack(self, msg: MessageLike) -> None:

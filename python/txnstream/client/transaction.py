@@ -56,7 +56,6 @@ from typing import TYPE_CHECKING, Any, Final
 from txnstream.coordinator import TransactionCoordinator, TxnAction, TxnID, TxnStatus
 from txnstream.coordinator.ending import EndTrace
 from txnstream.errors import (
-    InvalidArgumentError,
     InvalidTxnStatusError,
     TransactionAlreadyAborted,
     TransactionAlreadyCommitted,
@@ -64,6 +63,7 @@ from txnstream.errors import (
     TransactionWriteFailed,
     TxnStreamError,
 )
+from txnstream.timer import timeout_ms_arg
 
 if TYPE_CHECKING:
     from txnstream.client.client import Client
@@ -184,14 +184,7 @@ class Transaction:
         before deciding. Returns False if ``timeout_ms`` passed first
         (None: the client's end timeout).
         """
-        if timeout_ms is not None and (
-            isinstance(timeout_ms, bool) or not isinstance(timeout_ms, int) or timeout_ms < 0
-        ):
-            raise InvalidArgumentError(
-                f"timeout_ms must be a non-negative int or None, got {timeout_ms!r}",
-                argument="timeout_ms",
-                value=timeout_ms,
-            )
+        timeout_ms_arg(timeout_ms)
         limit = self.client.end_timeout_ms if timeout_ms is None else timeout_ms
         return self._wait_settled(limit / 1000.0)
 
@@ -229,6 +222,7 @@ class Transaction:
 
     def _begin_end(self, commit: bool) -> bool:
         # True if the end must go to the coordinator; False: already there.
+        self.client.broker.check_process()  # a forked child: nothing it waits for would come
         want, final = (COMMITTING, COMMITTED) if commit else (ABORTING, ABORTED)
         other = ABORTED if commit else COMMITTED
         with self._lock:
@@ -301,9 +295,14 @@ class Transaction:
         )
 
     def _commit_refused(self) -> None:
+        self._aborted()
+
+    def _aborted(self) -> None:
         with self._lock:
+            first = self._state != ABORTED  # a commit and an abort may race to it
             self._state = ABORTED
-        self.client._ended(False, 0, 0.0)
+        if first:
+            self.client._ended(False, 0, 0.0)
 
     def _committed(self, started: float) -> None:
         with self._lock:
@@ -326,9 +325,7 @@ class Transaction:
         finally:
             self.durable_waits = trace.waits
             self.wait_phases = trace.phases
-        with self._lock:
-            self._state = ABORTED
-        self.client._ended(False, 0, 0.0)
+        self._aborted()
 
     def _abort_after_failure(self) -> bool:
         """Abort after a failed write; True once the abort is durable.
@@ -359,9 +356,7 @@ class Transaction:
                     return False
             time.sleep(delay)
             delay = min(delay * 2, 0.2)
-        with self._lock:
-            self._state = ABORTED
-        self.client._ended(False, 0, 0.0)
+        self._aborted()
         return True
 
     def __enter__(self) -> Transaction:

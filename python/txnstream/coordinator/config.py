@@ -9,16 +9,15 @@ say ``_in_hour`` / ``_in_second``).
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from txnstream.config import BatchedWriteConfig
+from txnstream.config import BatchedWriteConfig, is_finite_number
 from txnstream.errors import ConfigError, InvalidArgumentError
 
 
 def _number(value: object) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    return is_finite_number(value)
 
 
 @dataclass(frozen=True)
@@ -174,12 +173,7 @@ class CoordinatorConfig:
             ("transaction_meta_expire_check_interval_in_second", 1000),
         ):
             value = getattr(self, key)
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, int | float)
-                or not math.isfinite(value)
-                or not 1 <= value * unit_ms <= 1 << 40
-            ):
+            if not is_finite_number(value) or not 1 <= value * unit_ms <= 1 << 40:
                 raise ConfigError(
                     f"{key} must be a finite number from 1 ms to 2**40 ms, got {value!r}",
                     key=key,
@@ -251,7 +245,7 @@ class CoordinatorConfig:
                         if isinstance(raw, bool) or (conv is int and isinstance(raw, float)):
                             raise TypeError  # True is not 1, nor 2.9 a count of 2
                         values[name] = conv(raw)
-                    except (TypeError, ValueError):
+                    except (TypeError, ValueError, OverflowError):
                         raise ConfigError(
                             f"{spelling} must be a number, got {raw!r}",
                             key=spelling,

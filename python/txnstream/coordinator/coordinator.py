@@ -128,8 +128,10 @@ def directory_arg(directory: object) -> str:
             "directory", directory, "a path (str or os.PathLike) of a data directory"
         )
     path = os.fspath(directory)
-    if not isinstance(path, str) or not path:
-        raise bad_argument("directory", directory, "a non-empty text path of a data directory")
+    if not isinstance(path, str) or not path or "\0" in path:
+        raise bad_argument(
+            "directory", directory, "a non-empty text path of a data directory (no NUL)"
+        )
     if os.path.exists(path) and not os.path.isdir(path):
         raise bad_argument("directory", directory, "a directory (it is a file)")
     return path

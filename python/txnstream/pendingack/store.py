@@ -445,18 +445,8 @@ class PendingAckStore:
         Conflicts raise before anything changes. ``cumulative`` takes
         exactly one position.
         """
-        if cumulative and len(positions) != 1:
-            raise _conflict(txn, positions[0], "a cumulative ack takes exactly one message id")
         with self._lock:
-            self._check_live(txn)
-            try:
-                if cumulative:
-                    self._check_cumulative(txn, positions[0])
-                else:
-                    self._check_individual(txn, positions)
-            except TransactionConflictError:
-                self.counts["conflicts"] += 1
-                raise
+            self._check_locked(txn, positions, cumulative)
             record = encode_ack(txn, cumulative, positions)
             fut = self.writer.write(record)
             acks = self._txns.get(txn)
@@ -470,6 +460,24 @@ class PendingAckStore:
             self.counts["acks"] += len(positions)
         fut.add_done_callback(functools.partial(self._ack_logged, txn))
         return fut
+
+    def check(self, txn: TxnID, positions: Sequence[TxnPosition], cumulative: bool = False) -> None:
+        """Raise what :meth:`ack` would raise for these acks, changing nothing."""
+        with self._lock:
+            self._check_locked(txn, positions, cumulative)
+
+    def _check_locked(self, txn: TxnID, positions: Sequence[TxnPosition], cumulative: bool) -> None:
+        if cumulative and len(positions) != 1:
+            raise _conflict(txn, positions[0], "a cumulative ack takes exactly one message id")
+        self._check_live(txn)
+        try:
+            if cumulative:
+                self._check_cumulative(txn, positions[0])
+            else:
+                self._check_individual(txn, positions)
+        except TransactionConflictError:
+            self.counts["conflicts"] += 1
+            raise
 
     def _check_individual(self, txn: TxnID, positions: Sequence[TxnPosition]) -> None:
         seen: set[tuple[int, int, int]] = set()

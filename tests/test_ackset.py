@@ -155,3 +155,26 @@ def test_bulk_bad_shapes() -> None:
 def test_out_of_range_ints_name_the_argument(call: object, name: str) -> None:
     with pytest.raises(ts.InvalidArgumentError, match=name):
         call()  # type: ignore[operator]
+
+
+@pytest.mark.parametrize(
+    "call",
+    [
+        lambda: ackset.cardinality_many(None),  # type: ignore[arg-type]
+        lambda: ackset.cardinality_many([[1, 2], [3]]),  # ragged
+        lambda: ackset.cardinality_many([[2**64]]),
+        lambda: ackset.cardinality_many(np.array([[2**63]], dtype=np.uint64)),
+        lambda: ackset.cardinality_many([[1.5]]),  # not silently truncated
+        lambda: ackset.overlaps_many([[1]], [[1]], "x"),
+        lambda: ackset.overlaps_many([[1]], [[1]], [[8]]),
+    ],
+)
+def test_bulk_bad_input_is_typed(call: object) -> None:
+    with pytest.raises(ts.InvalidArgumentError):
+        call()  # type: ignore[operator]
+
+
+def test_bulk_rows_without_words_give_one_result_each() -> None:
+    empty = np.zeros((3, 0), dtype=np.int64)
+    assert ackset.cardinality_many(empty).tolist() == [0, 0, 0]
+    assert ackset.is_empty_many(empty).tolist() == [True, True, True]

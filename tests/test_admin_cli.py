@@ -410,6 +410,8 @@ def test_bad_input_is_a_clear_error(workload: Workload, tmp_path: Path) -> None:
     assert code == 2 and "nope" in out
     code, out = fail(d, "slow-transactions", "--time", "5x")
     assert code == 2 and "'5x' is not a duration" in out
+    code, out = fail(d, "slow-transactions", "--time", "9" * 400)
+    assert code == 2 and "longer than the longest duration" in out
     code, out = fail(d, "coordinator-stats", "-c", "3")
     assert code == 2 and "coordinator 3 not found" in out
     code, out = fail(d, "batched-log", "stats", "--log", "topic")

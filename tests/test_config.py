@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -215,3 +216,21 @@ def test_wrong_types_are_config_errors_naming_the_setting(tmp_path: Path) -> Non
         cfg = BrokerConfig.from_dict({"transactionMetaPersistCount": value})
         with pytest.raises(ConfigError, match="transactionMetaPersistCount"):
             CoordinatorConfig.from_broker_config(cfg)
+
+
+def test_config_loaders_refuse_what_is_not_a_path_or_text(tmp_path: Path) -> None:
+    calls: list[Callable[[], object]] = [
+        lambda: BrokerConfig.load(None),  # type: ignore[arg-type]
+        lambda: BrokerConfig.load(5),  # type: ignore[arg-type]
+        lambda: BrokerConfig.from_toml(str(tmp_path / "a\0b.toml")),
+        lambda: BrokerConfig.from_broker_conf(str(tmp_path / "a\0b.conf")),
+        lambda: BrokerConfig.from_broker_conf_text(None),  # type: ignore[arg-type]
+        lambda: BrokerConfig.from_broker_conf_text(b"a=1"),  # type: ignore[arg-type]
+    ]
+    for call in calls:
+        with pytest.raises(ConfigError):
+            call()
+    deep = tmp_path / "deep.toml"
+    deep.write_text("x = " + "[" * 3000 + "]" * 3000 + "\n")
+    with pytest.raises(ConfigError, match=r"deep\.toml"):
+        BrokerConfig.load(deep)

@@ -139,3 +139,19 @@ def test_corrupt_entry_names_position(tmp_path: Path) -> None:
         assert info.value.position == (bad.ledger_id, bad.entry_id)
         # Ranges before the damage still read.
         assert replay(ml, end=good).records() == [b"\x08\x01"]
+
+
+def test_bad_arguments_create_no_cursor(tmp_path: Path) -> None:
+    """Every argument is checked before the named cursor is opened (which creates it)."""
+    from txnstream._native import replay_log
+
+    with ManagedLedger.open(tmp_path, "log") as ml:
+        ml.append(b"\x08\x01")
+        for name, kwargs in (
+            ("typo1", {"start": "bad"}),
+            ("typo2", {"max_entries": 0}),
+            ("typo3", {"start": Position(1, 0), "max_entries": 5}),
+        ):
+            with pytest.raises((InvalidArgumentError, TypeError)):
+                replay_log(ml, name, **kwargs)
+        assert ml.cursor_names() == []

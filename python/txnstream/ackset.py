@@ -24,7 +24,7 @@ AckSet = _native.AckSet
 
 def and_many(a: npt.ArrayLike, b: npt.ArrayLike) -> npt.NDArray[np.int64]:
     """Row-wise AND of two ``(n, words)`` int64 arrays."""
-    return _native.ackset_and_many(_rows(a), _rows(b))
+    return _native.ackset_and_many(_rows(a, "a"), _rows(b, "b"))
 
 
 def cardinality_many(words: npt.ArrayLike) -> npt.NDArray[np.uint32]:
@@ -44,14 +44,43 @@ def overlaps_many(
 
     Only indexes below ``batch_sizes[i]`` count.
     """
-    sizes = np.ascontiguousarray(batch_sizes, dtype=np.int64)
-    return _native.ackset_overlaps_many(_rows(a), _rows(b), sizes)
+    sizes = _ints(batch_sizes, "batch_sizes", 1)
+    return _native.ackset_overlaps_many(_rows(a, "a"), _rows(b, "b"), sizes)
 
 
-def _rows(words: npt.ArrayLike) -> npt.NDArray[np.int64]:
-    arr = np.ascontiguousarray(words, dtype=np.int64)
-    if arr.ndim != 2:
-        raise InvalidArgumentError(f"expected a 2-D (n, words) array, got shape {arr.shape}")
+def _ints(values: npt.ArrayLike, argument: str, ndim: int) -> npt.NDArray[np.int64]:
+    # An int64 array of ``ndim`` dimensions from integer input (whole floats
+    # too; 1.5 is refused, not truncated).
+    try:
+        arr = np.asarray(values)
+    except (TypeError, ValueError, OverflowError) as e:  # ragged rows, say
+        raise InvalidArgumentError(
+            f"{argument} must be a {ndim}-D array of int64, got {values!r:.80}: {e}",
+            argument=argument,
+            value=repr(values)[:80],
+        ) from e
+    whole = arr.dtype.kind in "iu" or (
+        arr.dtype.kind == "f" and bool(np.all(np.isfinite(arr) & (arr == np.trunc(arr))))
+    )
+    if arr.ndim != ndim or (arr.size and not whole):
+        raise InvalidArgumentError(
+            f"{argument} must be a {ndim}-D array of int64, got shape {arr.shape} of {arr.dtype}",
+            argument=argument,
+            value=f"{arr.shape} {arr.dtype}",
+        )
+    if arr.dtype.kind == "u" and arr.size and int(arr.max()) > np.iinfo(np.int64).max:
+        raise InvalidArgumentError(
+            f"{argument} must fit int64 (Java's signed words), got {int(arr.max())}",
+            argument=argument,
+            value=int(arr.max()),
+        )
+    return np.ascontiguousarray(arr, dtype=np.int64)
+
+
+def _rows(words: npt.ArrayLike, argument: str = "words") -> npt.NDArray[np.int64]:
+    arr = _ints(words, argument, 2)
+    if arr.shape[1] == 0:  # no words: every index deleted, one result per row still
+        arr = np.zeros((arr.shape[0], 1), dtype=np.int64)
     return arr
 
 

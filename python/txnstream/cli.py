@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 import sys
 from collections.abc import Iterator
@@ -309,7 +310,14 @@ def parse_duration_ms(text: str) -> int:
             f"{text!r} is not a duration (e.g. 10s, 500ms, 5m, 2h, 1d, or seconds)",
             param_hint="--time",
         )
-    return round(float(m.group(1)) * _UNIT_MS[m.group(2) or "s"])
+    from txnstream.timer import MAX_WAIT_MS
+
+    ms = float(m.group(1)) * _UNIT_MS[m.group(2) or "s"]
+    if not math.isfinite(ms) or ms > MAX_WAIT_MS:
+        raise click.BadParameter(
+            f"{text!r} is longer than the longest duration ({MAX_WAIT_MS} ms)", param_hint="--time"
+        )
+    return round(ms)
 
 
 def _emit(as_json: bool, value: Any, table: Any) -> None:

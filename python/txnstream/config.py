@@ -86,6 +86,23 @@ _PULSAR_KEYS: Final = {
 }
 
 
+def _config_path(path: object) -> Path:
+    """Return ``path`` as a Path if it is a usable file path (else ConfigError naming it)."""
+    if not isinstance(path, str | os.PathLike):
+        raise ConfigError(
+            f"a configuration file path must be a str or os.PathLike, got {path!r}",
+            key="path",
+            value=repr(path),
+        )
+    text = os.fspath(path)
+    if not isinstance(text, str) or not text or "\0" in text:
+        raise ConfigError(
+            f"a configuration file path must be a non-empty text path without NUL, got {path!r}",
+            key="path",
+            value=repr(path),
+        )
+    return Path(text)
+
 
 def is_finite_number(value: object) -> bool:
     """Return True for a finite int or float (not a bool; an int must fit a float)."""
@@ -95,6 +112,7 @@ def is_finite_number(value: object) -> bool:
         return math.isfinite(value)
     except OverflowError:  # an int beyond a float's range
         return False
+
 
 def _error(key: str, value: object, reason: str) -> ConfigError:
     message = f"invalid configuration {key}={value!r}: {reason}"
@@ -401,7 +419,7 @@ class BrokerConfig:
     def from_broker_conf(cls, path: str | Path) -> BrokerConfig:
         """Read a Pulsar ``broker.conf`` (Java properties: ``key=value``, ``#`` comments)."""
         try:
-            text = Path(path).read_text(encoding="utf-8")
+            text = _config_path(path).read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(f"{path}: cannot be read: {e}", key=str(path), value="") from e
         return cls.from_dict(dict(_parse_properties(text, str(path))))
@@ -409,16 +427,22 @@ class BrokerConfig:
     @classmethod
     def from_broker_conf_text(cls, text: str) -> BrokerConfig:
         """Like :meth:`from_broker_conf`, from the file's text."""
+        if not isinstance(text, str):
+            raise ConfigError(
+                f"broker.conf text must be a str, got {type(text).__name__}",
+                key="<text>",
+                value=repr(text)[:80],
+            )
         return cls.from_dict(dict(_parse_properties(text, "<text>")))
 
     @classmethod
     def from_toml(cls, path: str | Path) -> BrokerConfig:
         """Read TOML with Pulsar keys at top level and/or section tables."""
         try:
-            with Path(path).open("rb") as f:
+            with _config_path(path).open("rb") as f:
                 data = tomllib.load(f)
-        except tomllib.TOMLDecodeError as e:
-            raise ConfigError(f"{path}: {e}", key=str(path), value="") from e
+        except (tomllib.TOMLDecodeError, RecursionError) as e:  # RecursionError: nested too deep
+            raise ConfigError(f"{path}: not TOML we can read: {e}", key=str(path), value="") from e
         except (OSError, UnicodeDecodeError) as e:
             raise ConfigError(f"{path}: cannot be read: {e}", key=str(path), value="") from e
         return cls.from_dict(data)
@@ -426,7 +450,7 @@ class BrokerConfig:
     @classmethod
     def load(cls, path: str | Path) -> BrokerConfig:
         """Read ``*.toml`` as TOML and anything else as ``broker.conf``."""
-        p = Path(path)
+        p = _config_path(path)
         return cls.from_toml(p) if p.suffix.lower() == ".toml" else cls.from_broker_conf(p)
 
     # -- export and runtime changes ---------------------------------------
@@ -528,7 +552,7 @@ def read_dynamic_config(directory: str | os.PathLike[str]) -> dict[str, Any]:
         raise ConfigError(f"{path}: cannot read: {e}", key=str(path), value="") from e
     try:
         data = tomllib.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError, RecursionError) as e:
         raise ConfigError(f"{path}: {e}", key=str(path), value="") from e
     out: dict[str, Any] = {}
     for key, value in data.items():

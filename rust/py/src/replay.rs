@@ -79,19 +79,23 @@ pub fn replay_log<'py>(
     max_entries: Option<i64>,
 ) -> BindResult<Bound<'py, PyDict>> {
     let ml = ml.get();
-    let cur = cursor.map(|c| cursor_of(ml, c)).transpose()?;
+    // Every argument is checked before the cursor is opened (which may create it).
     let (start, end) = (pos(start, "start")?, pos(end, "end")?);
     let ranged = start.is_some() || end.is_some();
-    let records = match (cur, max_entries) {
-        (_, Some(n)) if n < 1 => {
-            return Err(Error::invalid(format!("max_entries must be >= 1, got {n}")).into())
+    if let Some(n) = max_entries {
+        if n < 1 {
+            return Err(Error::invalid(format!("max_entries must be >= 1, got {n}")).into());
         }
-        (Some(_), Some(_)) if ranged => {
-            return Err(Error::invalid("give either max_entries or start/end, not both").into())
+        if ranged {
+            return Err(Error::invalid("give either max_entries or start/end, not both").into());
         }
-        (None, Some(_)) => {
+        if cursor.is_none() {
             return Err(Error::invalid("max_entries needs a cursor").into());
         }
+    }
+    let cur = cursor.map(|c| cursor_of(ml, c)).transpose()?;
+    let records = match (cur, max_entries) {
+        (None, Some(_)) => return Err(Error::invalid("max_entries needs a cursor").into()),
         (Some(c), Some(n)) => py.detach(|| replay::replay_next(&c, n as usize))?,
         (Some(c), None) if !ranged => py.detach(|| replay::replay_all(&c))?,
         (c, None) => {

@@ -430,7 +430,7 @@ def test_bad_input_is_a_clear_error(workload: Workload, tmp_path: Path) -> None:
     bad_conf = tmp_path / "bad.conf"
     bad_conf.write_bytes(b"\xff\xfe")
     code, out = fail(d, "abort-transaction", "--txn-id", "(0,1)", "--config", str(bad_conf))
-    assert code == 1 and "cannot be read" in out and "Traceback" not in out
+    assert code == 2 and "cannot be read" in out and "Traceback" not in out
 
 
 def test_a_damaged_registry_value_or_sequence_mark_is_a_typed_error(

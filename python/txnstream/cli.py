@@ -211,12 +211,19 @@ class _AdminUsageError(_AdminError):
 @contextmanager
 def _admin_errors() -> Iterator[None]:
     """Turn the API's typed errors into exit statuses (see ``txnstream admin --help``)."""
-    from txnstream.errors import InvalidArgumentError, TransactionNotFound, TxnStreamError
+    from txnstream.errors import (
+        ConfigError,
+        InvalidArgumentError,
+        TransactionNotFound,
+        TxnStreamError,
+    )
 
     try:
         yield
     except InvalidArgumentError as e:
         raise _AdminUsageError(e.message or str(e)) from e
+    except ConfigError as e:  # a bad --config is bad input too
+        raise _AdminUsageError(f"{type(e).__name__}: {e}") from e
     except TransactionNotFound as e:
         raise _AdminError(e.message or str(e)) from e
     except TxnStreamError as e:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -289,3 +290,51 @@ def test_names_of_the_managed_ledgers_of_a_directory(tmp_path: Path) -> None:
     assert ManagedLedger.names(tmp_path) == ["a", "b/x"]
     with pytest.raises(StorageError):
         ManagedLedger.names(tmp_path / "missing")
+
+
+def test_bad_arguments_to_the_storage_classes_are_typed_errors(tmp_path: Path) -> None:
+    """Names, flags, paths, keys, values: InvalidArgumentError naming them (not TypeError)."""
+    from txnstream import AckSet, BufferedWriter, CompactedTopic, frame
+    from txnstream.errors import InvalidArgumentError
+
+    ml = ManagedLedger.open(tmp_path, "t")
+    ml.append(b"x")
+    cur = ml.open_cursor("c")
+    ct = CompactedTopic.open(tmp_path, "ct")
+    w = BufferedWriter(ml)
+    calls: list[tuple[Callable[[], object], str]] = [
+        (lambda: ManagedLedger.open(tmp_path, None), "name"),  # type: ignore[arg-type]
+        (lambda: ManagedLedger.open(tmp_path, "t2", read_only="yes"), "read_only"),  # type: ignore[arg-type]
+        (lambda: ManagedLedger.open(str(tmp_path / "a\0b"), "t"), "directory"),
+        (lambda: ManagedLedger.names(None), "directory"),  # type: ignore[arg-type]
+        (lambda: ManagedLedger.names(bytes(tmp_path)), "directory"),  # type: ignore[arg-type]
+        (lambda: ml.open_cursor(None), "name"),  # type: ignore[arg-type]
+        (lambda: ml.delete_cursor(5), "name"),  # type: ignore[arg-type]
+        (lambda: cur.read_next(1.5), "max_entries"),  # type: ignore[arg-type]
+        (lambda: cur.read_next(2**63), "max_entries"),
+        (lambda: cur.delete(None), "positions"),  # type: ignore[arg-type]
+        (lambda: ct.put(None, b"v"), "key"),  # type: ignore[arg-type]
+        (lambda: ct.put("k", "text"), "value"),  # type: ignore[arg-type]
+        (lambda: ct.get(b"k"), "key"),  # type: ignore[arg-type]
+        (lambda: ct.put_many([("k", "v")]), "records value"),  # type: ignore[list-item]
+        (lambda: ct.put_many([("k",)]), "records"),  # type: ignore[list-item]
+        (lambda: CompactedTopic.open(tmp_path, "c2", write_only=1), "write_only"),  # type: ignore[arg-type]
+        (lambda: BufferedWriter(None), "ml"),  # type: ignore[arg-type]
+        (lambda: BufferedWriter(ml, batch_enabled=1), "batch_enabled"),  # type: ignore[arg-type]
+        (lambda: BufferedWriter(ml, name=5), "name"),  # type: ignore[arg-type]
+        (lambda: w.set_batch_enabled(None), "enabled"),  # type: ignore[arg-type]
+        (lambda: AckSet(8).overlaps(None), "other"),  # type: ignore[arg-type]
+        (lambda: frame.decode_entry(None), "entry"),  # type: ignore[arg-type]
+    ]
+    for call, name in calls:
+        with pytest.raises(InvalidArgumentError, match=name):
+            call()
+    # Any buffer is an entry or a value, as for appends.
+    assert frame.decode_entry(bytearray(b"ab")) == [b"ab"]
+    assert not frame.is_batched(memoryview(b"ab"))
+    ct.put("k", bytearray(b"v"))
+    assert ct.get("k") == b"v"
+    assert ml.cursor_names() == ["c"]
+    w.close()
+    ct.close()
+    ml.close()

@@ -32,8 +32,8 @@ def encode_batch(records: Sequence[Buffer]) -> bytes:
     return _native.encode_batch(records)
 
 
-def decode_entry(entry: bytes) -> list[bytes]:
-    """Split ``entry`` into its records; an unbatched entry is one record.
+def decode_entry(entry: Buffer) -> list[bytes]:
+    """Split ``entry`` (bytes or any buffer) into its records; an unbatched entry is one record.
 
     Raises :class:`~txnstream.errors.CorruptEntryError` (with ``offset``) for
     an unknown version, a truncated prefix or malformed protobuf.
@@ -41,7 +41,7 @@ def decode_entry(entry: bytes) -> list[bytes]:
     return _native.decode_entry(entry)
 
 
-def is_batched(entry: bytes) -> bool:
+def is_batched(entry: Buffer) -> bool:
     """Tell whether ``entry`` starts with the batch magic ``0x0E01``."""
     return _native.is_batched(entry)
 

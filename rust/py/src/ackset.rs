@@ -69,8 +69,16 @@ impl PyAckSet {
         self.0.cardinality()
     }
 
-    fn overlaps(&self, other: &Self) -> BindResult<bool> {
-        Ok(self.0.overlaps(&other.0)?)
+    fn overlaps(&self, other: &Bound<'_, PyAny>) -> BindResult<bool> {
+        let other = other.cast::<Self>().map_err(|_| {
+            txnstream_core::Error::invalid(format!(
+                "other must be an AckSet, got {}",
+                other
+                    .repr()
+                    .map_or_else(|_| "?".to_owned(), |r| r.to_string())
+            ))
+        })?;
+        Ok(self.0.overlaps(&other.borrow().0)?)
     }
 
     fn and_(&mut self, other: &Self) -> BindResult<()> {

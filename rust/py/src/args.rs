@@ -8,7 +8,8 @@
 
 use crate::errors::BindResult;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyFloat, PyInt};
+use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
+use std::path::PathBuf;
 use std::time::Duration;
 use txnstream_core::Error;
 
@@ -67,4 +68,73 @@ pub fn timeout_ms_arg(obj: Option<&Bound<'_, PyAny>>) -> BindResult<Option<Durat
         return Ok(None);
     }
     Ok(Some(Duration::from_secs_f64(ms / 1000.0)))
+}
+
+/// `obj` as a `String`: a `str` only (bytes are not a name).
+pub fn str_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<String> {
+    if !obj.is_instance_of::<PyString>() {
+        return Err(Error::invalid(format!(
+            "{what} must be a str, not {} ({})",
+            type_name(obj),
+            short_repr(obj)
+        ))
+        .into());
+    }
+    Ok(obj.extract::<String>().map_err(|_| {
+        Error::invalid(format!(
+            "{what} must be encodable text, got {}",
+            short_repr(obj)
+        ))
+    })?)
+}
+
+/// An optional `bool` flag (`None`: `default`); ints are not flags.
+pub fn bool_arg(obj: Option<&Bound<'_, PyAny>>, what: &str, default: bool) -> BindResult<bool> {
+    match obj.filter(|o| !o.is_none()) {
+        None => Ok(default),
+        Some(o) if o.is_instance_of::<PyBool>() => Ok(o.is_truthy()?),
+        Some(o) => Err(Error::invalid(format!(
+            "{what} must be a bool, not {} ({})",
+            type_name(o),
+            short_repr(o)
+        ))
+        .into()),
+    }
+}
+
+/// `obj` as a directory path: a `str` or `os.PathLike` of text, without NUL.
+pub fn path_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<PathBuf> {
+    let bad = || {
+        Error::invalid(format!(
+            "{what} must be a path (str or os.PathLike of text, without NUL), got {}",
+            short_repr(obj)
+        ))
+    };
+    let text = if obj.is_instance_of::<PyString>() {
+        obj.clone()
+    } else {
+        let fspath = obj.py().import("os")?.getattr("fspath")?;
+        let t = fspath.call1((obj,)).map_err(|_| bad())?;
+        if !t.is_instance_of::<PyString>() {
+            return Err(bad().into());
+        }
+        t
+    };
+    let s: String = text.extract().map_err(|_| bad())?;
+    if s.contains('\0') {
+        return Err(bad().into()); // (an empty path is the core's to refuse, by its own words)
+    }
+    Ok(PathBuf::from(s))
+}
+
+fn short_repr(obj: &Bound<'_, PyAny>) -> String {
+    let r = obj
+        .repr()
+        .map_or_else(|_| "?".to_owned(), |r| r.to_string());
+    if r.chars().count() > 80 {
+        let cut: String = r.chars().take(77).collect();
+        format!("{cut}...")
+    } else {
+        r
+    }
 }

@@ -1,7 +1,7 @@
 //! `txnstream.frame` and the bulk log decoders.
 
 use crate::args::i64_arg;
-use crate::buffers::{bytes_list, with_slices};
+use crate::buffers::{bytes_list, record_bytes, with_slices};
 use crate::errors::BindResult;
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::buffer::PyBuffer;
@@ -36,8 +36,9 @@ pub fn encode_batch<'py>(
 #[pyfunction]
 pub fn decode_entry<'py>(
     py: Python<'py>,
-    entry: &Bound<'py, PyBytes>,
+    entry: &Bound<'py, PyAny>,
 ) -> BindResult<Bound<'py, PyList>> {
+    let entry = record_bytes(entry, "entry")?; // any buffer (bytes: no copy)
     let data = entry.as_bytes();
     if !frame::is_batched(data) {
         return Ok(PyList::new(py, [entry])?);
@@ -59,8 +60,8 @@ pub fn decode_entry<'py>(
 
 /// True when the entry starts with the batch magic 0x0E01.
 #[pyfunction]
-pub fn is_batched(entry: &[u8]) -> bool {
-    frame::is_batched(entry)
+pub fn is_batched(entry: &Bound<'_, PyAny>) -> BindResult<bool> {
+    Ok(frame::is_batched(record_bytes(entry, "entry")?.as_bytes()))
 }
 
 fn utf8<'py>(py: Python<'py>, d: &Bound<'py, PyDict>, name: &str, c: Utf8Column) -> PyResult<()> {

@@ -7,6 +7,7 @@
 //! thread ([`crate::completion`]).
 
 use crate::ackset::PyAckSet;
+use crate::args::{bool_arg, i64_arg, path_arg, str_arg};
 use crate::buffers::{bytes_list, record_bytes, with_slices};
 use crate::completion::{future_with_callback, object_list, Job};
 use crate::errors::BindResult;
@@ -212,18 +213,18 @@ impl PyManagedLedger {
     /// the directory's first open in the process.
     #[staticmethod]
     #[pyo3(signature = (directory, name, *, max_entries_per_ledger=None, max_bytes_per_ledger=None,
-        read_only=false, preallocate_bytes=None, cursor_flush_interval_ms=None, max_batch_bytes=None,
+        read_only=None, preallocate_bytes=None, cursor_flush_interval_ms=None, max_batch_bytes=None,
         journal_segment_bytes=None, checkpoint_bytes=None, checkpoint_interval_ms=None,
         max_pending_bytes=None, append_timeout_ms=None, max_open_files=None, storage_threads=None,
         direct_entry_bytes=None))]
     #[allow(clippy::too_many_arguments)]
     fn open(
         py: Python<'_>,
-        directory: PathBuf,
-        name: &str,
+        directory: &Bound<'_, PyAny>,
+        name: &Bound<'_, PyAny>,
         max_entries_per_ledger: Option<Bound<'_, PyAny>>,
         max_bytes_per_ledger: Option<Bound<'_, PyAny>>,
-        read_only: bool,
+        read_only: Option<Bound<'_, PyAny>>,
         preallocate_bytes: Option<Bound<'_, PyAny>>,
         cursor_flush_interval_ms: Option<Bound<'_, PyAny>>,
         max_batch_bytes: Option<Bound<'_, PyAny>>,
@@ -236,13 +237,15 @@ impl PyManagedLedger {
         storage_threads: Option<Bound<'_, PyAny>>,
         direct_entry_bytes: Option<Bound<'_, PyAny>>,
     ) -> BindResult<Self> {
+        let directory = path_arg(directory, "directory")?;
+        let name = str_arg(name, "name")?;
         let opts = options(OpenArgs {
             max_entries_per_ledger: int_opt(
                 max_entries_per_ledger.as_ref(),
                 "max_entries_per_ledger",
             )?,
             max_bytes_per_ledger: int_opt(max_bytes_per_ledger.as_ref(), "max_bytes_per_ledger")?,
-            read_only,
+            read_only: bool_arg(read_only.as_ref(), "read_only", false)?,
             preallocate_bytes: int_opt(preallocate_bytes.as_ref(), "preallocate_bytes")?,
             cursor_flush_interval_ms: int_opt(
                 cursor_flush_interval_ms.as_ref(),
@@ -264,14 +267,15 @@ impl PyManagedLedger {
             storage_threads: int_opt(storage_threads.as_ref(), "storage_threads")?,
             direct_entry_bytes: int_opt(direct_entry_bytes.as_ref(), "direct_entry_bytes")?,
         })?;
-        let inner = py.detach(|| ManagedLedger::open(&directory, name, opts))?;
+        let inner = py.detach(|| ManagedLedger::open(&directory, &name, opts))?;
         Ok(Self { inner })
     }
 
     /// Names of the managed ledgers in data directory ``directory`` (read
     /// only: a live directory of another process, or a closed one).
     #[staticmethod]
-    fn names(py: Python<'_>, directory: PathBuf) -> BindResult<Vec<String>> {
+    fn names(py: Python<'_>, directory: &Bound<'_, PyAny>) -> BindResult<Vec<String>> {
+        let directory = path_arg(directory, "directory")?;
         Ok(py.detach(|| ManagedLedger::list(&directory))?)
     }
 
@@ -447,8 +451,9 @@ impl PyManagedLedger {
     }
 
     /// Open (or create) cursor ``name``.
-    fn open_cursor(&self, py: Python<'_>, name: &str) -> BindResult<PyCursor> {
-        let c = py.detach(|| self.inner.open_cursor(name))?;
+    fn open_cursor(&self, py: Python<'_>, name: &Bound<'_, PyAny>) -> BindResult<PyCursor> {
+        let name = str_arg(name, "name")?;
+        let c = py.detach(|| self.inner.open_cursor(&name))?;
         Ok(PyCursor { inner: c })
     }
 
@@ -458,8 +463,9 @@ impl PyManagedLedger {
     }
 
     /// Remove cursor ``name`` so it no longer holds back trimming.
-    fn delete_cursor(&self, py: Python<'_>, name: &str) -> BindResult<()> {
-        Ok(py.detach(|| self.inner.delete_cursor(name))?)
+    fn delete_cursor(&self, py: Python<'_>, name: &Bound<'_, PyAny>) -> BindResult<()> {
+        let name = str_arg(name, "name")?;
+        Ok(py.detach(|| self.inner.delete_cursor(&name))?)
     }
 
     /// Persist cursor states now and trim ledgers every cursor has passed.
@@ -517,8 +523,16 @@ impl PyCursor {
     }
 
     /// Up to ``max_entries`` entries after the read position, skipping deleted ones.
-    #[pyo3(signature = (max_entries=100))]
-    fn read_next<'py>(&self, py: Python<'py>, max_entries: i64) -> BindResult<Bound<'py, PyList>> {
+    #[pyo3(signature = (max_entries=None))]
+    fn read_next<'py>(
+        &self,
+        py: Python<'py>,
+        max_entries: Option<Bound<'py, PyAny>>,
+    ) -> BindResult<Bound<'py, PyList>> {
+        let max_entries = match max_entries {
+            Some(n) => i64_arg(&n, "max_entries")?,
+            None => 100,
+        };
         if max_entries < 0 {
             return Err(
                 Error::invalid(format!("max_entries must be >= 0, got {max_entries}")).into(),
@@ -550,7 +564,12 @@ impl PyCursor {
     /// (``TxnPosition`` with ``batch_size > 1``); all or nothing.
     fn delete(&self, py: Python<'_>, positions: &Bound<'_, PyAny>) -> BindResult<()> {
         let mut recs = Vec::with_capacity(crate::buffers::capacity_hint(positions));
-        for (i, item) in positions.try_iter()?.enumerate() {
+        let items = positions.try_iter().map_err(|_| {
+            Error::invalid(
+                "positions must be an iterable of positions (Position, TxnPosition or pairs)",
+            )
+        })?;
+        for (i, item) in items.enumerate() {
             recs.push(record_arg(&item?, &format!("positions[{i}]"))?);
         }
         Ok(py.detach(|| self.inner.delete_batch_indexes(&recs))?)
@@ -631,19 +650,23 @@ impl PyCompactedTopic {
     ///
     /// ``write_only`` keeps no key index: nothing is read at open and
     /// ``get``/``items``/``keys``/``len`` raise (see the Rust docs).
-    #[pyo3(signature = (directory, name, *, read_only=false, max_entries_per_ledger=None,
-        max_bytes_per_ledger=None, preallocate_bytes=None, write_only=false))]
+    #[pyo3(signature = (directory, name, *, read_only=None, max_entries_per_ledger=None,
+        max_bytes_per_ledger=None, preallocate_bytes=None, write_only=None))]
     #[allow(clippy::too_many_arguments)]
     fn open(
         py: Python<'_>,
-        directory: PathBuf,
-        name: &str,
-        read_only: bool,
+        directory: &Bound<'_, PyAny>,
+        name: &Bound<'_, PyAny>,
+        read_only: Option<Bound<'_, PyAny>>,
         max_entries_per_ledger: Option<Bound<'_, PyAny>>,
         max_bytes_per_ledger: Option<Bound<'_, PyAny>>,
         preallocate_bytes: Option<Bound<'_, PyAny>>,
-        write_only: bool,
+        write_only: Option<Bound<'_, PyAny>>,
     ) -> BindResult<Self> {
+        let directory = path_arg(directory, "directory")?;
+        let name = str_arg(name, "name")?;
+        let read_only = bool_arg(read_only.as_ref(), "read_only", false)?;
+        let write_only = bool_arg(write_only.as_ref(), "write_only", false)?;
         let opts = options(OpenArgs {
             max_entries_per_ledger: int_opt(
                 max_entries_per_ledger.as_ref(),
@@ -656,9 +679,9 @@ impl PyCompactedTopic {
         })?;
         let t = py.detach(|| {
             if write_only {
-                CompactedTopic::open_write_only(&directory, name, opts)
+                CompactedTopic::open_write_only(&directory, &name, opts)
             } else {
-                CompactedTopic::open(&directory, name, opts)
+                CompactedTopic::open(&directory, &name, opts)
             }
         })?;
         Ok(Self { inner: Arc::new(t) })
@@ -668,26 +691,51 @@ impl PyCompactedTopic {
     fn put(
         &self,
         py: Python<'_>,
-        key: &str,
-        value: Option<&Bound<'_, PyBytes>>,
+        key: &Bound<'_, PyAny>,
+        value: Option<&Bound<'_, PyAny>>,
     ) -> BindResult<PyPosition> {
-        let v = value.map(|b| b.as_bytes());
-        Ok(PyPosition(py.detach(|| self.inner.put(key, v))?))
+        let key = str_arg(key, "key")?;
+        let value = value
+            .filter(|v| !v.is_none())
+            .map(|v| record_bytes(v, "value"))
+            .transpose()?;
+        let v = value.as_ref().map(|b| b.as_bytes());
+        Ok(PyPosition(py.detach(|| self.inner.put(&key, v))?))
     }
 
     /// Write many ``(key, value | None)`` records in one group commit.
-    fn put_many(
-        &self,
-        py: Python<'_>,
-        records: Vec<(String, Option<Vec<u8>>)>,
-    ) -> BindResult<Py<PyList>> {
-        let ps = py.detach(|| self.inner.put_many(records))?;
+    fn put_many(&self, py: Python<'_>, records: &Bound<'_, PyAny>) -> BindResult<Py<PyList>> {
+        let bad = || {
+            Error::invalid("records must be an iterable of (key: str, value: bytes | None) pairs")
+        };
+        let mut out: Vec<(String, Option<Vec<u8>>)> = Vec::new();
+        for item in records.try_iter().map_err(|_| bad())? {
+            let item = item?;
+            let pair = item.cast::<PyTuple>().map_err(|_| bad())?;
+            if pair.len() != 2 {
+                return Err(bad().into());
+            }
+            let key = str_arg(&pair.get_item(0)?, "records key")?;
+            let value = pair.get_item(1)?;
+            let value = if value.is_none() {
+                None
+            } else {
+                Some(record_bytes(&value, "records value")?.as_bytes().to_vec())
+            };
+            out.push((key, value));
+        }
+        let ps = py.detach(|| self.inner.put_many(out))?;
         Ok(positions(py, &ps)?.unbind())
     }
 
     /// The newest value of ``key``, or ``None``.
-    fn get<'py>(&self, py: Python<'py>, key: &str) -> BindResult<Option<Bound<'py, PyBytes>>> {
-        Ok(self.inner.get(key)?.map(|v| PyBytes::new(py, &v)))
+    fn get<'py>(
+        &self,
+        py: Python<'py>,
+        key: &Bound<'py, PyAny>,
+    ) -> BindResult<Option<Bound<'py, PyBytes>>> {
+        let key = str_arg(key, "key")?;
+        Ok(self.inner.get(&key)?.map(|v| PyBytes::new(py, &v)))
     }
 
     /// ``(key, value)`` of every live key, in key order.

@@ -5,7 +5,7 @@
 //! thread ([`crate::completion`]); blocking calls wait with the GIL released
 //! and need no Python at all.
 
-use crate::args::{i64_arg, timeout_ms_arg};
+use crate::args::{bool_arg, i64_arg, str_arg, timeout_ms_arg};
 use crate::buffers::{bytes_list, record_bytes, with_slices};
 use crate::completion::{completer, future_with_callback, object_list, on_completion_thread, Job};
 use crate::errors::BindResult;
@@ -63,15 +63,26 @@ pub struct PyBufferedWriter {
 #[pymethods]
 impl PyBufferedWriter {
     #[new]
-    #[pyo3(signature = (ml, max_records = None, max_size = None, max_delay_ms = None, batch_enabled = true, name = None))]
+    #[pyo3(signature = (ml, max_records = None, max_size = None, max_delay_ms = None, batch_enabled = None, name = None))]
     fn new(
-        ml: &Bound<'_, PyManagedLedger>,
+        ml: &Bound<'_, PyAny>,
         max_records: Option<&Bound<'_, PyAny>>,
         max_size: Option<&Bound<'_, PyAny>>,
         max_delay_ms: Option<&Bound<'_, PyAny>>,
-        batch_enabled: bool,
-        name: Option<String>,
+        batch_enabled: Option<&Bound<'_, PyAny>>,
+        name: Option<&Bound<'_, PyAny>>,
     ) -> BindResult<Self> {
+        let ml = ml.cast::<PyManagedLedger>().map_err(|_| {
+            Error::invalid(format!(
+                "ml must be a ManagedLedger, got {}",
+                ml.repr().map_or_else(|_| "?".to_owned(), |r| r.to_string())
+            ))
+        })?;
+        let batch_enabled = bool_arg(batch_enabled, "batch_enabled", true)?;
+        let name = name
+            .filter(|n| !n.is_none())
+            .map(|n| str_arg(n, "name"))
+            .transpose()?;
         let config = config_from(
             WriterConfig {
                 batch_enabled,
@@ -176,8 +187,13 @@ impl PyBufferedWriter {
     }
 
     /// Switch batching on or off; takes effect for the next record.
-    fn set_batch_enabled(&self, py: Python<'_>, enabled: bool) {
+    fn set_batch_enabled(&self, py: Python<'_>, enabled: &Bound<'_, PyAny>) -> BindResult<()> {
+        if enabled.is_none() {
+            return Err(Error::invalid("enabled must be a bool, not None").into());
+        }
+        let enabled = bool_arg(Some(enabled), "enabled", true)?;
         py.detach(|| self.writer.set_batch_enabled(enabled));
+        Ok(())
     }
 
     /// Whether batching is on.

@@ -698,7 +698,7 @@ class Consumer:
             payload,
             key,
             dict(props) if props else {},
-            MessageId(lid, eid, index, size, partition),
+            MessageId(lid, eid, index, size, partition, sub.partition),
             publish_time,
             producer,
             redeliveries,
@@ -789,17 +789,19 @@ class Consumer:
         else:
             raise _bad("msg", msg, "a Message or MessageId")
         fields = (mid.ledger_id, mid.entry_id, mid.batch_index, mid.batch_size, mid.partition)
-        if any(isinstance(f, bool) or not isinstance(f, int) for f in fields):
-            raise _bad("msg", msg, "a MessageId of ints")
+        if any(isinstance(f, bool) or not isinstance(f, int) for f in fields) or not (
+            mid.topic is None or isinstance(mid.topic, str)
+        ):
+            raise _bad("msg", msg, "a MessageId of ints (and a str or None topic)")
         sub = self._subs.get(mid.partition)
         if sub is None:
             raise _bad("msg", msg, f"a message of {self.topic} (no partition {mid.partition} here)")
         if mid.batch_size < 1 or not 0 <= mid.batch_index < mid.batch_size:
             raise _bad("msg", msg, "a MessageId with 0 <= batch_index < batch_size")
-        if isinstance(msg, Message):
-            if msg.topic != sub.partition:
-                raise _bad("msg", msg, f"a message of {sub.partition} (it came from {msg.topic})")
-        else:
+        came_from = msg.topic if isinstance(msg, Message) else mid.topic
+        if came_from is not None and came_from != sub.partition:
+            raise _bad("msg", msg, f"a message of {sub.partition} (it came from {came_from})")
+        if came_from is None:
             # A MessageId built by the caller: its batch size must be its entry's, or
             # an unbatched id of a batch would acknowledge the whole batch.
             sub.check_batch_size(mid.position)

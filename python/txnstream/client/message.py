@@ -5,7 +5,10 @@ non-partitioned topic), ledger id, entry id, and -- for a message of a
 batch written by ``send_many`` -- its batch index and the batch size.
 Message ids of one partition are ordered as the partition's log; equality
 and hashing use the same fields (the batch size is informative), so ids
-work as dict keys and compare equal to what ``send`` returned.
+work as dict keys and compare equal to what ``send`` returned. The id of
+a received message also names its partition (``topic``; None in ids built
+by callers or returned by ``send``), so acking it on a consumer of another
+topic is refused.
 """
 
 from __future__ import annotations
@@ -18,13 +21,14 @@ from txnstream._native import TxnPosition
 class MessageId:
     """Address of one message; frozen, ordered within a partition, hashable."""
 
-    __slots__ = ("batch_index", "batch_size", "entry_id", "ledger_id", "partition")
+    __slots__ = ("batch_index", "batch_size", "entry_id", "ledger_id", "partition", "topic")
 
     ledger_id: int
     entry_id: int
     batch_index: int
     batch_size: int
     partition: int
+    topic: str | None
 
     def __init__(
         self,
@@ -33,12 +37,14 @@ class MessageId:
         batch_index: int = 0,
         batch_size: int = 1,
         partition: int = -1,
+        topic: str | None = None,
     ) -> None:
         object.__setattr__(self, "ledger_id", ledger_id)
         object.__setattr__(self, "entry_id", entry_id)
         object.__setattr__(self, "batch_index", batch_index)
         object.__setattr__(self, "batch_size", batch_size)
         object.__setattr__(self, "partition", partition)
+        object.__setattr__(self, "topic", topic)
 
     def __setattr__(self, name: str, value: Any) -> None:
         raise AttributeError(f"MessageId is immutable (cannot set {name})")
@@ -74,10 +80,19 @@ class MessageId:
     def __hash__(self) -> int:
         return hash(self._key())
 
-    def __reduce__(self) -> tuple[type[MessageId], tuple[int, int, int, int, int]]:
+    def __reduce__(
+        self,
+    ) -> tuple[type[MessageId], tuple[int, int, int, int, int, str | None]]:
         return (
             MessageId,
-            (self.ledger_id, self.entry_id, self.batch_index, self.batch_size, self.partition),
+            (
+                self.ledger_id,
+                self.entry_id,
+                self.batch_index,
+                self.batch_size,
+                self.partition,
+                self.topic,
+            ),
         )
 
     @property

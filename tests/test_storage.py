@@ -249,3 +249,18 @@ def test_two_storage_threads_without_pipelining(tmp_path: Path) -> None:
     with ManagedLedger.open(tmp_path / "three", "t") as ml:
         three = threads() - base
     assert two == three - 1, (two, three)
+
+
+def test_reopening_a_ledger_with_other_rollover_limits_uses_them(tmp_path: Path) -> None:
+    """The data directory stays open (another ledger holds it) between the two opens."""
+    with ManagedLedger.open(tmp_path, "keep"):
+        ml = ManagedLedger.open(tmp_path, "x", max_entries_per_ledger=2)
+        for _ in range(5):
+            ml.append(b"a")
+        assert [n for _, n, _ in ml.ledgers()] == [2, 2, 1]
+        ml.close()
+        ml = ManagedLedger.open(tmp_path, "x", max_entries_per_ledger=100)
+        for _ in range(5):
+            ml.append(b"a")
+        assert [n for _, n, _ in ml.ledgers()][3:] == [5]  # one ledger for the five
+        ml.close()

@@ -809,7 +809,9 @@ impl WriterThread {
 
     /// The writer's view of `ml` (loaded from its published state).
     fn writer_ml(&mut self, ml: &MlState) -> WriterMl {
-        if let Some(w) = self.mls.get(&ml.id) {
+        if let Some(w) = self.mls.get_mut(&ml.id) {
+            // The thresholds of the newest open (a reopen may change them).
+            w.rollover = *ml.rollover.lock();
             return *w;
         }
         let m = ml.meta.lock();

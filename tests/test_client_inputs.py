@@ -447,8 +447,8 @@ def test_a_directory_path_with_nul_is_refused(tmp_path: Path) -> None:
         Broker.open(str(tmp_path / "da\0ta"), registry=None)
 
 
-def test_the_id_of_a_message_from_another_topic_is_refused_by_ack(broker: Broker) -> None:
-    """Ledger ids are per topic: 1:0 exists in both, so the id names its topic."""
+def test_a_message_or_its_id_from_another_topic_is_refused_by_ack(broker: Broker) -> None:
+    """Ledger ids are per topic: 1:0 exists in both, so a received id names its topic."""
     import pickle
 
     client = broker.client()
@@ -457,10 +457,10 @@ def test_the_id_of_a_message_from_another_topic_is_refused_by_ack(broker: Broker
     ca, cb = client.subscribe("a", "s"), client.subscribe("b", "s")
     mb = cb.receive(1_000)
     assert mb is not None and mb.message_id.topic == "persistent://public/default/b"
-    for mid in (mb.message_id, pickle.loads(pickle.dumps(mb.message_id))):
+    for msg in (mb, mb.message_id, pickle.loads(pickle.dumps(mb.message_id))):
         with pytest.raises(
             InvalidArgumentError, match="it came from persistent://public/default/b"
         ):
-            ca.ack(mid)
+            ca.ack(msg)
     a0 = ca.receive(1_000)
     assert a0 is not None and a0.value == b"a0"  # nothing of "a" was acked

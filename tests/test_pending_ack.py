@@ -578,19 +578,6 @@ def test_an_unbatched_id_of_a_batched_entry_conflicts_with_a_held_index(broker: 
     assert sorted(m.value for m in drain(c)) == [b"b0", b"b1", b"b2"]
 
 
-def test_a_message_of_another_topic_is_refused_by_ack(broker: Broker) -> None:
-
-    client = broker.client()
-    client.producer("a").send(b"a0")
-    client.producer("b").send(b"b0")
-    ca, cb = client.subscribe("a", "s"), client.subscribe("b", "s")
-    mb = cb.receive(1_000)
-    assert mb is not None
-    with pytest.raises(InvalidArgumentError, match="persistent://public/default/a"):
-        ca.ack(mb)
-    assert [m.value for m in drain(ca)] == [b"a0"]  # nothing of "a" was acked
-
-
 @pytest.mark.parametrize("isolation", ["read_committed", "read_uncommitted"])
 def test_read_committed_never_gets_what_read_uncommitted_left_for_redelivery(
     broker: Broker, isolation: str

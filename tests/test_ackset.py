@@ -165,6 +165,8 @@ def test_out_of_range_ints_name_the_argument(call: object, name: str) -> None:
         lambda: ackset.cardinality_many([[2**64]]),
         lambda: ackset.cardinality_many(np.array([[2**63]], dtype=np.uint64)),
         lambda: ackset.cardinality_many([[1.5]]),  # not silently truncated
+        lambda: ackset.cardinality_many([[1e19]]),  # whole, but beyond int64: not wrapped
+        lambda: ackset.overlaps_many([[1]], [[1]], [1e20]),
         lambda: ackset.overlaps_many([[1]], [[1]], "x"),
         lambda: ackset.overlaps_many([[1]], [[1]], [[8]]),
     ],

@@ -464,3 +464,18 @@ def test_a_message_or_its_id_from_another_topic_is_refused_by_ack(broker: Broker
             ca.ack(msg)
     a0 = ca.receive(1_000)
     assert a0 is not None and a0.value == b"a0"  # nothing of "a" was acked
+
+
+def test_a_partition_ledger_written_before_the_check_stays_usable(tmp_path: Path) -> None:
+    """Directories from before partition names were checked may hold such a ledger."""
+    from txnstream import ManagedLedger
+
+    with ManagedLedger.open(tmp_path, "persistent://public/default/x-partition-1"):
+        pass  # what an older broker left: the ledger, no registered topic "x"
+    with Broker.open(tmp_path, registry=None) as b:
+        client = b.client()
+        client.producer("x-partition-1").send(b"still here")
+        m = client.subscribe("x-partition-1", "s").receive(2_000)
+        assert m is not None and m.value == b"still here"
+        with pytest.raises(InvalidTopicNameError, match="names no partition"):
+            client.producer("x-partition-2")  # a new one is still refused

@@ -589,17 +589,23 @@ def test_read_committed_never_gets_what_read_uncommitted_left_for_redelivery(
     open_txn, aborted = client.transaction(), client.transaction()
     p.send(b"open", txn=open_txn)
     p.send(b"aborted", txn=aborted)
+    p.send(b"held", txn=aborted)
     open_txn.wait_durable(5_000)
     aborted.wait_durable(5_000)
     ru = client.subscribe("t", "s", isolation="read_uncommitted")
-    assert [m.value for m in drain(ru)] == [b"open", b"aborted"]
-    ru.close()  # unacknowledged: queued for redelivery
+    got = drain(ru)
+    assert [m.value for m in got] == [b"open", b"aborted", b"held"]
+    holder = client.transaction()
+    ru.ack(got[2], txn=holder)  # stays with its transaction when the consumer closes
+    ru.close()  # the others, unacknowledged: queued for redelivery
     aborted.abort()
     if isolation == "read_uncommitted":  # the same isolation keeps its redeliveries
         again = client.subscribe("t", "s", isolation="read_uncommitted")
         assert [m.value for m in drain(again)] == [b"open", b"aborted"]
         again.close()
     rc = client.subscribe("t", "s", isolation="read_committed")
+    assert drain(rc) == []
+    holder.abort()  # releases "held", of an aborted transaction
     assert drain(rc) == []
     open_txn.commit()
     assert [m.value for m in drain(rc, 1_000)] == [b"open"]

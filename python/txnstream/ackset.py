@@ -60,7 +60,12 @@ def _ints(values: npt.ArrayLike, argument: str, ndim: int) -> npt.NDArray[np.int
             value=repr(values)[:80],
         ) from e
     whole = arr.dtype.kind in "iu" or (
-        arr.dtype.kind == "f" and bool(np.all(np.isfinite(arr) & (arr == np.trunc(arr))))
+        arr.dtype.kind == "f"
+        and bool(
+            np.all(
+                np.isfinite(arr) & (arr == np.trunc(arr)) & (arr >= -(2.0**63)) & (arr < 2.0**63)
+            )
+        )
     )
     if arr.ndim != ndim or (arr.size and not whole):
         raise InvalidArgumentError(

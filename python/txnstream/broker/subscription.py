@@ -37,6 +37,7 @@ from txnstream._native import (
     Position,
     TxnPosition,
     decode_topic_entry,
+    is_batched,
     read_messages,
 )
 from txnstream.coordinator import TxnID
@@ -140,6 +141,9 @@ class Subscription:
                 self._redeliver.clear()
                 self._nacked.clear()
                 self._nacked_keys.clear()
+                # Only detached consumers' messages held by transactions are
+                # left here: ended, they come back through the re-read.
+                self._unacked.clear()
                 self._reread_through = None
                 self._read_after = self.cursor.mark_delete_position
             if isolation != self.isolation:
@@ -333,6 +337,12 @@ class Subscription:
             d: dict[str, Any] = decode_topic_entry(self.ml.read(pos.position))
         except PositionNotFoundError:
             return None
+        if (
+            self.isolation == READ_COMMITTED
+            and d["txn"] is not None
+            and d["txn"] in self.tb.aborted
+        ):
+            return None  # never delivered under READ_COMMITTED (the read acknowledges it)
         msgs = d["messages"]
         if key[2] >= len(msgs):
             return None
@@ -457,9 +467,12 @@ class Subscription:
         A position with no entry passes (the ack itself reports it).
         """
         try:
-            size = decode_topic_entry(self.ml.read(position.position))["batch_size"]
+            entry = self.ml.read(position.position)
         except PositionNotFoundError:
             return
+        if position.batch_size <= 1 and not is_batched(entry):
+            return  # the usual case: no decoding
+        size = decode_topic_entry(entry)["batch_size"]
         if size != position.batch_size and not (size <= 1 and position.batch_size <= 1):
             raise InvalidArgumentError(
                 f"message id {position.ledger_id}:{position.entry_id} (batch index "

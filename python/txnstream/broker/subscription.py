@@ -74,6 +74,8 @@ Key = tuple[int, int, int]
 
 #: Entries read per bulk read.
 READ_BATCH = 64
+#: Closed ledgers whose entry counts a subscription remembers (``check_exists``).
+MAX_CACHED_LEDGERS = 4096
 #: A receive reads at least this long (s) past entries it cannot deliver (aborted,
 #: acked) before its deadline stops it, so ``receive(0)`` still finds a message
 #: behind a short run of them; a long run ends at the deadline.
@@ -120,6 +122,7 @@ class Subscription:
         self._redeliveries: dict[Key, int] = {}
         self._consumers: set[int] = set()
         self._wakers: set[threading.Event] = set()
+        self._closed_ledgers: dict[int, int] = {}  # ledger id -> entries (check_exists)
         self._closed = False
         self.delivered = 0
         self.auto_acked = 0
@@ -501,11 +504,15 @@ class Subscription:
         if last is not None and entry <= last:
             if entry.ledger_id == last.ledger_id:
                 return
-            for lid, count, _ in self.ml.ledgers():
-                if lid == entry.ledger_id:
-                    if entry.entry_id < count:
-                        return
-                    break
+            count = self._closed_ledgers.get(entry.ledger_id)
+            if count is None:  # not seen closed yet: look once (closed ledgers never grow)
+                for lid, n, closed in self.ml.ledgers():
+                    if closed and len(self._closed_ledgers) < MAX_CACHED_LEDGERS:
+                        self._closed_ledgers[lid] = n
+                    if lid == entry.ledger_id:
+                        count = n
+            if count is not None and entry.entry_id < count:
+                return
             if self.cursor.is_deleted(entry):  # trimmed: acknowledged already
                 return
         where = (

@@ -107,3 +107,59 @@ def test_a_panicking_storage_thread_fails_the_commit_fast_and_close_returns(
         assert got is not None and (got.value, got.message_id) == (b"before", kept)
         assert c.receive(300) is None
         assert {t.txn_id for t in again.admin.open_transactions()} <= {txn.txn_id}
+
+
+@pytest.mark.parametrize("api", ["sync", "asyncio"])
+def test_a_stalled_disk_does_not_hold_a_commit_past_its_end_timeout(
+    tmp_path: Path, api: str
+) -> None:
+    """The decision record waits at most the end timeout; a retry then finishes the commit."""
+    import asyncio
+    import threading
+
+    from txnstream.client.aio import AsyncTransaction
+    from txnstream.config import BrokerConfig
+    from txnstream.errors import TransactionEndPending
+
+    with Broker.open(tmp_path, BrokerConfig(end_timeout_ms=1_000), registry=None) as b:
+        client = b.client("stall")
+        client.producer("in").send(b"x")
+        consumer = client.subscribe("in", "s")
+        out = client.producer("out")
+        m = consumer.receive(5_000)
+        assert m is not None
+        txn = client.transaction(timeout_ms=60_000)
+        out.send(b"y", txn=txn)
+        consumer.ack(m, txn=txn)
+        assert txn.wait_durable(5_000)
+        ml = b.topic("in").ml
+        testing.hold_fault(ml, "sync")  # every sync of the directory waits
+        got: list[BaseException | None] = []
+
+        def commit() -> None:
+            try:
+                if api == "sync":
+                    txn.commit()
+                else:  # the same transaction through the asyncio face
+                    asyncio.run(AsyncTransaction(client.aio(), txn).commit())
+                got.append(None)
+            except BaseException as exc:
+                got.append(exc)
+
+        started = time.monotonic()
+        th = threading.Thread(target=commit, daemon=True)
+        th.start()
+        th.join(20)
+        try:
+            assert not th.is_alive(), "the commit waited for the stalled disk"
+            assert time.monotonic() - started < 15
+            assert len(got) == 1 and isinstance(got[0], TransactionEndPending), got
+            assert got[0].retriable
+        finally:
+            testing.release_fault(ml, "sync")
+        txn.commit()  # asked again: the decision is logged again and the end completes
+        assert txn.state == "committed"
+        reader = client.subscribe("out", "r")
+        r = reader.receive(5_000)
+        assert r is not None and r.value == b"y"
+        assert reader.receive(200) is None

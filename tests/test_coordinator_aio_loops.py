@@ -20,13 +20,15 @@ class GatedLog(InMemoryTransactionLog):
         self.gate.set()
         self.entered = threading.Event()
 
-    def write_many_sync(self, records: Sequence[bytes]) -> list[TxnPosition]:
+    def write_many_sync(
+        self, records: Sequence[bytes], timeout_ms: int | None = None
+    ) -> list[TxnPosition]:
         self.entered.set()
         assert self.gate.wait(30)
-        return super().write_many_sync(records)
+        return super().write_many_sync(records, timeout_ms)
 
-    def write_sync(self, record: bytes) -> TxnPosition:
-        return self.write_many_sync([record])[0]
+    def write_sync(self, record: bytes, timeout_ms: int | None = None) -> TxnPosition:
+        return self.write_many_sync([record], timeout_ms)[0]
 
 
 def test_a_loop_closing_mid_batch_does_not_wedge_the_lane() -> None:

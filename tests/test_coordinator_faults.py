@@ -301,8 +301,10 @@ def test_interrupt_after_a_durable_commit_decision_keeps_the_commit(
     real = LedgerTransactionLog.write_sync
     calls = [0]
 
-    def interrupted(self: LedgerTransactionLog, record: bytes) -> Any:
-        pos = real(self, record)  # the COMMITTING record is durable...
+    def interrupted(
+        self: LedgerTransactionLog, record: bytes, timeout_ms: int | None = None
+    ) -> Any:
+        pos = real(self, record, timeout_ms)  # the COMMITTING record is durable...
         calls[0] += 1
         if calls[0] == 1:
             raise KeyboardInterrupt  # ...and then the caller is interrupted

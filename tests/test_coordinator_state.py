@@ -500,7 +500,7 @@ class DiscardingLog(InMemoryTransactionLog):
         self._n = getattr(self, "_n", 0) + 1
         return self._done(TxnPosition(0, self._n, 1, 0))
 
-    def write_sync(self, record: bytes) -> TxnPosition:
+    def write_sync(self, record: bytes, timeout_ms: int | None = None) -> TxnPosition:
         return self.write(record).result()
 
 

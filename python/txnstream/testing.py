@@ -253,9 +253,9 @@ class InMemoryTransactionLog:
             self._sizes.append(1)
             return self._done(TxnPosition(0, len(self._entries) - 1, 1, 0))
 
-    def write_sync(self, record: bytes) -> TxnPosition:
+    def write_sync(self, record: bytes, timeout_ms: int | None = None) -> TxnPosition:
         """Store ``record`` as its own entry and return its position."""
-        return self.write(record).result()
+        return self.write(record).result(None if timeout_ms is None else timeout_ms / 1000.0)
 
     def write_many(self, records: Sequence[bytes]) -> list[Future[TxnPosition]]:
         """Store ``records`` as one batched entry."""
@@ -268,9 +268,12 @@ class InMemoryTransactionLog:
             n = len(records)
             return [self._done(TxnPosition(0, eid, n, i)) for i in range(n)]
 
-    def write_many_sync(self, records: Sequence[bytes]) -> list[TxnPosition]:
+    def write_many_sync(
+        self, records: Sequence[bytes], timeout_ms: int | None = None
+    ) -> list[TxnPosition]:
         """Store ``records`` as one batched entry and return their positions."""
-        return [f.result() for f in self.write_many(records)]
+        wait = None if timeout_ms is None else timeout_ms / 1000.0
+        return [f.result(wait) for f in self.write_many(records)]
 
     def delete(self, records: PositionColumns | Sequence[TxnPosition]) -> None:
         """Delete records; an entry whose records are all deleted is dropped."""

@@ -319,6 +319,10 @@ def end_answer(txn_id: TxnID, act: TxnAction, final: TxnStatus, timed_out: bool)
     )
 
 
+#: Why an end whose decision record was not durable by its deadline is pending.
+_DECISION_SLOW = "its decision record was not durable in time (the log is slow or stalled)"
+
+
 def _pending_error(txn_id: TxnID, outcome: TxnStatus | None, why: str) -> TransactionEndPending:
     said = f"{outcome.name}, decided" if outcome is not None else "not decided yet"
     return TransactionEndPending(
@@ -593,13 +597,16 @@ class EndDriver:
             table.tc_id, meta.seq, now, 0, int(target), meta.pending_timed_out
         )
         try:
-            pos = self._writer.write(record)
+            # Bounded by the end's deadline: a stalled disk must not hold the caller.
+            pos = self._writer.write(record, max(1, deadline - clock.monotonic_ms()))
         except BaseException as exc:
             with table.lock:
                 if definite(exc) and not meta.in_doubt:
                     self._revert(meta)
                 else:
                     meta.in_doubt = True  # may be durable: decided; logged again later
+            if isinstance(exc, TimeoutError):
+                raise _pending_error(tid, None, _DECISION_SLOW) from exc
             raise
         with table.lock:
             meta.status = target
@@ -753,7 +760,7 @@ class EndDriver:
                     for m in metas
                 ]
             try:
-                positions = writer.write_many(records)
+                positions = writer.write_many(records, max(1, deadline - clock.monotonic_ms()))
             except BaseException as exc:
                 with table.lock:
                     for m in metas:
@@ -761,6 +768,8 @@ class EndDriver:
                             self._revert(m)
                         else:
                             m.in_doubt = True
+                if isinstance(exc, TimeoutError):  # each is asked again, alone
+                    return [_pending_error(table.tid(m.seq), None, _DECISION_SLOW) for m in metas]
                 raise
             mono = clock.monotonic_ms()
             with table.lock:

@@ -245,11 +245,20 @@ class TransactionLog(Protocol):
     def write(self, record: bytes) -> Future[TxnPosition]:
         """Append ``record``; the future completes once it is durable."""
 
-    def write_sync(self, record: bytes) -> TxnPosition:
-        """Append ``record`` and wait until it is durable."""
+    def write_sync(self, record: bytes, timeout_ms: int | None = None) -> TxnPosition:
+        """Append ``record`` and wait until it is durable.
 
-    def write_many_sync(self, records: Sequence[bytes]) -> list[TxnPosition]:
-        """Append ``records`` (contiguous, in order) and wait until all are durable."""
+        Raises the built-in ``TimeoutError`` after ``timeout_ms`` (None: no
+        limit); the record may still become durable.
+        """
+
+    def write_many_sync(
+        self, records: Sequence[bytes], timeout_ms: int | None = None
+    ) -> list[TxnPosition]:
+        """Append ``records`` (contiguous, in order) and wait until all are durable.
+
+        ``timeout_ms`` as for :meth:`write_sync`.
+        """
 
     def delete(self, records: PositionColumns | Sequence[TxnPosition]) -> None:
         """Delete records (one batch index each) in one operation; whole entries free up."""
@@ -330,11 +339,13 @@ class LedgerTransactionLog:
         """Append ``record``; the future completes once it is durable."""
         return self.writer.write(record)
 
-    def write_sync(self, record: bytes) -> TxnPosition:
+    def write_sync(self, record: bytes, timeout_ms: int | None = None) -> TxnPosition:
         """Append ``record`` and wait (GIL released, no Python future) until durable."""
-        return self.writer.write_blocking(record)
+        return self.writer.write_blocking(record, timeout_ms=timeout_ms)
 
-    def write_many_sync(self, records: Sequence[bytes]) -> list[TxnPosition]:
+    def write_many_sync(
+        self, records: Sequence[bytes], timeout_ms: int | None = None
+    ) -> list[TxnPosition]:
         """Append ``records`` contiguously and wait until they are durable.
 
         The batch is written at once (a forced flush) instead of after
@@ -343,7 +354,7 @@ class LedgerTransactionLog:
         """
         fut = self.writer.write_many(records)
         self.writer.flush()
-        return fut.result()
+        return fut.result(None if timeout_ms is None else timeout_ms / 1000.0)
 
     def delete(self, records: PositionColumns | Sequence[TxnPosition]) -> None:
         """Delete records by position and batch index, in one cursor operation."""
@@ -460,18 +471,22 @@ class DurableWriter:
         self._table = table
         self._counts = counters.counts
 
-    def write(self, record: bytes) -> TxnPosition:
-        """Append ``record`` and return its position once durable."""
+    def write(self, record: bytes, timeout_ms: int | None = None) -> TxnPosition:
+        """Append ``record`` and return its position once durable.
+
+        The built-in ``TimeoutError`` after ``timeout_ms`` (None: no limit)
+        leaves the record's fate unknown (see :func:`definite`).
+        """
         try:
-            return self.log.write_sync(record)
+            return self.log.write_sync(record, timeout_ms)
         except TxnStreamError:
             self._failed()
             raise
 
-    def write_many(self, records: list[bytes]) -> list[TxnPosition]:
+    def write_many(self, records: list[bytes], timeout_ms: int | None = None) -> list[TxnPosition]:
         """Append ``records`` as one batch and return their positions once durable."""
         try:
-            return self.log.write_many_sync(records)
+            return self.log.write_many_sync(records, timeout_ms)
         except TxnStreamError:
             self._failed()
             raise

@@ -1,6 +1,7 @@
 //! `SnapshotDemux` binding: the shared snapshot reader's routing (SPEC §4.6),
 //! reading and decoding in bulk with the GIL released.
 
+use crate::args::str_arg;
 use crate::errors::BindResult;
 use crate::ledger::PyManagedLedger;
 use crate::position::PyPosition;
@@ -32,10 +33,11 @@ fn answer<'py>(py: Python<'py>, r: Option<Routed>) -> PyResult<Option<Bound<'py,
 }
 
 fn topic_arg(obj: &Bound<'_, PyAny>, arg: &str) -> BindResult<String> {
-    match obj.extract::<String>() {
-        Ok(s) if !s.is_empty() => Ok(s),
-        _ => Err(Error::invalid(format!("{arg} must be a non-empty str, got {obj}")).into()),
+    let s = str_arg(obj, arg)?;
+    if s.is_empty() {
+        return Err(Error::invalid(format!("{arg} must be a non-empty str, got ''")).into());
     }
+    Ok(s)
 }
 
 #[pymethods]

@@ -707,3 +707,43 @@ def test_a_conflicting_ack_is_refused_before_the_transaction_registers_anything(
         c.ack(msgs[0], txn=txn)
     assert broker._coordinators().get_transaction(txn.txn_id).subscriptions == ()
     txn.abort()
+
+
+def test_a_commit_clears_the_read_ahead_buffer_before_it_releases_the_messages(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """No moment where a committed ack's message is released yet still buffered for dispatch."""
+    from txnstream.config import BrokerConfig
+
+    cfg = BrokerConfig(transaction_timeout_ms=600_000)
+    with Broker.open(tmp_path, cfg, registry=None) as b:
+        client = b.client("first")
+        p = client.producer("t")
+        for i in range(4):
+            p.send(b"m%d" % i)
+        c = client.subscribe("t", "s")
+        msgs = drain(c)
+        txn = client.transaction(timeout_ms=600_000)
+        c.ack(msgs[2], txn=txn)
+        txn.wait_durable(5_000)  # left open across the restart
+        txn_id = txn.txn_id
+    with Broker.open(tmp_path, cfg, registry=None) as b:
+        c = b.client("second").subscribe("t", "s")
+        first = c.receive(1_000)
+        assert first is not None and first.value == b"m0"  # m1..m3 are read ahead
+        sub = b.topic("t").subscription("s")
+        st = store(b)
+        key = (msgs[2].message_id.ledger_id, msgs[2].message_id.entry_id, 0)
+        seen: list[bool] = []
+        real = PendingAckStore._release
+
+        def release(self: PendingAckStore, txn: object) -> object:
+            if self is st:
+                seen.append(sub._buffered(key))  # what a receive could take right now
+            return real(self, txn)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(PendingAckStore, "_release", release)
+        b._coordinators().get(txn_id.most_bits).end_transaction(txn_id, "commit")
+        assert seen == [False]
+        got = [first.value, *(m.value for m in drain(c))]
+    assert got == [b"m0", b"m1", b"m3"]

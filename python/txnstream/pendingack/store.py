@@ -76,8 +76,10 @@ CLOSE_FLUSH_MS: Final = 10_000
 LOG_CURSOR = "__pending_ack_store"
 
 #: ``on_end(txn, committed, messages, cumulative)``: the subscription's hook,
-#: called once an end is applied. ``messages`` are the individually held
-#: messages (as TxnPositions), ``cumulative`` the cumulative position or None.
+#: called once an end is applied: a commit's once its acks are on the cursor,
+#: before the messages are released; an abort's after. ``messages`` are the
+#: individually held messages (as TxnPositions), ``cumulative`` the
+#: cumulative position or None.
 EndHook = Callable[[TxnID, bool, list[TxnPosition], TxnPosition | None], None]
 
 
@@ -593,6 +595,10 @@ class PendingAckStore:
             with self._lock:
                 self._ending.pop(txn, None)
             return
+        if commit and self.on_end is not None:
+            # Still held: the subscription forgets them (its read-ahead buffer
+            # too) before a release could let them be dispatched again.
+            self.on_end(txn, commit, messages, acks.cumulative)
         with self._lock:
             self._ending.pop(txn, None)
             self._release(txn)
@@ -604,7 +610,8 @@ class PendingAckStore:
             else:
                 self._trim_now.extend(records)
                 self.counts["aborts"] += 1
-        if self.on_end is not None:
+        if not commit and self.on_end is not None:
+            # Released first: the subscription delivers them again.
             self.on_end(txn, commit, messages, acks.cumulative)
 
     def _release(self, txn: TxnID) -> TxnAcks:

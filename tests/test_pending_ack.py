@@ -9,6 +9,8 @@ import pytest
 
 from txnstream import Broker, TxnPosition
 from txnstream.client import Client, Consumer, Message
+from txnstream.config import BrokerConfig
+from txnstream.coordinator import TxnID
 from txnstream.errors import (
     InvalidArgumentError,
     InvalidTxnStatusError,
@@ -611,25 +613,30 @@ def test_read_committed_never_gets_what_read_uncommitted_left_for_redelivery(
     assert [m.value for m in drain(rc, 1_000)] == [b"open"]
 
 
+def hold_across_restart(
+    path: Path, messages: int, held: int
+) -> tuple[BrokerConfig, list[Message], TxnID]:
+    """Send ``messages``, ack number ``held`` in a transaction left open, close the broker."""
+    cfg = BrokerConfig(transaction_timeout_ms=600_000)
+    with Broker.open(path, cfg, registry=None) as b:
+        client = b.client("first")
+        p = client.producer("t")
+        for i in range(messages):
+            p.send(b"m%d" % i)
+        c = client.subscribe("t", "s")
+        msgs = drain(c)
+        txn = client.transaction(timeout_ms=600_000)
+        c.ack(msgs[held], txn=txn)
+        txn.wait_durable(5_000)  # left open across the restart
+    return cfg, msgs, txn.txn_id
+
+
 @pytest.mark.parametrize("commit", [True, False])
 def test_a_restored_hold_ending_while_its_message_is_read_ahead_is_delivered_once_or_never(
     tmp_path: Path, commit: bool
 ) -> None:
     """A hold restored at open, ended while the message waits in the read-ahead buffer."""
-    from txnstream.config import BrokerConfig
-
-    cfg = BrokerConfig(transaction_timeout_ms=600_000)
-    with Broker.open(tmp_path, cfg, registry=None) as b:
-        client = b.client("first")
-        p = client.producer("t")
-        for i in range(6):
-            p.send(b"m%d" % i)
-        c = client.subscribe("t", "s")
-        msgs = drain(c)
-        txn = client.transaction(timeout_ms=600_000)
-        c.ack(msgs[3], txn=txn)
-        txn.wait_durable(5_000)  # left open across the restart
-        txn_id = txn.txn_id
+    cfg, _, txn_id = hold_across_restart(tmp_path, 6, 3)
     with Broker.open(tmp_path, cfg, registry=None) as b:
         c = b.client("second").subscribe("t", "s")
         first = c.receive(1_000)
@@ -713,20 +720,7 @@ def test_a_commit_clears_the_read_ahead_buffer_before_it_releases_the_messages(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """No moment where a committed ack's message is released yet still buffered for dispatch."""
-    from txnstream.config import BrokerConfig
-
-    cfg = BrokerConfig(transaction_timeout_ms=600_000)
-    with Broker.open(tmp_path, cfg, registry=None) as b:
-        client = b.client("first")
-        p = client.producer("t")
-        for i in range(4):
-            p.send(b"m%d" % i)
-        c = client.subscribe("t", "s")
-        msgs = drain(c)
-        txn = client.transaction(timeout_ms=600_000)
-        c.ack(msgs[2], txn=txn)
-        txn.wait_durable(5_000)  # left open across the restart
-        txn_id = txn.txn_id
+    cfg, msgs, txn_id = hold_across_restart(tmp_path, 4, 2)
     with Broker.open(tmp_path, cfg, registry=None) as b:
         c = b.client("second").subscribe("t", "s")
         first = c.receive(1_000)

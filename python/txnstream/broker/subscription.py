@@ -340,12 +340,6 @@ class Subscription:
             d: dict[str, Any] = decode_topic_entry(self.ml.read(pos.position))
         except PositionNotFoundError:
             return None
-        if (
-            self.isolation == READ_COMMITTED
-            and d["txn"] is not None
-            and d["txn"] in self.tb.aborted
-        ):
-            return None  # never delivered under READ_COMMITTED (the read acknowledges it)
         msgs = d["messages"]
         if key[2] >= len(msgs):
             return None

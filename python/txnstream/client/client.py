@@ -103,6 +103,8 @@ def _payload(value: object, argument: str = "value") -> bytes:
 
 def _utf8(argument: str, text: str, whole: object) -> None:
     # A str that cannot be encoded (a lone surrogate) fails here, not half-way through a send.
+    if text.isascii():
+        return  # the usual case: no copy
     try:
         text.encode()
     except UnicodeEncodeError:

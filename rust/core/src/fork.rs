@@ -13,10 +13,14 @@
 //! - [`gate`] is a process-wide lock held around every short critical
 //!   section that touches such singletons; the fork handlers hold it across
 //!   `fork()` so the child never inherits it (or them) mid-update.
+//! - Locks are `std::sync`'s (see [`crate::sync`]): their state is in the
+//!   lock itself, so a child that touches only objects made after the fork
+//!   never meets a thread of its parent (parking_lot's shared table of
+//!   parked threads did: SIGSEGV or a hang in the child).
 
-use parking_lot::{Mutex, MutexGuard};
+use std::cell::RefCell;
 use std::sync::atomic::{AtomicI32, AtomicU64, Ordering};
-use std::sync::Once;
+use std::sync::{Mutex, MutexGuard, Once, PoisonError};
 
 /// Descriptors holding a data directory's writer lock (an OFD lock).
 /// Slots hold -1 when free; lock-free so the child handler may read them.
@@ -69,23 +73,36 @@ static GENERATION: AtomicU64 = AtomicU64::new(0);
 static GATE: Mutex<()> = Mutex::new(());
 static INSTALL: Once = Once::new();
 
+thread_local! {
+    /// The gate, held by the forking thread from `prepare` until `parent`
+    /// or `child` (both run on that thread).
+    static HELD: RefCell<Option<MutexGuard<'static, ()>>> = const { RefCell::new(None) };
+}
+
+fn lock_gate() -> MutexGuard<'static, ()> {
+    GATE.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 extern "C" fn prepare() {
     // Held across fork(): released by `parent` and `child`.
-    std::mem::forget(GATE.lock());
+    let g = lock_gate();
+    HELD.with(|h| *h.borrow_mut() = Some(g));
+}
+
+fn release_gate() {
+    // Dropping the guard unlocks: a futex word store (and a wake only if
+    // someone waits, which in a child nobody can).
+    HELD.with(|h| drop(h.borrow_mut().take()));
 }
 
 extern "C" fn parent() {
-    // SAFETY: `prepare` locked GATE on this thread and forgot the guard; we
-    // release exactly that lock.
-    unsafe { GATE.force_unlock() };
+    release_gate();
 }
 
 extern "C" fn child() {
     GENERATION.fetch_add(1, Ordering::AcqRel);
     release_inherited_locks();
-    // SAFETY: as in `parent`: the forking thread (now the child's only
-    // thread) took the lock in `prepare`.
-    unsafe { GATE.force_unlock() };
+    release_gate();
 }
 
 /// Registers the fork handlers (once per process).
@@ -109,5 +126,5 @@ pub fn generation() -> u64 {
 /// The process-wide gate (see the module docs). Hold it only briefly.
 pub fn gate() -> MutexGuard<'static, ()> {
     install();
-    GATE.lock()
+    lock_gate()
 }

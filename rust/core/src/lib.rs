@@ -31,6 +31,7 @@ pub mod position;
 pub mod proto;
 pub mod replay;
 pub mod sink;
+pub mod sync;
 pub mod tiered;
 pub mod topic_scan;
 pub mod txnlog_fold;

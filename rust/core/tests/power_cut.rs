@@ -8,7 +8,6 @@
 #![cfg(feature = "testing")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -17,6 +16,7 @@ use std::time::Duration;
 use txnstream_core::ledger::fs::Fs;
 use txnstream_core::ledger::simfs::{Rng, SimFs};
 use txnstream_core::ledger::{LedgerOptions, ManagedLedger};
+use txnstream_core::sync::Mutex;
 use txnstream_core::{Error, Position};
 
 const DATA: &str = "/data";

@@ -36,7 +36,8 @@ pub enum Job {
 const JOBS_PER_GIL: usize = 4096;
 
 /// The completion thread's queue of the current fork generation.
-static COMPLETER: parking_lot::Mutex<Option<(u64, Sender<Job>)>> = parking_lot::Mutex::new(None);
+static COMPLETER: txnstream_core::sync::Mutex<Option<(u64, Sender<Job>)>> =
+    txnstream_core::sync::Mutex::new(None);
 
 thread_local! {
     /// Per-thread copy of the queue, so the hot path takes no lock.

@@ -5,10 +5,10 @@ use crate::args::str_arg;
 use crate::errors::BindResult;
 use crate::ledger::PyManagedLedger;
 use crate::position::PyPosition;
-use parking_lot::Mutex;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyTuple};
 use txnstream_core::demux::{Routed, SnapshotDemux};
+use txnstream_core::sync::Mutex;
 use txnstream_core::Error;
 
 /// Routes a namespace snapshot topic's records to the topics that recover.

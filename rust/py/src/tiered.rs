@@ -71,7 +71,7 @@ fn aborts_arg(seq: &Bound<'_, PyAny>) -> BindResult<Vec<((u64, u64), Position)>>
 #[derive(Debug)]
 #[pyclass(name = "AbortedTxnIndex", module = "txnstream._native", frozen)]
 pub struct PyAbortedTxnIndex {
-    inner: parking_lot::Mutex<AbortedTxnIndex>,
+    inner: txnstream_core::sync::Mutex<AbortedTxnIndex>,
 }
 
 #[pymethods]
@@ -79,7 +79,10 @@ impl PyAbortedTxnIndex {
     #[new]
     fn new(ledger_id: &Bound<'_, PyAny>) -> BindResult<Self> {
         Ok(Self {
-            inner: parking_lot::Mutex::new(AbortedTxnIndex::new(id_arg(ledger_id, "ledger_id")?)),
+            inner: txnstream_core::sync::Mutex::new(AbortedTxnIndex::new(id_arg(
+                ledger_id,
+                "ledger_id",
+            )?)),
         })
     }
 
@@ -88,7 +91,7 @@ impl PyAbortedTxnIndex {
     fn decode(data: &Bound<'_, PyAny>) -> BindResult<Self> {
         let b = record_bytes(data, "data")?;
         Ok(Self {
-            inner: parking_lot::Mutex::new(AbortedTxnIndex::decode(b.as_bytes())?),
+            inner: txnstream_core::sync::Mutex::new(AbortedTxnIndex::decode(b.as_bytes())?),
         })
     }
 
@@ -97,7 +100,10 @@ impl PyAbortedTxnIndex {
     fn rebuild(ledger_id: &Bound<'_, PyAny>, aborts: &Bound<'_, PyAny>) -> BindResult<Self> {
         let id = id_arg(ledger_id, "ledger_id")?;
         Ok(Self {
-            inner: parking_lot::Mutex::new(AbortedTxnIndex::rebuild(id, &aborts_arg(aborts)?)?),
+            inner: txnstream_core::sync::Mutex::new(AbortedTxnIndex::rebuild(
+                id,
+                &aborts_arg(aborts)?,
+            )?),
         })
     }
 

@@ -7,7 +7,7 @@ use super::{LedgerOptions, ManagedLedger};
 use crate::error::{Error, Result};
 use crate::position::Position;
 use crate::proto::CompactedRecord;
-use parking_lot::{Mutex, RwLock};
+use crate::sync::{Mutex, RwLock};
 use prost::Message;
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -10,7 +10,7 @@ use crate::ackset::AckSet;
 use crate::error::{Error, Result};
 use crate::position::{Position, TxnPosition};
 use crate::proto::{BatchDeletion, CursorState, DeletedRange};
-use parking_lot::Mutex;
+use crate::sync::Mutex;
 use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};

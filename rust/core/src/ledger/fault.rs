@@ -4,7 +4,7 @@
 //! gate until released, to observe what happens while, say, a sync is
 //! still in progress.
 
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 use std::collections::HashMap;
 use std::io;
 use std::sync::atomic::{AtomicBool, Ordering};

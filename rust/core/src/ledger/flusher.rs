@@ -19,7 +19,7 @@ use super::store::*;
 use crate::error::{Error, Result};
 use crate::position::Position;
 use crate::proto::{Catalog, ManagedLedgerState};
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use std::path::PathBuf;

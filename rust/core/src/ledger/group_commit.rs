@@ -51,8 +51,8 @@ use super::state::{Applied, FileOpen, MlState, Rollover, StoreIo, CREATED, CREAT
 use crate::error::{Error, Result};
 use crate::position::Position;
 use crate::sink::AppendCallback;
+use crate::sync::{Condvar, Mutex};
 use crossbeam_channel::{Receiver, Sender};
-use parking_lot::{Condvar, Mutex};
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::panic::AssertUnwindSafe;

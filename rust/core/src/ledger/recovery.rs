@@ -14,7 +14,7 @@ use super::store::*;
 use crate::error::{Error, Result};
 use crate::position::Position;
 use crate::proto::Catalog;
-use parking_lot::{Mutex, RwLock};
+use crate::sync::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashMap};
 use std::io;
 use std::path::Path;

@@ -18,7 +18,7 @@
 //! Locks do not survive (the image has no running process).
 
 use super::fs::{Fs, FsFile, IoStats, LockGuard, OpenMode};
-use parking_lot::{Mutex, RwLock};
+use crate::sync::{Mutex, RwLock};
 use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;
 use std::io;

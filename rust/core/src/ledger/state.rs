@@ -18,7 +18,7 @@ use super::ledger_file::{self, LedgerFiles};
 use crate::error::{Error, Result};
 use crate::position::Position;
 use crate::proto::{CursorState, LedgerInfo, ManagedLedgerState};
-use parking_lot::{Mutex, RwLock};
+use crate::sync::{Mutex, RwLock};
 use prost::Message;
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::fmt;

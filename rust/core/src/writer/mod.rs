@@ -27,7 +27,7 @@ use crate::error::{Error, Result};
 use crate::frame;
 use crate::position::{Position, TxnPosition};
 use crate::sink::EntrySink;
-use parking_lot::{Condvar, Mutex};
+use crate::sync::{Condvar, Mutex};
 use stats::Metrics;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Weak};

@@ -7,7 +7,7 @@
 
 use crate::error::{Error, Result};
 use crate::fork;
-use parking_lot::{Condvar, Mutex, MutexGuard};
+use crate::sync::{Condvar, Mutex, MutexGuard};
 use std::cmp::{Ordering, Reverse};
 use std::collections::BinaryHeap;
 use std::panic::AssertUnwindSafe;

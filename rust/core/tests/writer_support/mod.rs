@@ -3,12 +3,12 @@
 //! gated, slow, always- or sometimes-failing).
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
-use parking_lot::{Condvar, Mutex};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::thread;
 use std::time::Duration;
 use txnstream_core::sink::{AppendCallback, EntrySink};
+use txnstream_core::sync::{Condvar, Mutex};
 use txnstream_core::{Error, Position, Result, TxnPosition};
 
 /// Decides whether the `n`-th append (0-based) fails.

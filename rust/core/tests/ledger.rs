@@ -1120,3 +1120,59 @@ fn a_panicking_flusher_is_reported_and_starts_again() {
     assert_eq!(ml.read(p).unwrap(), b"two");
     ml.close().unwrap();
 }
+
+#[test]
+fn reads_past_the_end_while_appending_do_not_deadlock() {
+    // A read past the end built its error under the ledgers' read lock and
+    // took that lock again; with the journal thread queued for the write
+    // lock (an append being applied) the second read waited behind it, the
+    // journal behind the first: every append of the directory hung. Found
+    // in review; it stalled within about half a second every run.
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let tmp = tempfile::tempdir().unwrap();
+    let ml = ManagedLedger::open(tmp.path(), "t", opts()).unwrap();
+    ml.append(b"first").unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let done: Arc<Vec<AtomicU64>> = Arc::new((0..3).map(|_| AtomicU64::new(0)).collect());
+    let mut threads = Vec::new();
+    for t in 0..3 {
+        let (ml, stop, done) = (Arc::clone(&ml), Arc::clone(&stop), Arc::clone(&done));
+        threads.push(std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                if t == 0 {
+                    ml.append_many(vec![b"x".to_vec(); 64]).unwrap();
+                } else {
+                    let l = ml.last_position().unwrap();
+                    let past = Position::new(l.ledger_id, l.entry_id + 1_000_000);
+                    assert!(matches!(ml.read(past), Err(Error::PositionNotFound { .. })));
+                    // Past the end, or (after a rollover) a gap: no entries.
+                    assert!(ml.read_range(past, past).map_or(true, |v| v.is_empty()));
+                }
+                done[t].fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    // Every thread must keep making progress: 2,000 rounds each, or a stall
+    // of 20 s fails the test (the hung threads die with the test process).
+    let mut last = vec![0; 3];
+    let mut moved = std::time::Instant::now();
+    loop {
+        std::thread::sleep(Duration::from_millis(50));
+        let now: Vec<u64> = done.iter().map(|d| d.load(Ordering::Relaxed)).collect();
+        if now.iter().all(|&n| n >= 2_000) {
+            break;
+        }
+        if now != last {
+            last = now;
+            moved = std::time::Instant::now();
+        }
+        assert!(
+            moved.elapsed() < Duration::from_secs(20),
+            "stalled at {last:?}"
+        );
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in threads {
+        t.join().unwrap();
+    }
+}

@@ -764,20 +764,16 @@ impl MlState {
 
     // ------------------------------------------------------------- queries
 
+    // A thread never takes `ledgers.read()` while it holds it: std's lock,
+    // like parking_lot's, queues a new reader behind a waiting writer (the
+    // journal thread applying an append), so a nested read waits on itself.
+
     pub fn first_position(&self) -> Option<Position> {
-        self.ledgers
-            .read()
-            .iter()
-            .find(|(_, l)| l.count > 0)
-            .map(|(&id, _)| Position::new(id, 0))
+        first_in(&self.ledgers.read())
     }
 
     pub fn last_position(&self) -> Option<Position> {
-        self.ledgers
-            .read()
-            .iter()
-            .rev()
-            .find_map(|(&id, l)| (l.count > 0).then(|| Position::new(id, l.count - 1)))
+        last_in(&self.ledgers.read())
     }
 
     /// The first existing entry after `p` (after nothing: the first entry).
@@ -809,16 +805,18 @@ impl MlState {
     /// A position between existing entries that names no entry (in a
     /// trimmed or empty ledger): valid as a mark-delete bound.
     pub fn is_gap(&self, p: Position) -> bool {
-        p.ledger_id >= FIRST_LEDGER_ID
-            && p.entry_id <= MAX_STORED_ENTRY_ID
-            && !self.ledgers.read().contains_key(&p.ledger_id)
-            && self.last_position().is_some_and(|l| p < l)
+        if p.ledger_id < FIRST_LEDGER_ID || p.entry_id > MAX_STORED_ENTRY_ID {
+            return false;
+        }
+        let ledgers = self.ledgers.read();
+        !ledgers.contains_key(&p.ledger_id) && last_in(&ledgers).is_some_and(|l| p < l)
     }
 
     pub fn not_found(&self, p: Position) -> Error {
-        let reason = match self.ledgers.read().get(&p.ledger_id) {
+        let ledgers = self.ledgers.read();
+        let reason = match ledgers.get(&p.ledger_id) {
             Some(l) => format!("ledger {} has {} entries", p.ledger_id, l.count),
-            None => match (self.first_position(), self.last_position()) {
+            None => match (first_in(&ledgers), last_in(&ledgers)) {
                 (Some(f), _) if p < f => format!("trimmed (first entry is {f})"),
                 (_, Some(l)) if p > l => format!("past the end (last entry is {l})"),
                 (_, None) => "the managed ledger is empty".to_owned(),
@@ -845,23 +843,25 @@ impl MlState {
         // A checkpoint may retire a journal segment between the plan and
         // the read: the entries are in the ledger files then; plan again.
         for _ in 0..8 {
-            let (in_files, locs) = {
+            let planned = {
                 let ledgers = self.ledgers.read();
-                let Some(l) = ledgers.get(&ledger) else {
-                    return Err(self.not_found(Position::new(ledger, first)));
-                };
-                if first + n > l.count {
-                    return Err(self.not_found(Position::new(ledger, first + n - 1)));
+                match ledgers.get(&ledger) {
+                    None => Err(Position::new(ledger, first)),
+                    Some(l) if first + n > l.count => Err(Position::new(ledger, first + n - 1)),
+                    Some(l) => {
+                        let in_files = l.file_entries.saturating_sub(first).min(n);
+                        let from = (first + in_files).saturating_sub(l.file_entries) as usize;
+                        let locs: Vec<Loc> = l
+                            .tail
+                            .range(from..from + (n - in_files) as usize)
+                            .copied()
+                            .collect();
+                        Ok((in_files, locs))
+                    }
                 }
-                let in_files = l.file_entries.saturating_sub(first).min(n);
-                let from = (first + in_files).saturating_sub(l.file_entries) as usize;
-                let locs: Vec<Loc> = l
-                    .tail
-                    .range(from..from + (n - in_files) as usize)
-                    .copied()
-                    .collect();
-                (in_files, locs)
             };
+            // Outside the read guard: `not_found` takes it again.
+            let (in_files, locs) = planned.map_err(|p| self.not_found(p))?;
             let mut out = if in_files > 0 {
                 let h = self.io.ledger_files(self, ledger, FileOpen::Existing)?;
                 let v = h.files(ledger).read(first, in_files)?;
@@ -939,7 +939,7 @@ impl MlState {
                 } else {
                     l.count
                 };
-                (a < b).then_some((id, a, b - a))
+                (a < b).then(|| (id, a, b - a))
             })
             .collect();
         let mut out = Vec::new();
@@ -995,4 +995,20 @@ impl MlState {
             .map(|(&id, _)| id)
             .collect()
     }
+}
+
+/// The first entry of `ledgers` (under its lock).
+fn first_in(ledgers: &BTreeMap<u64, LedgerState>) -> Option<Position> {
+    ledgers
+        .iter()
+        .find(|(_, l)| l.count > 0)
+        .map(|(&id, _)| Position::new(id, 0))
+}
+
+/// The last entry of `ledgers` (under its lock).
+fn last_in(ledgers: &BTreeMap<u64, LedgerState>) -> Option<Position> {
+    ledgers
+        .iter()
+        .rev()
+        .find_map(|(&id, l)| (l.count > 0).then(|| Position::new(id, l.count - 1)))
 }

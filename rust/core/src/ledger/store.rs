@@ -652,8 +652,10 @@ impl Store {
             .get(&escaped)
             .cloned()
             .unwrap_or_default();
-        let ledgers = ml.ledgers.read();
+        // meta before ledgers, as the journal's `apply` takes them, and not
+        // both at once.
         let next = ml.meta.lock().next_ledger_id;
+        let ledgers = ml.ledgers.read();
         let lowest = ledgers.keys().next().copied().unwrap_or(next);
         let mut unexplained = Vec::new();
         let mut leftovers = Vec::new();

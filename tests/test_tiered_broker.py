@@ -11,6 +11,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from txnstream import Broker, Position
 from txnstream._native import AbortedTxnIndex
+from txnstream.client import Transaction
 from txnstream.config import BrokerConfig
 from txnstream.errors import CorruptEntryError, InvalidTopicNameError
 from txnstream.tiered import object_name
@@ -227,6 +228,71 @@ def test_read_committed_when_an_open_transaction_starts_a_ledger_after_trimmed_o
         got = [m.payload for m in broker.tiered.read_committed(topic)]
         assert got == plain
         t.abort()
+
+
+@pytest.mark.parametrize("given", ["broker", "ml only"])
+def test_a_ledger_offloaded_out_of_order_hides_no_abort(tmp_path: Path, given: str) -> None:
+    """L1 and L3 offloaded, L2 (holding L1's transaction's ABORT) only local.
+
+    L3's index completes the remote collection, but L2 lies between: the
+    local aborts must still count, or L1's aborted message is returned.
+    Found in review (READ_COMMITTED returned it).
+    """
+    cfg = BrokerConfig(
+        max_entries_per_ledger=4,
+        transaction_timeout_ms=60_000,
+        offload_threshold_bytes=1 << 40,  # a policy (the hold) that never triggers
+    )
+    with Broker.open(tmp_path / "data", cfg, registry=None) as broker:
+        client = broker.client("c")
+        consumer = client.subscribe(TOPIC, "s")
+        producer = client.producer(TOPIC)
+        ml = broker.topic(TOPIC).ml
+
+        def fill() -> None:  # plain messages to the end of the current ledger
+            # (a transaction's first send may not be stored yet: the
+            # producer's order puts it before these)
+            while (last := ml.last_position) is None or last.entry_id != 3:
+                producer.send(b"plain")
+
+        def abort(t: Transaction) -> None:  # and wait for its marker (written after)
+            before = ml.entry_count()
+            t.abort()
+            deadline = time.monotonic() + 20
+            while ml.entry_count() == before:
+                assert time.monotonic() < deadline, "no ABORT marker"
+                time.sleep(0.005)
+
+        a = client.transaction()
+        producer.send(b"aborted-a", txn=a)  # L1
+        fill()
+        abort(a)  # its ABORT marker starts L2
+        fill()
+        b = client.transaction()
+        producer.send(b"aborted-b", txn=b)  # L3
+        abort(b)
+        fill()
+        producer.send(b"tail")  # L4, open
+        ledgers = [lid for lid, _, _ in ml.ledgers()]
+        offloader = broker.tiered.offloader
+        offloader.offload(ml, ledgers[0])
+        offloader.offload(ml, ledgers[2])
+        offloader.hold_trimming(ml)
+        while (m := consumer.receive(timeout_ms=200)) is not None:
+            consumer.ack(m)
+        _wait_trimmed_past(broker, ledgers[0])
+        topic = broker.topic(TOPIC)
+        if given == "broker":  # the partition's aborted set
+            got = [m.payload for m in broker.tiered.read_committed(topic)]
+        else:  # the local ABORT markers
+            got = [
+                m.payload
+                for m in broker.tiered.reader().read_committed(
+                    topic.full, ml, max_read_position=ml.last_position
+                )
+            ]
+        assert got == [b"plain"] * (len(got) - 1) + [b"tail"], got
+        assert len(got) == 9, got  # 3 + 3 + 2 plain, the tail
 
 
 def test_remote_files_cut_short_at_a_boundary_are_detected(tmp_path: Path) -> None:

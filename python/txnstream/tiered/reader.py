@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -165,7 +165,11 @@ class TieredReader:
     ) -> tuple[set[tuple[int, int]], bool]:
         """Collect aborted transactions overlapping ``[fetch_start, upper_bound)``.
 
-        From the remote indexes; also says whether the collection is complete.
+        From the remote indexes; also says whether the collection is
+        complete. Complete assumes the topic's offloaded ledgers are
+        contiguous from ``fetch_start`` on (Kafka's rule): a ledger between
+        them that has no remote copy is not looked at
+        (:meth:`read_committed` adds the local aborts then).
         """
         fetch_start = position_arg(fetch_start, "fetch_start")
         upper_bound = position_arg(upper_bound, "upper_bound")
@@ -223,21 +227,30 @@ class TieredReader:
             local_ledgers = {
                 lid: n for lid, n, _ in ml.ledgers() if n > 0 and lid >= floor.ledger_id
             }
+        segments = self.metadata.segments(topic)
         remote = [
             s
-            for s in self.metadata.segments(topic)
+            for s in segments
             if s.ledger_id not in local_ledgers
             and s.entry_count > 0
             and Position(s.ledger_id, s.last_entry) >= start
             and Position(s.ledger_id, s.first_entry) <= max_read_position
         ]
-        local_aborted: Collection[tuple[int, int]] | None = aborted
+        # A remote collection is complete only over contiguous offloaded
+        # ledgers: an older ledger kept only locally between offloaded ones
+        # (offloaded out of order, on demand) may hold ABORT markers no
+        # index has, so the local aborts then always count. The caller's
+        # aborted set always counts too: it costs nothing.
+        offloaded = {s.ledger_id for s in segments}
+        newest_offloaded = max(offloaded, default=-1)
+        interleaved = any(lid < newest_offloaded and lid not in offloaded for lid in local_ledgers)
+        local_aborted = None if aborted is None else _aborted_arg(aborted)
         for w in range(0, len(remote), WINDOW_SEGMENTS):
             window = remote[w : w + WINDOW_SEGMENTS]
             fetch_start = max(start, Position(window[0].ledger_id, window[0].first_entry))
             upper = Position(window[-1].ledger_id, window[-1].last_entry + 1)
             found, complete = self.collect_aborted(topic, fetch_start, upper)
-            if not complete:
+            if not complete or interleaved or local_aborted is not None:
                 if local_aborted is None:
                     if ml is None:
                         raise InvalidArgumentError(
@@ -246,7 +259,7 @@ class TieredReader:
                             "aborted transactions (aborted=) or its ledger (ml=)"
                         )
                     local_aborted = _local_aborts(ml, local_ledgers)
-                found |= set(local_aborted)
+                found |= local_aborted
             for seg in window:
                 for i, entry in enumerate(self.segment_entries(seg)):
                     pos = Position(seg.ledger_id, seg.first_entry + i)
@@ -259,7 +272,7 @@ class TieredReader:
             return
         if local_aborted is None:
             local_aborted = _local_aborts(ml, local_ledgers)
-        local_set = set(local_aborted)
+        local_set = local_aborted
         for lid in sorted(local_ledgers):
             n = local_ledgers[lid]
             if Position(lid, n - 1) < max(start, floor):
@@ -290,6 +303,33 @@ class TieredReader:
             if first <= pos and pos.entry_id <= last_entry:
                 out.append((pos, entry))
         return out
+
+
+def _aborted_arg(aborted: object) -> set[tuple[int, int]]:
+    # The caller's aborted transactions: (most significant, least
+    # significant) bits of each id, as a transaction buffer keeps them.
+    bad = None
+    if isinstance(aborted, (str, bytes)) or not isinstance(aborted, Iterable):
+        bad = aborted
+    else:
+        out: set[tuple[int, int]] = set()
+        for t in aborted:
+            if (
+                isinstance(t, tuple)
+                and len(t) == 2
+                and all(type(x) is int and 0 <= x < 1 << 64 for x in t)
+            ):
+                out.add(t)
+            else:
+                bad = t
+                break
+        else:
+            return out
+    raise InvalidArgumentError(
+        f"aborted must be a collection of transaction ids as (most, least) bit pairs, got {bad!r}",
+        argument="aborted",
+        value=repr(bad)[:200],
+    )
 
 
 def _local_aborts(ml: ManagedLedger, ledgers: dict[int, int]) -> set[tuple[int, int]]:

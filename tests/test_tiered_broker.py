@@ -164,6 +164,38 @@ def test_local_ledgers_stay_until_offloaded(tmp_path: Path) -> None:
         assert set(got) == committed
 
 
+@pytest.mark.parametrize("local", ["é" * 80, "a:" * 75])
+def test_topics_whose_quoted_names_are_long_offload_and_read(tmp_path: Path, local: str) -> None:
+    # Valid names whose percent-quoted form passes the file system's 255
+    # bytes: the aborted-transaction index and the remote objects could not
+    # be written (a raw OSError; such a topic could never be offloaded).
+    topic = f"persistent://public/default/{local}"
+    with Broker.open(tmp_path / "data", _config(), registry=None) as broker:
+        client = broker.client("c")
+        producer = client.producer(topic)
+        t = client.transaction()
+        producer.send(b"aborted", txn=t)
+        t.abort()
+        plain = [f"m{i}".encode() for i in range(25)]
+        for v in plain:
+            producer.send(v)
+        full = broker.topic(topic).full
+        assert broker.txn_indexes.load(full, 1) is not None  # the abort was indexed
+        assert len(broker.txn_indexes.path(full, 1).name.encode()) <= 255
+        segs = broker.admin.offload(topic)
+        assert segs
+        part = broker.topic(topic)
+        remote = [
+            m.payload
+            for m in broker.tiered.reader().read_committed(
+                full, None, max_read_position=part.ml.last_position, aborted=set(part.tb.aborted)
+            )
+        ]
+        assert remote and remote == plain[: len(remote)]  # the offloaded ledgers, read back
+        assert [m.payload for m in broker.tiered.read_committed(part)] == plain
+        assert broker.txn_indexes.prune(full, 2) == 1  # found by its file name
+
+
 def test_offload_of_an_unknown_topic_is_an_error(tmp_path: Path) -> None:
     with Broker.open(tmp_path / "data", _config(), registry=None) as broker:
         with pytest.raises(InvalidTopicNameError, match="does not exist"):

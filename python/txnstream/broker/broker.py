@@ -9,7 +9,9 @@ ledgers of their own.
   layer): topic partitions under their full names, pending-ack logs
   (``<partition>-<subscription>__transaction_pending_ack``), coordinator
   logs (``__transaction_log_<tc_id>``), the terminated-transaction stores,
-  and ``__txnstream_topics`` (a compacted topic: partitions per topic). The
+  ``__txnstream_topics`` (a compacted topic: partitions per topic) and
+  ``__txnstream_pending_ack_owners`` (which subscription each pending-ack
+  log belongs to: Pulsar's log names can collide). The
   first ledger the broker opens takes the directory's writer lock; another
   process opening it for writing gets a ``StorageError``.
 - **Coordinators** ``0..n-1`` share the broker's timer service. They run
@@ -116,6 +118,8 @@ log = logging.getLogger(__name__)
 ORPHAN_SWEEP_S = 5.0
 #: Compacted topic of topic metadata: base topic name -> partitions (0: not partitioned).
 TOPICS_REGISTRY = "__txnstream_topics"
+#: Compacted topic: pending-ack log name -> the ``topic\nsubscription`` it belongs to.
+PENDING_ACK_OWNERS = "__txnstream_pending_ack_owners"
 #: Idempotent end is on through the broker: ends remembered per client name.
 DEFAULT_PERSIST_COUNT = 1000
 
@@ -239,6 +243,8 @@ class Broker:
         self._maintenance_pool = ThreadPoolExecutor(1, thread_name_prefix="txnstream-broker-maint")
         self._admin: Admin | None = None
         self._registry_topic: CompactedTopic | None = None
+        self._owners_topic: CompactedTopic | None = None
+        self._owners_lock = threading.Lock()
         self.timers = TimerService(clock, name="txnstream-broker-timer")
         self._scope = self.timers.scope()
         self.coordinators: TransactionCoordinators | None = None
@@ -841,6 +847,45 @@ class Broker:
                     return
                 log.exception("offload of %s", t.full)
 
+    def claim_pending_ack_log(self, log_name: str, topic: str, subscription: str) -> None:
+        """Check that pending-ack log ``log_name`` is ``subscription`` on ``topic``'s.
+
+        The log's name is Pulsar's, ``<topic>-<subscription>__transaction_pending_ack``,
+        which is the same for topic ``a`` with subscription ``b-c`` and topic
+        ``a-b`` with subscription ``c``. The first pair to use it owns it
+        (recorded durably before the log is opened; a log from before this
+        record goes to the first pair that opens it); the other pair is
+        refused with :class:`InvalidArgumentError` naming both, instead of
+        being handed the first pair's acks (which it applied to its own
+        cursor after a restart, then trimmed away from the owner).
+        """
+        owner = f"{topic}\n{subscription}".encode()
+        with self._owners_lock:
+            self.check_process()
+            owners = self._owners_topic
+            if owners is None:
+                if self._closed:
+                    raise AlreadyClosedError(f"the broker on {self.path} is closed", what="broker")
+                owners = self._owners_topic = CompactedTopic.open(
+                    self.path,
+                    PENDING_ACK_OWNERS,
+                    max_entries_per_ledger=self.config.max_entries_per_ledger,
+                    max_bytes_per_ledger=self.config.max_size_per_ledger_mb << 20,
+                )
+            held = owners.get(log_name)
+            if held is None:
+                owners.put(log_name, owner)
+                return
+        if held != owner:
+            other_topic, _, other_sub = held.decode("utf-8", "replace").partition("\n")
+            raise InvalidArgumentError(
+                f"subscription {subscription!r} on {topic} cannot be used: its pending-ack "
+                f"log {log_name} is the log of subscription {other_sub!r} on {other_topic} "
+                "(Pulsar names both the same); choose another subscription name",
+                argument="subscription",
+                value=subscription,
+            )
+
     def pending_ack_writer(self, ml: ManagedLedger, name: str) -> BufferedWriter:
         """Return a BufferedWriter for pending-ack log ``ml`` (pending-ack store metrics)."""
         writer = BufferedWriter(ml, **self.config.pending_ack_batched_write.writer_kwargs())
@@ -1064,12 +1109,15 @@ class Broker:
                 tiered.metadata_ml.close()
             except Exception as exc:
                 failure = exc
-        if self._registry_topic is not None:
-            try:
-                self._registry_topic.close()
-            except Exception as exc:
-                failure = failure or exc
-            self._registry_topic = None
+        with self._owners_lock:
+            owners, self._owners_topic = self._owners_topic, None
+        for reg in (owners, self._registry_topic):
+            if reg is not None:
+                try:
+                    reg.close()
+                except Exception as exc:
+                    failure = failure or exc
+        self._registry_topic = None
         self.timers.close()
         if failure is not None:
             raise failure

@@ -78,6 +78,9 @@ class TopicContext(Protocol):
     def open_ledger(self, name: str) -> ManagedLedger:
         """Open (creating) managed ledger ``name`` of the broker's data directory."""
 
+    def claim_pending_ack_log(self, log_name: str, topic: str, subscription: str) -> None:
+        """Refuse ``subscription`` if its pending-ack log belongs to another pair (same name)."""
+
     def pending_ack_writer(self, ml: ManagedLedger, name: str) -> BufferedWriter:
         """Return a BufferedWriter for a pending-ack log (exported under the pending-ack prefix)."""
 
@@ -339,6 +342,8 @@ class Topic:
         return sub
 
     def _open_subscription(self, name: str, isolation: str, initial_position: str) -> Subscription:
+        log_name = self.name.pending_ack_ledger(name)
+        self._ctx.claim_pending_ack_log(log_name, self.full, name)
         new = name not in self.ml.cursor_names()
         cursor = self.ml.open_cursor(name)
         if new and initial_position == LATEST:
@@ -346,7 +351,6 @@ class Topic:
             if last is not None:
                 cursor.mark_delete(last)
                 cursor.flush()
-        log_name = self.name.pending_ack_ledger(name)
         log_ml = self._ctx.open_ledger(log_name)
         try:
             writer = self._ctx.pending_ack_writer(log_ml, log_name)

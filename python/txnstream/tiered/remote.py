@@ -12,6 +12,7 @@ complete. fsspec URLs rely on the store's own atomic put (object stores are).
 
 from __future__ import annotations
 
+import hashlib
 import os
 import threading
 import urllib.parse
@@ -58,11 +59,36 @@ def topic_arg(topic: object) -> str:
     return topic
 
 
+#: Longest file-name component a topic takes (file systems allow 255 bytes;
+#: the rest of a name, e.g. ``@<ledger>.txnidx``, fits in what is left).
+MAX_TOPIC_PART: Final = 180
+
+
+def topic_part(topic: str) -> str:
+    """Return ``topic`` as one file-name component.
+
+    Percent-quoted; when that is longer than :data:`MAX_TOPIC_PART` (a topic
+    name of 224 escaped bytes can quote to 700: ``:`` and non-ASCII letters
+    take three bytes each), its first bytes then ``..`` and a hash of the
+    whole name. Names that fit keep the form they always had, so existing
+    files and objects keep their names.
+    """
+    quoted = urllib.parse.quote(topic, safe="")
+    if len(quoted) <= MAX_TOPIC_PART:
+        return quoted
+    digest = hashlib.sha256(topic.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{quoted[: MAX_TOPIC_PART - 34]}..{digest}"
+
+
 def object_name(topic: str, ledger_id: int, segment_id: str, kind: str) -> str:
     """Return the remote object name of one part of an upload."""
     if kind not in SUFFIX:
         raise InvalidArgumentError(f"kind must be one of {sorted(SUFFIX)}, got {kind!r}")
-    return f"{urllib.parse.quote(topic, safe='')}/{ledger_id}-{segment_id}.{SUFFIX[kind]}"
+    topic_arg(topic)
+    int_arg(ledger_id, "ledger_id")
+    if not isinstance(segment_id, str) or not segment_id:
+        raise InvalidArgumentError(f"segment_id must be a non-empty str, got {segment_id!r}")
+    return f"{topic_part(topic)}/{ledger_id}-{segment_id}.{SUFFIX[kind]}"
 
 
 class RemoteStorage:

@@ -14,13 +14,12 @@ from __future__ import annotations
 
 import os
 import threading
-import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 
 from txnstream._native import AbortedTxnIndex, Position
 from txnstream.errors import CorruptIndexError, StorageError
-from txnstream.tiered.remote import int_arg, topic_arg
+from txnstream.tiered.remote import int_arg, topic_arg, topic_part
 
 #: Directory of the index files inside a data directory.
 INDEX_DIR = "txnidx"
@@ -40,7 +39,7 @@ class TopicTxnIndexes:
 
     def path(self, topic: str, ledger_id: int) -> Path:
         """Return the index file of one topic ledger."""
-        return self._dir / f"{urllib.parse.quote(topic, safe='')}@{ledger_id}.txnidx"
+        return self._dir / f"{topic_part(topic)}@{ledger_id}.txnidx"
 
     def append(
         self,
@@ -78,17 +77,25 @@ class TopicTxnIndexes:
             return AbortedTxnIndex.decode(path.read_bytes())
         except (FileNotFoundError, CorruptIndexError):
             pass
-        self._dir.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(AbortedTxnIndex.encode_header(ledger_id))
+        except OSError as e:
+            raise StorageError(f"reading {path} failed: {e}", errno=e.errno) from e
+        try:
+            self._dir.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(AbortedTxnIndex.encode_header(ledger_id))
+        except OSError as e:
+            raise StorageError(f"creating {path} failed: {e}", errno=e.errno) from e
         return AbortedTxnIndex(ledger_id)
 
     def load(self, topic: str, ledger_id: int) -> AbortedTxnIndex | None:
         """Return the index of one ledger, or None when it is missing or damaged."""
+        path = self.path(topic_arg(topic), int_arg(ledger_id, "ledger_id"))
         with self._lock:
             try:
-                return AbortedTxnIndex.decode(self.path(topic, ledger_id).read_bytes())
+                return AbortedTxnIndex.decode(path.read_bytes())
             except (FileNotFoundError, CorruptIndexError):
                 return None
+            except OSError as e:
+                raise StorageError(f"reading {path} failed: {e}", errno=e.errno) from e
 
     def prune(self, topic: str, below_ledger: int) -> int:
         """Delete the index files of ``topic``'s ledgers below ``below_ledger`` (trimmed)."""
@@ -104,7 +111,7 @@ class TopicTxnIndexes:
         """
         with self._lock:
             todo = {
-                urllib.parse.quote(topic, safe=""): (topic, below)
+                topic_part(topic): (topic, below)
                 for topic, below in bounds.items()
                 if self._pruned.get(topic, -1) < below
             }

@@ -187,6 +187,29 @@ def test_recovered_transactions_end_and_free_their_records(tmp_path: Path) -> No
         assert tc.recovery["open"] == 1
 
 
+def test_a_lost_sequence_mark_is_refused_once_the_log_has_history(tmp_path: Path) -> None:
+    # Every transaction ended, so the log holds no live record: without the
+    # mark, ids restarted at 0 and a new transaction took the id of an old
+    # aborted one, whose partitions then hid the new one's committed
+    # messages (found in review). First opens need no mark.
+    mark = tmp_path / "coordinators" / "0" / "max_local_txn_id"
+    with TransactionCoordinator.open(tmp_path, 0, registry=None) as tc:
+        old = tc.new_transaction()
+        tc.end_transaction(old, "abort")
+    mark.unlink()
+    with pytest.raises(CorruptEntryError, match="max_local_txn_id is missing"):
+        TransactionCoordinator.open(tmp_path, 0, registry=None)
+    mark.write_text("100\n")  # the operator's repair
+    with TransactionCoordinator.open(tmp_path, 0, registry=None) as tc:
+        assert tc.new_transaction().least_bits >= 100
+    # A coordinator opened for the first time, or opened before and never
+    # written, starts at 0.
+    for _ in range(2):
+        with TransactionCoordinator.open(tmp_path, 1, registry=None):
+            pass
+        (tmp_path / "coordinators" / "1" / "max_local_txn_id").unlink(missing_ok=True)
+
+
 def test_cursor_delete_records_bulk(tmp_path: Path) -> None:
     ml = ManagedLedger.open(str(tmp_path), log_name(0))
     cur = ml.open_cursor(CURSOR)

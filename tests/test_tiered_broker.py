@@ -13,7 +13,7 @@ from txnstream import Broker, Position
 from txnstream._native import AbortedTxnIndex
 from txnstream.client import Transaction
 from txnstream.config import BrokerConfig
-from txnstream.errors import CorruptEntryError, InvalidTopicNameError
+from txnstream.errors import ConfigError, CorruptEntryError, InvalidTopicNameError, StorageError
 from txnstream.tiered import object_name
 from txnstream.tiered.offload import HOLD_CURSOR, LEGACY_HOLD_CURSOR
 
@@ -194,6 +194,20 @@ def test_topics_whose_quoted_names_are_long_offload_and_read(tmp_path: Path, loc
         assert remote and remote == plain[: len(remote)]  # the offloaded ledgers, read back
         assert [m.payload for m in broker.tiered.read_committed(part)] == plain
         assert broker.txn_indexes.prune(full, 2) == 1  # found by its file name
+
+
+def test_a_remote_location_that_cannot_work_is_a_typed_error(tmp_path: Path) -> None:
+    # An unknown URL scheme is refused with the configuration (it made every
+    # topic open raise a bare ValueError); a path that is a file, at first use.
+    with pytest.raises(ConfigError, match=r"fileSystemURI.*foo"):
+        BrokerConfig(tiered_storage_location="foo://bucket/x")
+    (tmp_path / "afile").write_bytes(b"")
+    cfg = _config(tiered_storage_location=str(tmp_path / "afile"), offload_threshold_bytes=0)
+    with (
+        Broker.open(tmp_path / "data", cfg, registry=None) as broker,
+        pytest.raises(StorageError, match="not a usable directory"),
+    ):
+        broker.client("c").producer(TOPIC).send(b"x")
 
 
 def test_offload_of_an_unknown_topic_is_an_error(tmp_path: Path) -> None:

@@ -114,6 +114,24 @@ def is_finite_number(value: object) -> bool:
         return False
 
 
+def _check_remote_location(location: str) -> None:
+    # fileSystemURI: a path, or a URL whose file system fsspec knows and can
+    # load (checked without connecting or creating anything).
+    if "\0" in location:
+        raise _error("fileSystemURI", location, "must not contain NUL")
+    protocol, sep, _ = location.partition("://")
+    if not sep or protocol == "file":
+        return
+    try:
+        import fsspec  # type: ignore[import-untyped]
+
+        fsspec.get_filesystem_class(protocol)
+    except (ImportError, ValueError) as e:
+        raise _error(
+            "fileSystemURI", location, f"no usable file system for {protocol!r}: {e}"
+        ) from e
+
+
 def _error(key: str, value: object, reason: str) -> ConfigError:
     message = f"invalid configuration {key}={value!r}: {reason}"
     return ConfigError(message, key=key, value=str(value))
@@ -368,6 +386,7 @@ class BrokerConfig:
                 self.transaction_timeout_ms,
                 f"exceeds transactionMaxTimeoutMs={self.max_transaction_timeout_ms}",
             )
+        _check_remote_location(self.tiered_storage_location)
 
     # -- loading ---------------------------------------------------------
 

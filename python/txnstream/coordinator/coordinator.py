@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client.registry import REGISTRY, CollectorRegistry
 
 from txnstream._native import (
+    ManagedLedger,
     TxnPosition,
     encode_txn_add_partitions,
     encode_txn_add_subscriptions,
@@ -306,7 +307,7 @@ class TransactionCoordinator:
                 txn_log,
                 config=cfg,
                 participants=participants,
-                sequence=SequenceFile(path, tc_id),
+                sequence=SequenceFile(path, tc_id, log_has_history=_has_history(txn_log.ml)),
                 terminated=topic,
                 clock=clock,
                 timers=timers,
@@ -1264,6 +1265,14 @@ class TransactionCoordinators:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _has_history(ml: ManagedLedger) -> bool:
+    # Written before: entries now, or ledgers rolled over or trimmed since
+    # the first (a log opened for the first time has one empty ledger, or
+    # none).
+    ledgers = ml.ledgers()
+    return len(ledgers) > 1 or any(lid > 1 or n > 0 for lid, n, _ in ledgers)
 
 
 __all__ = [

@@ -569,8 +569,13 @@ class SequenceFile:
     at the mark, so ids may jump forward but never repeat.
     """
 
-    def __init__(self, directory: str | os.PathLike[str], tc_id: int) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], tc_id: int, *, log_has_history: bool = False
+    ) -> None:
         root = Path(directory)
+        #: The coordinator's log was written before: the mark must exist
+        #: (it is stored before the first id is issued).
+        self.log_has_history = log_has_history
         self.dir = root / "coordinators" / str(tc_id)
         self.path = self.dir / "max_local_txn_id"
         self._tmp = self.dir / "max_local_txn_id.tmp"
@@ -582,10 +587,23 @@ class SequenceFile:
             ) from exc
 
     def load(self) -> int:
-        """Return the reserved mark (0 when never reserved)."""
+        """Return the reserved mark (0 when never reserved).
+
+        Missing while the log has history, it is lost: ids issued before
+        could be issued again (a new transaction then shares the id of an
+        old one some partition remembers as aborted, which hides its
+        messages), so that is refused with :class:`CorruptEntryError`.
+        """
         try:
             fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
+            if self.log_has_history:
+                raise CorruptEntryError(
+                    f"{self.path} is missing but this coordinator's log was written before: "
+                    "ids it issued could be issued again. Restore the file, or write into it "
+                    "a number above every transaction id this coordinator issued",
+                    path=str(self.path),
+                ) from None
             return 0
         except OSError as exc:
             raise StorageError(

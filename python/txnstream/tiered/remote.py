@@ -119,12 +119,25 @@ class RemoteStorage:
                 import fsspec  # type: ignore[import-untyped]
             except ImportError as e:  # pragma: no cover - fsspec is a dependency
                 raise InvalidArgumentError(f"remote URL {text!r} needs fsspec installed") from e
-            self._fs, root = fsspec.core.url_to_fs(text)
+            try:
+                self._fs, root = fsspec.core.url_to_fs(text)
+            except (ImportError, ValueError, TypeError) as e:
+                raise InvalidArgumentError(
+                    f"remote location {text!r}: {e}", argument="location", value=text
+                ) from e
+            except OSError as e:
+                raise StorageError(f"remote location {text!r}: {e}", errno=e.errno) from e
             self._root = str(root).rstrip("/")
         else:
             path = Path(text.removeprefix("file://"))
             self._root = str(path)
-            path.mkdir(parents=True, exist_ok=True)
+            try:
+                path.mkdir(parents=True, exist_ok=True)
+            except (OSError, ValueError) as e:
+                raise StorageError(
+                    f"remote location {text!r} is not a usable directory: {e}",
+                    errno=getattr(e, "errno", None),
+                ) from e
         self.location = text
 
     # ------------------------------------------------------------ counting

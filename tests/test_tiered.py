@@ -11,11 +11,18 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from txnstream import CorruptIndexError, InvalidArgumentError, ManagedLedger, Position, StorageError
-from txnstream._native import AbortedTxnIndex, SegmentIndex, encode_marker, encode_message
+from txnstream._native import (
+    AbortedTxnIndex,
+    SegmentIndex,
+    encode_marker,
+    encode_message,
+    export_segment,
+)
 from txnstream.testing import set_remote_call_hook
 from txnstream.tiered import (
     METADATA_LEDGER,
@@ -145,6 +152,54 @@ def test_index_bad_input_is_typed_and_names_the_value() -> None:
     with pytest.raises(CorruptIndexError):
         SegmentIndex.decode(b"TSSEGIX1" + b"\0" * 60)
     assert len(i) == 1
+
+
+def test_tiered_apis_refuse_bad_arguments_with_typed_errors(tmp_path: Path) -> None:
+    # Found in review: each raised AttributeError or TypeError (or, for the
+    # last, silently returned nothing).
+    ml = ManagedLedger.open(tmp_path / "data", "t")
+    ml.append(b"x")
+    remote = RemoteStorage(tmp_path / "remote")
+    rlmm = RemoteLogMetadataManager(ManagedLedger.open(tmp_path / "data", METADATA_LEDGER), remote)
+    # Typed as Any: the calls below are wrong on purpose.
+    off: Any = Offloader(remote, rlmm)
+    reader: Any = TieredReader(remote, rlmm)
+    idx: Any = TopicTxnIndexes(tmp_path / "data")
+    meta: Any = rlmm
+    new_rlmm: Any = RemoteLogMetadataManager
+    new_idx: Any = TopicTxnIndexes
+    name: Any = object_name
+    export: Any = export_segment
+    rebuild: Any = AbortedTxnIndex.rebuild
+    p = Position(1, 0)
+    calls: dict[str, Any] = {
+        "ml": lambda: off.offload_by_policy("ml", threshold_bytes=0),
+        "ml ": lambda: off.hold_trimming("ml"),
+        "ml  ": lambda: list(reader.read_committed("t", "x", max_read_position=p)),
+        "aborted": lambda: list(reader.read_committed("t", ml, max_read_position=p, aborted=5)),
+        "aborted ": lambda: list(
+            reader.read_committed("t", ml, max_read_position=p, aborted=[[1, 2]])
+        ),
+        "seg": lambda: reader.segment_entries("x"),
+        "log": lambda: new_rlmm("log", remote),
+        "started": lambda: meta.copy_finished("x", True),
+        "topic": lambda: meta.segments(None),
+        "topic ": lambda: meta.next_segment_with_txn_index(["l"], (0, 0)),
+        "topic  ": lambda: reader.collect_aborted(1, p, p),
+        "topic   ": lambda: idx.load(None, 1),
+        "topic    ": lambda: name(123, 1, "s", "segment"),
+        "below_ledger": lambda: idx.prune_many({"t": "x"}),
+        "data_dir": lambda: new_idx(None),
+        "aborts": lambda: rebuild(1, 5),
+        "ManagedLedger": lambda: export("x", 1),
+    }
+    for word, call in calls.items():
+        with pytest.raises(InvalidArgumentError, match=word.strip()):
+            call()
+    # Positions as (ledger, entry) pairs are accepted, as everywhere else.
+    idx.append("t", (1, 2), (1, 0), (1, 1), (1, 0))
+    index = idx.load("t", 1)
+    assert index is not None and len(index) == 1
 
 
 def test_index_decode_fuzz_never_panics() -> None:

@@ -30,7 +30,7 @@ from google.protobuf.message import DecodeError
 from txnstream._native import ManagedLedger, Position
 from txnstream.errors import CorruptEntryError
 from txnstream.proto import RemoteLogSegmentMetadata
-from txnstream.tiered.remote import RemoteStorage, int_arg, position_arg, topic_arg
+from txnstream.tiered.remote import RemoteStorage, instance_arg, int_arg, position_arg, topic_arg
 
 #: The managed ledger that holds the records (SPEC §2).
 METADATA_LEDGER = "__remote_log_metadata"
@@ -97,8 +97,8 @@ class RemoteLogMetadataManager:
         *,
         skip_empty_txn_index: bool = True,
     ) -> None:
-        self._log = log
-        self._remote = remote
+        self._log = instance_arg(log, "log", ManagedLedger)
+        self._remote = instance_arg(remote, "remote", RemoteStorage)
         self.skip_empty_txn_index = skip_empty_txn_index
         self._lock = threading.Lock()
         # (topic, segment_id) -> newest record; topic -> finished segments by ledger id.
@@ -202,6 +202,7 @@ class RemoteLogMetadataManager:
         from before KIP-1058 did; ``txn_idx_records`` is the uploaded index's
         record count (readers check the index they fetch against it).
         """
+        instance_arg(started, "started", SegmentInfo)
         s = SegmentInfo(
             started.topic,
             started.ledger_id,
@@ -243,6 +244,7 @@ class RemoteLogMetadataManager:
 
     def segments(self, topic: str) -> list[SegmentInfo]:
         """Return the topic's readable remote segments in ledger order (one metadata call)."""
+        topic_arg(topic)
         self._remote._count("metadata", "list")
         return self.segments_uncounted(topic)
 
@@ -265,6 +267,7 @@ class RemoteLogMetadataManager:
 
         KIP-1058; see the module docstring.
         """
+        topic_arg(topic)
         position = position_arg(position, "position")
         self._remote._count("metadata", "next_segment_with_txn_index")
         return self._at_or_after(topic, position, skip_empty=self.skip_empty_txn_index)

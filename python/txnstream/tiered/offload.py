@@ -36,7 +36,7 @@ from txnstream._native import (
 )
 from txnstream.errors import InvalidArgumentError, OperationTimeoutError, StorageError
 from txnstream.tiered.metadata import RemoteLogMetadataManager, SegmentInfo
-from txnstream.tiered.remote import RemoteStorage, int_arg, object_name
+from txnstream.tiered.remote import RemoteStorage, instance_arg, int_arg, object_name
 from txnstream.tiered.txn_index import TopicTxnIndexes
 
 log = logging.getLogger(__name__)
@@ -90,8 +90,7 @@ class Offloader:
 
         A ledger already offloaded is not uploaded again.
         """
-        if not isinstance(ml, ManagedLedger):
-            raise InvalidArgumentError(f"ml must be a ManagedLedger, not {type(ml).__name__}")
+        instance_arg(ml, "ml", ManagedLedger)
         int_arg(ledger_id, "ledger_id")
         topic = ml.name
         if not self._lock.acquire(timeout=self.lock_timeout_ms / 1000):
@@ -175,6 +174,7 @@ class Offloader:
         a topic that no subscription consumed (subscriptions read local
         ledgers only). The broker holds while an offload policy is set.
         """
+        instance_arg(ml, "ml", ManagedLedger)
         if LEGACY_HOLD_CURSOR in ml.cursor_names():
             ml.delete_cursor(LEGACY_HOLD_CURSOR)
         cursor = ml.open_cursor(HOLD_CURSOR)
@@ -203,6 +203,7 @@ class Offloader:
         ``min_age_ms``: offload closed ledgers whose newest message is older
         (by publish time). Either or both; at least one must be given.
         """
+        instance_arg(ml, "ml", ManagedLedger)
         if threshold_bytes is None and min_age_ms is None:
             raise InvalidArgumentError("give threshold_bytes or min_age_ms (or both)")
         for name, v in (("threshold_bytes", threshold_bytes), ("min_age_ms", min_age_ms)):

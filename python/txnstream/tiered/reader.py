@@ -40,7 +40,14 @@ from txnstream._native import (
 )
 from txnstream.errors import CorruptEntryError, CorruptIndexError, InvalidArgumentError
 from txnstream.tiered.metadata import RemoteLogMetadataManager, SegmentInfo
-from txnstream.tiered.remote import RemoteStorage, int_arg, object_name, position_arg, topic_arg
+from txnstream.tiered.remote import (
+    RemoteStorage,
+    instance_arg,
+    int_arg,
+    object_name,
+    position_arg,
+    topic_arg,
+)
 
 #: Remote segments per aborted-transaction collection (Kafka collects per fetch).
 WINDOW_SEGMENTS = 64
@@ -84,6 +91,7 @@ class TieredReader:
 
     def segment_entries(self, seg: SegmentInfo) -> list[bytes]:
         """All entries of a remote segment (one remote call unless cached)."""
+        instance_arg(seg, "seg", SegmentInfo)
         with self._lock:
             hit = self._data.get(seg.segment_id)
             if hit is not None:
@@ -171,6 +179,7 @@ class TieredReader:
         them that has no remote copy is not looked at
         (:meth:`read_committed` adds the local aborts then).
         """
+        topic_arg(topic)
         fetch_start = position_arg(fetch_start, "fetch_start")
         upper_bound = position_arg(upper_bound, "upper_bound")
         aborted: set[tuple[int, int]] = set()
@@ -216,6 +225,8 @@ class TieredReader:
         never returned.
         """
         topic_arg(topic)
+        if ml is not None:
+            instance_arg(ml, "ml", ManagedLedger)
         if max_read_position is None:
             return
         max_read_position = position_arg(max_read_position, "max_read_position")

@@ -19,7 +19,7 @@ import urllib.parse
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
@@ -34,10 +34,24 @@ KINDS: Final = ("segment", "offset_index", "txn_index", "metadata")
 SUFFIX: Final = {"segment": "data", "offset_index": "offsets", "txn_index": "txnidx"}
 
 
+_T = TypeVar("_T")
+
+
 def int_arg(value: object, name: str, low: int = 0, high: int = (1 << 63) - 1) -> int:
     """Check an int argument in ``low..high`` (bools are not ints here)."""
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise InvalidArgumentError(f"{name} must be an int in {low}..{high}, got {value!r}")
+    return value
+
+
+def instance_arg(value: _T, name: str, kind: type[Any]) -> _T:
+    """Check that argument ``name`` is a ``kind`` (typed error naming it otherwise)."""
+    if not isinstance(value, kind):
+        raise InvalidArgumentError(
+            f"{name} must be a {kind.__name__}, not {type(value).__name__}",
+            argument=name,
+            value=repr(value)[:200],
+        )
     return value
 
 

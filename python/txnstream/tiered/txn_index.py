@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from txnstream._native import AbortedTxnIndex, Position
-from txnstream.errors import CorruptIndexError, StorageError
-from txnstream.tiered.remote import int_arg, topic_arg, topic_part
+from txnstream.errors import CorruptIndexError, InvalidArgumentError, StorageError
+from txnstream.tiered.remote import int_arg, position_arg, topic_arg, topic_part
 
 #: Directory of the index files inside a data directory.
 INDEX_DIR = "txnidx"
@@ -29,6 +29,10 @@ class TopicTxnIndexes:
     """The local aborted-transaction index files of a data directory."""
 
     def __init__(self, data_dir: str | os.PathLike[str]) -> None:
+        if not isinstance(data_dir, str | os.PathLike):
+            raise InvalidArgumentError(
+                f"data_dir must be a path, not {type(data_dir).__name__}", argument="data_dir"
+            )
         self._dir = Path(data_dir) / INDEX_DIR
         self._lock = threading.Lock()
         self._open: dict[tuple[str, int], AbortedTxnIndex] = {}
@@ -39,17 +43,23 @@ class TopicTxnIndexes:
 
     def path(self, topic: str, ledger_id: int) -> Path:
         """Return the index file of one topic ledger."""
+        topic_arg(topic)
+        int_arg(ledger_id, "ledger_id")
         return self._dir / f"{topic_part(topic)}@{ledger_id}.txnidx"
 
     def append(
         self,
         topic: str,
         txn: tuple[int, int],
-        first: Position,
-        last: Position,
-        last_stable: Position,
+        first: Position | tuple[int, int],
+        last: Position | tuple[int, int],
+        last_stable: Position | tuple[int, int],
     ) -> None:
         """Record an aborted transaction whose ABORT marker is at ``last``."""
+        topic_arg(topic)
+        first = position_arg(first, "first")
+        last = position_arg(last, "last")
+        last_stable = position_arg(last_stable, "last_stable")
         key = (topic, last.ledger_id)
         with self._lock:
             index = self._open.get(key)
@@ -109,6 +119,14 @@ class TopicTxnIndexes:
         round over many idle topics lists nothing; otherwise the directory
         is listed once for all of them (not once per topic).
         """
+        if not isinstance(bounds, Mapping):
+            raise InvalidArgumentError(
+                f"bounds must be a mapping of topics to ledger ids, not {type(bounds).__name__}",
+                argument="bounds",
+            )
+        for topic, below in bounds.items():
+            topic_arg(topic)
+            int_arg(below, "below_ledger")
         with self._lock:
             todo = {
                 topic_part(topic): (topic, below)

@@ -48,7 +48,15 @@ fn record<'py>(py: Python<'py>, r: &AbortedTxn) -> PyResult<Bound<'py, PyTuple>>
 
 fn aborts_arg(seq: &Bound<'_, PyAny>) -> BindResult<Vec<((u64, u64), Position)>> {
     let mut out = Vec::new();
-    for (i, item) in seq.try_iter()?.enumerate() {
+    let items = seq.try_iter().map_err(|_| {
+        Error::invalid(format!(
+            "aborts must be an iterable of (txn, position) tuples, got {}",
+            seq.get_type()
+                .name()
+                .map_or_else(|_| "?".into(), |n| n.to_string())
+        ))
+    })?;
+    for (i, item) in items.enumerate() {
         let item = item?;
         let t = item
             .cast::<PyTuple>()
@@ -255,10 +263,18 @@ impl PySegmentIndex {
 #[pyo3(signature = (ml, ledger_id, scan_markers = true))]
 pub fn export_segment<'py>(
     py: Python<'py>,
-    ml: &Bound<'py, PyManagedLedger>,
+    ml: &Bound<'py, PyAny>,
     ledger_id: &Bound<'py, PyAny>,
     scan_markers: bool,
 ) -> BindResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyList>)> {
+    let ml = ml.cast::<PyManagedLedger>().map_err(|_| {
+        Error::invalid(format!(
+            "ml must be a ManagedLedger, not {}",
+            ml.get_type()
+                .name()
+                .map_or_else(|_| "?".into(), |n| n.to_string())
+        ))
+    })?;
     let id = id_arg(ledger_id, "ledger_id")?;
     let inner = &ml.get().inner;
     type Aborts = Vec<((u64, u64), Position)>;

@@ -347,7 +347,14 @@ class Topic:
         new = name not in self.ml.cursor_names()
         cursor = self.ml.open_cursor(name)
         if new and initial_position == LATEST:
+            # READ_COMMITTED starts at the last stable position, as Kafka's
+            # read_committed consumer does: messages of transactions still
+            # open are delivered once they commit (from the end, they were
+            # skipped for good). Unknown (a transaction with no position
+            # yet): the end, never the whole history.
             last = self.ml.last_position
+            if isolation == READ_COMMITTED:
+                last = self.tb.max_read_position or last
             if last is not None:
                 cursor.mark_delete(last)
                 cursor.flush()

@@ -222,6 +222,9 @@ class Client:
         ``isolation`` is ``"read_committed"`` (default, as Kafka's
         ``isolation.level``) or ``"read_uncommitted"``; a new subscription
         starts at ``initial_position`` (``"earliest"`` or ``"latest"``).
+        ``"latest"`` with read_committed is the last stable position, as in
+        Kafka: messages of transactions open at that moment are delivered
+        if they commit.
         """
         self.check_open()
         tn = TopicName.parse(topic)

@@ -33,7 +33,7 @@ import pytest
 from txnstream import frame, proto
 from txnstream._native import BufferedWriter, ManagedLedger, TxnPosition
 from txnstream.coordinator import TransactionCoordinator, TxnStatus, log_name
-from txnstream.coordinator.state import CURSOR
+from txnstream.coordinator.state import CURSOR, SequenceFile
 
 TXNS_PER_ROUND = {True: 6_000, False: 600}
 
@@ -217,6 +217,9 @@ def build_log(directory: Path, records: int) -> dict[str, int]:
     cursor.flush()
     writer.close()
     ml.close()
+    # As a coordinator does before it issues an id (it refuses a written log
+    # without this mark: ids would repeat).
+    SequenceFile(directory, 0).store(txns)
     return {"txns": txns, "open": (txns + 1) // 2, "deleted_records": len(deletes)}
 
 

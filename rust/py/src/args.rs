@@ -17,7 +17,8 @@ use txnstream_core::Error;
 /// "no limit": no clock can reach them, and `Instant + them` would overflow.
 pub const UNBOUNDED_MS: f64 = 1e15;
 
-fn type_name(obj: &Bound<'_, PyAny>) -> String {
+/// The name of `obj`'s type, for error messages.
+pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
     obj.get_type()
         .name()
         .map_or_else(|_| "?".to_owned(), |n| n.to_string())

@@ -7,6 +7,7 @@
 //! the GIL. The buffer must be C-contiguous; its items are taken as raw
 //! bytes whatever their type.
 
+use crate::args::type_name;
 use crate::errors::BindResult;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyMemoryView};
@@ -59,9 +60,7 @@ pub fn bytes_list<'py>(seq: &Bound<'py, PyAny>, arg: &str) -> BindResult<Vec<Bou
     let items = seq.try_iter().map_err(|_| {
         Error::invalid(format!(
             "{arg} must be a sequence of bytes-like records, not {}",
-            seq.get_type()
-                .name()
-                .map_or_else(|_| "?".to_owned(), |n| n.to_string())
+            type_name(seq)
         ))
     })?;
     let mut out = Vec::with_capacity(capacity_hint(seq));

@@ -2,6 +2,7 @@
 //! segment offset index, and the export of a closed ledger as a segment
 //! (read, encoded and scanned for ABORT markers with the GIL released).
 
+use crate::args::type_name;
 use crate::buffers::record_bytes;
 use crate::errors::BindResult;
 use crate::ledger::{id_arg, pos_arg, PyManagedLedger};
@@ -51,9 +52,7 @@ fn aborts_arg(seq: &Bound<'_, PyAny>) -> BindResult<Vec<((u64, u64), Position)>>
     let items = seq.try_iter().map_err(|_| {
         Error::invalid(format!(
             "aborts must be an iterable of (txn, position) tuples, got {}",
-            seq.get_type()
-                .name()
-                .map_or_else(|_| "?".into(), |n| n.to_string())
+            type_name(seq)
         ))
     })?;
     for (i, item) in items.enumerate() {
@@ -268,12 +267,7 @@ pub fn export_segment<'py>(
     scan_markers: bool,
 ) -> BindResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyList>)> {
     let ml = ml.cast::<PyManagedLedger>().map_err(|_| {
-        Error::invalid(format!(
-            "ml must be a ManagedLedger, not {}",
-            ml.get_type()
-                .name()
-                .map_or_else(|_| "?".into(), |n| n.to_string())
-        ))
+        Error::invalid(format!("ml must be a ManagedLedger, not {}", type_name(ml)))
     })?;
     let id = id_arg(ledger_id, "ledger_id")?;
     let inner = &ml.get().inner;

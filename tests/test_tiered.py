@@ -405,6 +405,45 @@ def test_stale_or_damaged_local_index_is_rebuilt_at_offload(tmp_path: Path) -> N
     ml.close()
 
 
+def test_a_finished_record_that_raised_but_stuck_keeps_its_objects(tmp_path: Path) -> None:
+    # The FINISHED record's write raised, yet the record is durable (a sync
+    # that failed after the data reached the disk), and recording the
+    # abandon fails too: after a restart the metadata says FINISHED. The
+    # objects must still be there (they were deleted first: once the local
+    # ledger was trimmed, its data was gone).
+    ml = open_topic(tmp_path)
+    idx = TopicTxnIndexes(tmp_path / "data")
+    write_segments(TopicWriter(ml, idx), 2, abort_in={1})
+    meta_log = ManagedLedger.open(tmp_path / "data", METADATA_LEDGER)
+    remote = RemoteStorage(tmp_path / "remote")
+    rlmm = RemoteLogMetadataManager(meta_log, remote)
+    off = Offloader(remote, rlmm, idx)
+    real_finished = rlmm.copy_finished
+
+    def finished_then_raise(*args: Any) -> None:
+        real_finished(*args)
+        raise StorageError("injected: the sync of the FINISHED record failed")
+
+    def deleted_fails(seg: Any) -> None:
+        raise StorageError("injected: the DELETED record failed")
+
+    rlmm_any: Any = rlmm
+    rlmm_any.copy_finished = finished_then_raise
+    rlmm_any.deleted = deleted_fails
+    lid = ml.ledgers()[0][0]
+    with pytest.raises(StorageError, match="FINISHED"):
+        off.offload(ml, lid)
+    meta_log.close()
+    meta_log = ManagedLedger.open(tmp_path / "data", METADATA_LEDGER)
+    rlmm = RemoteLogMetadataManager(meta_log, remote)
+    (seg,) = rlmm.segments(TOPIC)
+    assert seg.ledger_id == lid
+    reader = TieredReader(remote, rlmm)
+    assert len(reader.segment_entries(seg)) == 8  # readable, not deleted
+    meta_log.close()
+    ml.close()
+
+
 def test_interrupted_offload_leaves_no_metadata_and_is_cleaned(tmp_path: Path) -> None:
     ml = open_topic(tmp_path)
     idx = TopicTxnIndexes(tmp_path / "data")

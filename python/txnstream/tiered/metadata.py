@@ -219,7 +219,7 @@ class RemoteLogMetadataManager:
         return self._write(s, write_flag=txn_idx_empty is not None)
 
     def deleted(self, seg: SegmentInfo) -> None:
-        """Record that an upload's objects are gone."""
+        """Record that an upload is abandoned: its objects are never read again (and deleted)."""
         s = SegmentInfo(
             seg.topic,
             seg.ledger_id,

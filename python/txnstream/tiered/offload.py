@@ -146,19 +146,33 @@ class Offloader:
             self._lock.release()
 
     def _abandon(self, started: SegmentInfo) -> None:
-        # A failed upload: delete what it wrote and say so; if that fails
-        # too, clean_up at the next start finishes it (the record stays STARTED).
+        # A failed upload: say so durably, then delete what it wrote. In that
+        # order: the FINISHED record whose write raised may be durable all
+        # the same (a failed sync of written data), and objects deleted
+        # under a FINISHED record that survives would lose the ledger once
+        # it is trimmed locally. If the DELETED record fails too, the
+        # objects stay, matching whichever record survives (clean_up at the
+        # next start deletes them if that is STARTED).
+        try:
+            self.metadata.deleted(started)
+        except Exception:
+            log.warning(
+                "offload of %s ledger %d: recording the failed upload failed; its objects "
+                "stay until the next start",
+                started.topic,
+                started.ledger_id,
+            )
+            return
         try:
             for kind in ("segment", "offset_index", "txn_index"):
                 self.remote.delete(
                     object_name(started.topic, started.ledger_id, started.segment_id, kind), kind
                 )
-            self.metadata.deleted(started)
             self.stats["offload_failed_cleaned"] += 1
         except Exception:
             log.warning(
-                "offload of %s ledger %d: cleaning the failed upload failed; "
-                "it is cleaned at the next start",
+                "offload of %s ledger %d: deleting the failed upload's objects failed; "
+                "they are left behind (never read)",
                 started.topic,
                 started.ledger_id,
             )

@@ -259,7 +259,9 @@ def test_the_native_code_links_no_global_parking_table() -> None:
     # a forked child inherits with its parent's (dead) threads in it: see
     # the test above and rust/core/src/sync.rs. Nothing we ship may use it.
     lock = tomllib.loads((Path(__file__).parent.parent / "Cargo.lock").read_text())
-    deps = {p["name"]: [d.split()[0] for d in p.get("dependencies", [])] for p in lock["package"]}
+    deps: dict[str, list[str]] = {}
+    for p in lock["package"]:  # every version of a crate counts
+        deps.setdefault(p["name"], []).extend(d.split()[0] for d in p.get("dependencies", []))
     seen, todo = set(), ["txnstream-core", "txnstream-py"]
     while todo:
         name = todo.pop()

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.parse
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -200,6 +201,29 @@ def test_tiered_apis_refuse_bad_arguments_with_typed_errors(tmp_path: Path) -> N
     idx.append("t", (1, 2), (1, 0), (1, 1), (1, 0))
     index = idx.load("t", 1)
     assert index is not None and len(index) == 1
+
+
+def test_names_that_fit_keep_their_quoted_form(tmp_path: Path) -> None:
+    # Existing files and objects must keep being found: only names that
+    # could never be written (too long once quoted) take the hashed form.
+    # Found in review: a first version hashed from 180 bytes, renaming
+    # files of names that fit.
+    topic = "persistent://public/default/" + "a" * 155
+    quoted = urllib.parse.quote(topic, safe="")
+    assert len(quoted) == 193
+    assert object_name(topic, 7, "s", "segment") == f"{quoted}/7-s.data"
+    idx = TopicTxnIndexes(tmp_path)
+    assert idx.path(topic, 7).name == f"{quoted}@7.txnidx"
+    # 238 bytes quoted: its index file name fits with ledger 7, not with a
+    # 19-digit ledger id; prune finds both forms.
+    long = "persistent://public/default/" + "b" * 200
+    short_id, long_id = idx.path(long, 7), idx.path(long, 10**18)
+    assert short_id.name.startswith(urllib.parse.quote(long, safe=""))
+    assert len(long_id.name) <= 255 and ".." in long_id.name
+    for p in (short_id, long_id):
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(AbortedTxnIndex.encode_header(7))
+    assert idx.prune(long, 10**18 + 1) == 2
 
 
 def test_index_decode_fuzz_never_panics() -> None:

@@ -201,6 +201,10 @@ def test_a_remote_location_that_cannot_work_is_a_typed_error(tmp_path: Path) -> 
     # topic open raise a bare ValueError); a path that is a file, at first use.
     with pytest.raises(ConfigError, match=r"fileSystemURI.*foo"):
         BrokerConfig(tiered_storage_location="foo://bucket/x")
+    with pytest.raises(ConfigError, match=r"fileSystemURI.*foo"):
+        BrokerConfig(tiered_storage_location="simplecache::foo://bucket/x")
+    # fsspec's chained URLs are fine (found in review: they were refused).
+    BrokerConfig(tiered_storage_location=f"simplecache::file://{tmp_path}/r")
     (tmp_path / "afile").write_bytes(b"")
     cfg = _config(tiered_storage_location=str(tmp_path / "afile"), offload_threshold_bytes=0)
     with (

@@ -119,17 +119,20 @@ def _check_remote_location(location: str) -> None:
     # load (checked without connecting or creating anything).
     if "\0" in location:
         raise _error("fileSystemURI", location, "must not contain NUL")
-    protocol, sep, _ = location.partition("://")
-    if not sep or protocol == "file":
-        return
-    try:
-        import fsspec  # type: ignore[import-untyped]
+    if "://" not in location:
+        return  # a path
+    import fsspec  # type: ignore[import-untyped]
 
-        fsspec.get_filesystem_class(protocol)
-    except (ImportError, ValueError) as e:
-        raise _error(
-            "fileSystemURI", location, f"no usable file system for {protocol!r}: {e}"
-        ) from e
+    for part in location.split("::"):  # fsspec chains: simplecache::s3://...
+        protocol = fsspec.core.split_protocol(part)[0]
+        if protocol in (None, "file", "local"):
+            continue
+        try:
+            fsspec.get_filesystem_class(protocol)
+        except (ImportError, ValueError) as e:
+            raise _error(
+                "fileSystemURI", location, f"no usable file system for {protocol!r}: {e}"
+            ) from e
 
 
 def _error(key: str, value: object, reason: str) -> ConfigError:

@@ -350,11 +350,12 @@ class Topic:
             # READ_COMMITTED starts at the last stable position, as Kafka's
             # read_committed consumer does: messages of transactions still
             # open are delivered once they commit (from the end, they were
-            # skipped for good). Unknown (a transaction with no position
-            # yet): the end, never the whole history.
+            # skipped for good). No entry before it: from the first entry.
+            # Unknown (a transaction with no position yet): the end, never
+            # the whole history.
             last = self.ml.last_position
-            if isolation == READ_COMMITTED:
-                last = self.tb.max_read_position or last
+            if isolation == READ_COMMITTED and self.tb.read_limit is not None:
+                last = self.tb.max_read_position
             if last is not None:
                 cursor.mark_delete(last)
                 cursor.flush()

@@ -73,25 +73,30 @@ def topic_arg(topic: object) -> str:
     return topic
 
 
-#: Longest file-name component a topic takes (file systems allow 255 bytes;
-#: the rest of a name, e.g. ``@<ledger>.txnidx``, fits in what is left).
-MAX_TOPIC_PART: Final = 180
+#: Longest file name (bytes) the file systems we run on allow.
+NAME_MAX: Final = 255
 
 
-def topic_part(topic: str) -> str:
-    """Return ``topic`` as one file-name component.
+def topic_part(topic: str, room: int = 0) -> str:
+    """Return ``topic`` as (part of) one file-name component.
 
-    Percent-quoted; when that is longer than :data:`MAX_TOPIC_PART` (a topic
-    name of 224 escaped bytes can quote to 700: ``:`` and non-ASCII letters
-    take three bytes each), its first bytes then ``..`` and a hash of the
-    whole name. Names that fit keep the form they always had, so existing
-    files and objects keep their names.
+    Percent-quoted, as always, when that and ``room`` more bytes fit in
+    :data:`NAME_MAX`: every name that could be written before keeps its
+    form, so existing files and objects are found. Longer (a topic name of
+    224 escaped bytes can quote to 700: ``:`` and non-ASCII letters take
+    three bytes each): :func:`hashed_topic_part`.
     """
     quoted = urllib.parse.quote(topic, safe="")
-    if len(quoted) <= MAX_TOPIC_PART:
+    if len(quoted) + room <= NAME_MAX:
         return quoted
+    return hashed_topic_part(topic)
+
+
+def hashed_topic_part(topic: str) -> str:
+    """Return the quoted name's first 120 bytes, ``..`` and a hash of the whole (154 bytes)."""
+    quoted = urllib.parse.quote(topic, safe="")
     digest = hashlib.sha256(topic.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    return f"{quoted[: MAX_TOPIC_PART - 34]}..{digest}"
+    return f"{quoted[:120]}..{digest}"
 
 
 def object_name(topic: str, ledger_id: int, segment_id: str, kind: str) -> str:

@@ -14,12 +14,19 @@ from __future__ import annotations
 
 import os
 import threading
+import urllib.parse
 from collections.abc import Mapping
 from pathlib import Path
 
 from txnstream._native import AbortedTxnIndex, Position
 from txnstream.errors import CorruptIndexError, InvalidArgumentError, StorageError
-from txnstream.tiered.remote import int_arg, position_arg, topic_arg, topic_part
+from txnstream.tiered.remote import (
+    hashed_topic_part,
+    int_arg,
+    position_arg,
+    topic_arg,
+    topic_part,
+)
 
 #: Directory of the index files inside a data directory.
 INDEX_DIR = "txnidx"
@@ -45,7 +52,8 @@ class TopicTxnIndexes:
         """Return the index file of one topic ledger."""
         topic_arg(topic)
         int_arg(ledger_id, "ledger_id")
-        return self._dir / f"{topic_part(topic)}@{ledger_id}.txnidx"
+        suffix = f"@{ledger_id}.txnidx"
+        return self._dir / f"{topic_part(topic, room=len(suffix))}{suffix}"
 
     def append(
         self,
@@ -128,10 +136,13 @@ class TopicTxnIndexes:
             topic_arg(topic)
             int_arg(below, "below_ledger")
         with self._lock:
+            # A long name's files are quoted or hashed depending on the
+            # ledger id's length (see ``path``): both forms are looked for.
             todo = {
-                topic_part(topic): (topic, below)
+                part: (topic, below)
                 for topic, below in bounds.items()
                 if self._pruned.get(topic, -1) < below
+                for part in (urllib.parse.quote(topic, safe=""), hashed_topic_part(topic))
             }
             if not todo:
                 return 0

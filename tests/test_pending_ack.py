@@ -631,6 +631,14 @@ def hold_across_restart(
     return cfg, msgs, txn.txn_id
 
 
+def first_after_restart(b: Broker) -> tuple[Consumer, Message]:
+    """Subscribe again after the restart and receive m0: the rest are read ahead."""
+    c = b.client("second").subscribe("t", "s")
+    first = c.receive(1_000)
+    assert first is not None and first.value == b"m0"
+    return c, first
+
+
 @pytest.mark.parametrize("commit", [True, False])
 def test_a_restored_hold_ending_while_its_message_is_read_ahead_is_delivered_once_or_never(
     tmp_path: Path, commit: bool
@@ -638,9 +646,7 @@ def test_a_restored_hold_ending_while_its_message_is_read_ahead_is_delivered_onc
     """A hold restored at open, ended while the message waits in the read-ahead buffer."""
     cfg, _, txn_id = hold_across_restart(tmp_path, 6, 3)
     with Broker.open(tmp_path, cfg, registry=None) as b:
-        c = b.client("second").subscribe("t", "s")
-        first = c.receive(1_000)
-        assert first is not None and first.value == b"m0"  # m1..m5 are read ahead
+        c, first = first_after_restart(b)
         c.ack(first)
         tc = b._coordinators().get(txn_id.most_bits)
         tc.end_transaction(txn_id, "commit" if commit else "abort")
@@ -722,9 +728,7 @@ def test_a_commit_clears_the_read_ahead_buffer_before_it_releases_the_messages(
     """No moment where a committed ack's message is released yet still buffered for dispatch."""
     cfg, msgs, txn_id = hold_across_restart(tmp_path, 4, 2)
     with Broker.open(tmp_path, cfg, registry=None) as b:
-        c = b.client("second").subscribe("t", "s")
-        first = c.receive(1_000)
-        assert first is not None and first.value == b"m0"  # m1..m3 are read ahead
+        c, first = first_after_restart(b)
         sub = b.topic("t").subscription("s")
         st = store(b)
         key = (msgs[2].message_id.ledger_id, msgs[2].message_id.entry_id, 0)

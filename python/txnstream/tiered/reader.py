@@ -283,7 +283,6 @@ class TieredReader:
             return
         if local_aborted is None:
             local_aborted = _local_aborts(ml, local_ledgers)
-        local_set = local_aborted
         for lid in sorted(local_ledgers):
             n = local_ledgers[lid]
             if Position(lid, n - 1) < max(start, floor):
@@ -298,7 +297,7 @@ class TieredReader:
             for pos, entry in entries:
                 if pos > max_read_position:
                     return
-                yield from _messages(pos, decode_topic_entry(entry), local_set)
+                yield from _messages(pos, decode_topic_entry(entry), local_aborted)
 
     def _remote_part(
         self, topic: str, ledger_id: int, first: Position, last_entry: int

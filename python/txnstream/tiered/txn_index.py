@@ -21,6 +21,7 @@ from pathlib import Path
 from txnstream._native import AbortedTxnIndex, Position
 from txnstream.errors import CorruptIndexError, InvalidArgumentError, StorageError
 from txnstream.tiered.remote import (
+    NAME_MAX,
     hashed_topic_part,
     int_arg,
     position_arg,
@@ -30,6 +31,19 @@ from txnstream.tiered.remote import (
 
 #: Directory of the index files inside a data directory.
 INDEX_DIR = "txnidx"
+_SUFFIX = ".txnidx"
+#: ``@<ledger id>.txnidx`` is 9 to 27 bytes (ids below 2**63: at most 19 digits).
+_SHORTEST, _LONGEST = len("@0" + _SUFFIX), len("@" + "9" * 19 + _SUFFIX)
+
+
+def _file_parts(topic: str) -> tuple[str, ...]:
+    # Every form ``path`` may give a topic's files: quoted if it fits with
+    # some ledger id, hashed if it does not fit with some (see topic_part).
+    quoted = urllib.parse.quote(topic, safe="")
+    parts: tuple[str, ...] = (quoted,) if len(quoted) + _SHORTEST <= NAME_MAX else ()
+    if len(quoted) + _LONGEST > NAME_MAX:
+        parts += (hashed_topic_part(topic),)
+    return parts
 
 
 class TopicTxnIndexes:
@@ -52,7 +66,7 @@ class TopicTxnIndexes:
         """Return the index file of one topic ledger."""
         topic_arg(topic)
         int_arg(ledger_id, "ledger_id")
-        suffix = f"@{ledger_id}.txnidx"
+        suffix = f"@{ledger_id}{_SUFFIX}"
         return self._dir / f"{topic_part(topic, room=len(suffix))}{suffix}"
 
     def append(
@@ -106,7 +120,7 @@ class TopicTxnIndexes:
 
     def load(self, topic: str, ledger_id: int) -> AbortedTxnIndex | None:
         """Return the index of one ledger, or None when it is missing or damaged."""
-        path = self.path(topic_arg(topic), int_arg(ledger_id, "ledger_id"))
+        path = self.path(topic, ledger_id)
         with self._lock:
             try:
                 return AbortedTxnIndex.decode(path.read_bytes())
@@ -132,18 +146,14 @@ class TopicTxnIndexes:
                 f"bounds must be a mapping of topics to ledger ids, not {type(bounds).__name__}",
                 argument="bounds",
             )
-        for topic, below in bounds.items():
-            topic_arg(topic)
-            int_arg(below, "below_ledger")
         with self._lock:
-            # A long name's files are quoted or hashed depending on the
-            # ledger id's length (see ``path``): both forms are looked for.
-            todo = {
-                part: (topic, below)
-                for topic, below in bounds.items()
-                if self._pruned.get(topic, -1) < below
-                for part in (urllib.parse.quote(topic, safe=""), hashed_topic_part(topic))
-            }
+            todo: dict[str, tuple[str, int]] = {}
+            for topic, below in bounds.items():
+                topic_arg(topic)
+                int_arg(below, "below_ledger")
+                if self._pruned.get(topic, -1) < below:
+                    for part in _file_parts(topic):
+                        todo[part] = (topic, below)
             if not todo:
                 return 0
             n = 0
@@ -154,11 +164,11 @@ class TopicTxnIndexes:
                 entries = []
             for entry in entries:
                 quoted, at, rest = entry.name.rpartition("@")
-                if not at or not rest.endswith(".txnidx") or quoted not in todo:
+                if not at or not rest.endswith(_SUFFIX) or quoted not in todo:
                     continue
                 topic, below = todo[quoted]
                 try:
-                    lid = int(rest[: -len(".txnidx")])
+                    lid = int(rest[: -len(_SUFFIX)])
                 except ValueError:
                     continue
                 if lid < below:

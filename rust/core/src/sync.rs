@@ -255,32 +255,34 @@ mod tests {
         t.join().ok();
     }
 
+    /// Takes the turns `first`, `first + 2`, ... below `end` of a count
+    /// two threads advance in turn. A lost notify fails (a turn waits 10 s
+    /// at most) instead of hanging.
+    fn take_turns(pair: &(Mutex<u64>, Condvar), first: u64, end: u64, all: bool) {
+        for turn in (first..end).step_by(2) {
+            let mut g = pair.0.lock();
+            while *g != turn {
+                let r = pair.1.wait_for(&mut g, Duration::from_secs(10));
+                assert!(!r.timed_out(), "a notify was lost at turn {turn}");
+            }
+            *g += 1;
+            drop(g);
+            if all {
+                pair.1.notify_all();
+            } else {
+                pair.1.notify_one();
+            }
+        }
+    }
+
     #[test]
     fn a_notify_reaches_a_waiter_that_registered_before_it() {
         // Many rounds of the hand-over the waiter count must not lose.
         let pair = Arc::new((Mutex::new(0u64), Condvar::new()));
         let p2 = Arc::clone(&pair);
-        let t = std::thread::spawn(move || {
-            for i in (1..40_000u64).step_by(2) {
-                let mut g = p2.0.lock();
-                while *g != i {
-                    p2.1.wait(&mut g);
-                }
-                *g += 1;
-                drop(g);
-                p2.1.notify_all();
-            }
-        });
-        for i in (0..40_000u64).step_by(2) {
-            let mut g = pair.0.lock();
-            while *g != i {
-                pair.1.wait(&mut g);
-            }
-            *g += 1;
-            drop(g);
-            pair.1.notify_one();
-        }
-        t.join().ok();
+        let t = std::thread::spawn(move || take_turns(&p2, 1, 40_000, true));
+        take_turns(&pair, 0, 40_000, false);
+        assert!(t.join().is_ok());
         assert_eq!(*pair.0.lock(), 40_000);
     }
 

@@ -10,6 +10,7 @@ use crate::position::PyPosition;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyList, PyTuple};
 use txnstream_core::message::{self, txn_of, MARKER_TXN_ABORT};
+use txnstream_core::sync::Mutex;
 use txnstream_core::tiered::{
     decode_frames, encode_segment, AbortedTxn, AbortedTxnIndex, SegmentIndex,
 };
@@ -78,7 +79,7 @@ fn aborts_arg(seq: &Bound<'_, PyAny>) -> BindResult<Vec<((u64, u64), Position)>>
 #[derive(Debug)]
 #[pyclass(name = "AbortedTxnIndex", module = "txnstream._native", frozen)]
 pub struct PyAbortedTxnIndex {
-    inner: txnstream_core::sync::Mutex<AbortedTxnIndex>,
+    inner: Mutex<AbortedTxnIndex>,
 }
 
 #[pymethods]
@@ -86,10 +87,7 @@ impl PyAbortedTxnIndex {
     #[new]
     fn new(ledger_id: &Bound<'_, PyAny>) -> BindResult<Self> {
         Ok(Self {
-            inner: txnstream_core::sync::Mutex::new(AbortedTxnIndex::new(id_arg(
-                ledger_id,
-                "ledger_id",
-            )?)),
+            inner: Mutex::new(AbortedTxnIndex::new(id_arg(ledger_id, "ledger_id")?)),
         })
     }
 
@@ -98,7 +96,7 @@ impl PyAbortedTxnIndex {
     fn decode(data: &Bound<'_, PyAny>) -> BindResult<Self> {
         let b = record_bytes(data, "data")?;
         Ok(Self {
-            inner: txnstream_core::sync::Mutex::new(AbortedTxnIndex::decode(b.as_bytes())?),
+            inner: Mutex::new(AbortedTxnIndex::decode(b.as_bytes())?),
         })
     }
 
@@ -107,10 +105,7 @@ impl PyAbortedTxnIndex {
     fn rebuild(ledger_id: &Bound<'_, PyAny>, aborts: &Bound<'_, PyAny>) -> BindResult<Self> {
         let id = id_arg(ledger_id, "ledger_id")?;
         Ok(Self {
-            inner: txnstream_core::sync::Mutex::new(AbortedTxnIndex::rebuild(
-                id,
-                &aborts_arg(aborts)?,
-            )?),
+            inner: Mutex::new(AbortedTxnIndex::rebuild(id, &aborts_arg(aborts)?)?),
         })
     }
 

@@ -414,6 +414,38 @@ def test_dedup_across_restart(tmp_path: Path) -> None:
         ]
 
 
+def test_keyless_retries_on_a_partitioned_topic_reach_the_original_partition(
+    tmp_path: Path,
+) -> None:
+    # A keyless message goes where its sequence id sends it, so a retry with
+    # that id (after keyed sends took ids, after a restart, or as a batch)
+    # reaches the partition that holds the original and writes nothing.
+    with Broker.open(tmp_path, registry=None) as b:
+        b.admin.create_topic("pt", 3)
+        p = b.client().producer("pt", name="p")
+        p.send(b"keyed", key="k")  # sequence id 0
+        first = p.send(b"a")  # sequence id 1
+        assert p.send(b"a", sequence_id=1) == first
+        batch = p.send_many([b"x", b"y"])  # sequence ids 2, 3
+        assert p.send_many([b"x", b"y"], sequence_id=2) == batch
+    with Broker.open(tmp_path, registry=None) as b:
+        client = b.client()
+        p = client.producer("pt", name="p")
+        after = p.send(b"b")  # sequence id 4, the first send of this process
+        assert p.send(b"b", sequence_id=4) == after
+        assert p.send(b"a", sequence_id=1) == first
+        got = values(drain(client.subscribe("pt", "s", initial_position="earliest")))
+        assert sorted(got) == [b"a", b"b", b"keyed", b"x", b"y"]
+        assert sum(b.topic(f"pt-partition-{i}").ml.entry_count() for i in range(3)) == 4
+
+
+def test_keyless_batches_spread_over_the_partitions(broker: Broker) -> None:
+    broker.admin.create_topic("pt", 4)
+    p = broker.client().producer("pt")
+    parts = [p.send_many([b"x", b"y"])[0].partition for _ in range(8)]
+    assert sorted(parts) == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
 def test_dedup_outside_window_raises_and_writes_nothing(tmp_path: Path) -> None:
     cfg = BrokerConfig(deduplication_window=2)
     with Broker.open(tmp_path, cfg, registry=None) as b:

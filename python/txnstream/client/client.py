@@ -17,9 +17,11 @@ one continues after the highest id persisted). A retry with an explicit
 :class:`MessageId` and writes nothing, also after a restart (dedup, per
 partition). A partitioned topic routes by key hash (Java ``String.hashCode``
 masked to 31 bits, modulo the partition count: Pulsar's default
-``JavaStringHash``), a message with an explicit sequence id and no key by
-that id (so a retry lands on the same partition), and anything else round
-robin. A non-transactional ``send`` returns once the message is durable;
+``JavaStringHash``), and a keyless message by its sequence id (the
+first id divided by the number of messages in the entry, modulo the
+partition count): round robin for keyless sends of one size, and a retry
+with the same ids, explicit or not, lands on the partition of the
+original, also after a restart. A non-transactional ``send`` returns once the message is durable;
 a transactional one returns once its position is assigned (its durability
 is awaited by ``commit()``).
 
@@ -339,7 +341,6 @@ class Producer:
         self._broker = client.broker
         self._partitions = partitions
         self._lock = threading.Lock()
-        self._rr = 0
         self._closed = False
         last = -1
         for tn in self._partitions:
@@ -359,31 +360,32 @@ class Producer:
             )
         self.client.check_open()
 
-    def _route_locked(self, key: str | None, seq: int | None) -> int:
-        # Under self._lock: the partition index of a message.
+    def _route(self, key: str | None, seq: int, count: int) -> int:
+        # The partition index of ``count`` messages from sequence id ``seq``:
+        # by the key's hash, else by the sequence id. Round robin for a run of
+        # keyless sends of one size (ids advance by ``count``), and a retry with
+        # the same ids reaches the partition that holds the original, in this
+        # process or after a restart (a counter would not: keyed sends and
+        # restarts move the ids, not the counter).
         n = len(self._partitions)
         if n == 1:
             return 0
         if key is not None:
             return java_string_hash(key) % n
-        if seq is not None:
-            return seq % n
-        i = self._rr
-        self._rr = (i + 1) % n
-        return i
+        return (seq // count) % n
 
-    def _sequence(self, sequence_id: object, count: int) -> tuple[int, bool]:
+    def _sequence(self, sequence_id: object, count: int) -> int:
         # Under self._lock: the first sequence id of ``count`` messages.
         if sequence_id is None:
             seq = self._next_seq
             self._next_seq += count
-            return seq, False
+            return seq
         if isinstance(sequence_id, bool) or not isinstance(sequence_id, int):
             raise _bad("sequence_id", sequence_id, "a non-negative int or None")
         if not 0 <= sequence_id <= MAX_SEQUENCE_ID - count:
             raise _bad("sequence_id", sequence_id, f"in 0..{MAX_SEQUENCE_ID - count}")
         self._next_seq = max(self._next_seq, sequence_id + count)
-        return sequence_id, True
+        return sequence_id
 
     def _txn(self, txn: object) -> Transaction | None:
         if txn is None:
@@ -412,7 +414,7 @@ class Producer:
         try:
             with self._lock:
                 before = self._next_seq
-                seq, explicit = self._sequence(sequence_id, count)
+                seq = self._sequence(sequence_id, count)
                 try:
                     entry = entry_of(seq)
                     if len(entry) > MAX_ENTRY_SIZE:
@@ -425,7 +427,7 @@ class Producer:
                 except BaseException:
                     self._next_seq = before  # nothing was sent: the ids are free again
                     raise
-                index = self._route_locked(key, seq if explicit else None)
+                index = self._route(key, seq, count)
                 tn = self._partitions[index]
                 topic = self._broker.topic(tn)
                 if txn is not None:

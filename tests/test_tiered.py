@@ -20,6 +20,7 @@ from txnstream import CorruptIndexError, InvalidArgumentError, ManagedLedger, Po
 from txnstream._native import (
     AbortedTxnIndex,
     SegmentIndex,
+    crc32c,
     encode_marker,
     encode_message,
     export_segment,
@@ -171,6 +172,7 @@ def test_tiered_apis_refuse_bad_arguments_with_typed_errors(tmp_path: Path) -> N
     new_idx: Any = TopicTxnIndexes
     name: Any = object_name
     export: Any = export_segment
+    checksum: Any = crc32c
     rebuild: Any = AbortedTxnIndex.rebuild
     p = Position(1, 0)
     calls: dict[str, Any] = {
@@ -193,6 +195,8 @@ def test_tiered_apis_refuse_bad_arguments_with_typed_errors(tmp_path: Path) -> N
         "data_dir": lambda: new_idx(None),
         "aborts": lambda: rebuild(1, 5),
         "ManagedLedger": lambda: export("x", 1),
+        "data must be bytes": lambda: checksum("x"),
+        "data_crc32c": lambda: meta.copy_started("t", 1, 0, 0, 1, 8, data_crc32c=1 << 32),
     }
     for word, call in calls.items():
         with pytest.raises(InvalidArgumentError, match=word.strip()):

@@ -10,7 +10,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 from txnstream import Broker, Position
-from txnstream._native import AbortedTxnIndex
+from txnstream._native import AbortedTxnIndex, crc32c, decode_segment, decode_topic_entry
 from txnstream.client import Transaction
 from txnstream.config import BrokerConfig
 from txnstream.errors import ConfigError, CorruptEntryError, InvalidTopicNameError, StorageError
@@ -390,6 +390,52 @@ def test_remote_files_cut_short_at_a_boundary_are_detected(tmp_path: Path) -> No
             f.truncate(first_frame)
         with pytest.raises(CorruptEntryError, match=r"holds \d+ bytes; its metadata says"):
             list(b.tiered.read_committed(topic))
+
+
+def swap_first_frames(data: Path) -> None:
+    """Swap the first two frames of remote segment data (they must be of one length)."""
+    raw = data.read_bytes()
+    first = 8 + int.from_bytes(raw[0:4], "little")
+    second = 8 + int.from_bytes(raw[first : first + 4], "little")
+    assert first == second, "the test needs two frames of one length"
+    data.write_bytes(raw[first : first + second] + raw[:first] + raw[first + second :])
+
+
+def test_remote_segment_frames_swapped_are_detected(tmp_path: Path) -> None:
+    """Each frame still passes its own checksum; the whole data's crc32c does not."""
+    cfg = BrokerConfig(max_entries_per_ledger=5, transaction_timeout_ms=60_000)
+    with Broker.open(tmp_path, cfg, registry=None) as b:
+        c = b.client("c")
+        consumer = c.subscribe(TOPIC, "s")
+        p = c.producer(TOPIC)
+        for i in range(20):
+            p.send(b"ok%02d" % i)
+        while (m := consumer.receive(timeout_ms=300)) is not None:
+            consumer.ack(m)
+        segs = b.admin.offload(TOPIC)
+        _wait_trimmed_past(b, segs[-1].ledger_id)
+        topic = b.topic(TOPIC)
+        want = [b"ok%02d" % i for i in range(20)]
+        assert [m.payload for m in b.tiered.read_committed(topic)] == want
+        seg = segs[0]
+        data = tmp_path / "remote" / object_name(TOPIC, seg.ledger_id, seg.segment_id, "segment")
+        assert seg.data_crc32c == crc32c(data.read_bytes())
+        swap_first_frames(data)
+        # The frames decode (each checksum holds): before the check, ok01 came before ok00.
+        entries = decode_segment(seg.ledger_id, seg.first_entry, data.read_bytes())
+        first_two = [decode_topic_entry(e)["messages"][0]["payload"] for e in entries[:2]]
+        assert first_two == [b"ok01", b"ok00"]
+        reader = b.tiered.reader()  # a fresh cache
+        last = topic.ml.last_position
+        with pytest.raises(CorruptEntryError, match="crc32c of its data") as e:
+            list(reader.read_committed(TOPIC, topic.ml, max_read_position=last, aborted=set()))
+        assert e.value.position == (seg.ledger_id, seg.first_entry)
+    # After a restart the metadata still carries the checksum.
+    with (
+        Broker.open(tmp_path, cfg, registry=None) as b,
+        pytest.raises(CorruptEntryError, match="crc32c of its data"),
+    ):
+        list(b.tiered.read_committed(b.topic(TOPIC)))
 
 
 def test_a_ledger_trimmed_while_a_read_runs_comes_from_its_remote_copy(tmp_path: Path) -> None:

@@ -16,6 +16,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from tests.spark.test_spark_topic_source import run_stream
+from tests.test_tiered_broker import swap_first_frames
 from txnstream import Broker, Position
 from txnstream._native import ManagedLedger, encode_message
 from txnstream.config import BrokerConfig
@@ -175,6 +176,41 @@ def test_offloaded_and_trimmed_ledgers_read_from_remote(
     index.write_bytes(bytes(damaged))
     assert spark_rows(spark, data, "read_committed", remote=str(moved)) == before["read_committed"]
     assert index.read_bytes() == bytes(damaged)
+
+
+def test_a_task_checks_its_remote_segment_whole(tmp_path: Path) -> None:
+    """Frames swapped inside a segment (each checksum holds) fail the task, rows and markers."""
+    data = tmp_path / "data"
+    config = BrokerConfig(max_entries_per_ledger=5, transaction_timeout_ms=60_000)
+    with Broker.open(data, config, registry=None) as broker:
+        c = broker.client("c")
+        consumer = c.subscribe(TOPIC, "s")
+        p = c.producer(TOPIC)
+        for i in range(10):
+            p.send(b"ok%02d" % i)
+        while (m := consumer.receive(timeout_ms=300)) is not None:
+            consumer.ack(m)
+        seg = broker.admin.offload(TOPIC)[0]
+    remote = data / "remote"
+    part = TopicRange(
+        TOPIC,
+        TOPIC,
+        -1,
+        seg.ledger_id,
+        seg.first_entry,
+        seg.last_entry,
+        frozenset(),
+        segment_id=seg.segment_id,
+        remote=str(remote),
+        segment_first_entry=seg.first_entry,
+        segment_size=seg.size_bytes,
+        segment_crc32c=seg.data_crc32c,
+    )
+    assert sum(b.num_rows for b in read_topic_range(str(data), part)) == 5
+    swap_first_frames(remote / object_name(TOPIC, seg.ledger_id, seg.segment_id, "segment"))
+    for read in (read_topic_range, read_marker_range):
+        with pytest.raises(CorruptEntryError, match="crc32c of its data"):
+            list(read(str(data), part))
 
 
 def test_damaged_entry_fails_the_task_naming_its_position(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10remote_log.proto\x12\ttxnstream\"\x97\x03\n\x18RemoteLogSegmentMetadata\x12\r\n\x05topic\x18\x01 \x02(\t\x12\x11\n\tledger_id\x18\x02 \x02(\x04\x12\x12\n\nsegment_id\x18\x03 \x02(\t\x12\x38\n\x05state\x18\x04 \x01(\x0e\x32).txnstream.RemoteLogSegmentMetadata.State\x12\x13\n\x0b\x66irst_entry\x18\x05 \x01(\x04\x12\x12\n\nlast_entry\x18\x06 \x01(\x04\x12\x13\n\x0b\x65ntry_count\x18\x07 \x01(\x04\x12\x12\n\nsize_bytes\x18\x08 \x01(\x04\x12\x12\n\nevent_time\x18\t \x01(\x04\x12\x15\n\rtxn_idx_empty\x18\n \x01(\x08\x12\x17\n\x0ftxn_idx_records\x18\x0b \x01(\x04\"u\n\x05State\x12\x18\n\x14\x43OPY_SEGMENT_STARTED\x10\x00\x12\x19\n\x15\x43OPY_SEGMENT_FINISHED\x10\x01\x12\x1a\n\x16\x44\x45LETE_SEGMENT_STARTED\x10\x02\x12\x1b\n\x17\x44\x45LETE_SEGMENT_FINISHED\x10\x03')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x10remote_log.proto\x12\ttxnstream\"\xac\x03\n\x18RemoteLogSegmentMetadata\x12\r\n\x05topic\x18\x01 \x02(\t\x12\x11\n\tledger_id\x18\x02 \x02(\x04\x12\x12\n\nsegment_id\x18\x03 \x02(\t\x12\x38\n\x05state\x18\x04 \x01(\x0e\x32).txnstream.RemoteLogSegmentMetadata.State\x12\x13\n\x0b\x66irst_entry\x18\x05 \x01(\x04\x12\x12\n\nlast_entry\x18\x06 \x01(\x04\x12\x13\n\x0b\x65ntry_count\x18\x07 \x01(\x04\x12\x12\n\nsize_bytes\x18\x08 \x01(\x04\x12\x12\n\nevent_time\x18\t \x01(\x04\x12\x15\n\rtxn_idx_empty\x18\n \x01(\x08\x12\x17\n\x0ftxn_idx_records\x18\x0b \x01(\x04\x12\x13\n\x0b\x64\x61ta_crc32c\x18\x0c \x01(\x07\"u\n\x05State\x12\x18\n\x14\x43OPY_SEGMENT_STARTED\x10\x00\x12\x19\n\x15\x43OPY_SEGMENT_FINISHED\x10\x01\x12\x1a\n\x16\x44\x45LETE_SEGMENT_STARTED\x10\x02\x12\x1b\n\x17\x44\x45LETE_SEGMENT_FINISHED\x10\x03')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,7 +32,7 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'remote_log_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_REMOTELOGSEGMENTMETADATA']._serialized_start=32
-  _globals['_REMOTELOGSEGMENTMETADATA']._serialized_end=439
-  _globals['_REMOTELOGSEGMENTMETADATA_STATE']._serialized_start=322
-  _globals['_REMOTELOGSEGMENTMETADATA_STATE']._serialized_end=439
+  _globals['_REMOTELOGSEGMENTMETADATA']._serialized_end=460
+  _globals['_REMOTELOGSEGMENTMETADATA_STATE']._serialized_start=343
+  _globals['_REMOTELOGSEGMENTMETADATA_STATE']._serialized_end=460
 # @@protoc_insertion_point(module_scope)

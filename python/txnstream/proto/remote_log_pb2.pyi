@@ -6,7 +6,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class RemoteLogSegmentMetadata(_message.Message):
-    __slots__ = ("topic", "ledger_id", "segment_id", "state", "first_entry", "last_entry", "entry_count", "size_bytes", "event_time", "txn_idx_empty", "txn_idx_records")
+    __slots__ = ("topic", "ledger_id", "segment_id", "state", "first_entry", "last_entry", "entry_count", "size_bytes", "event_time", "txn_idx_empty", "txn_idx_records", "data_crc32c")
     class State(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
         __slots__ = ()
         COPY_SEGMENT_STARTED: _ClassVar[RemoteLogSegmentMetadata.State]
@@ -28,6 +28,7 @@ class RemoteLogSegmentMetadata(_message.Message):
     EVENT_TIME_FIELD_NUMBER: _ClassVar[int]
     TXN_IDX_EMPTY_FIELD_NUMBER: _ClassVar[int]
     TXN_IDX_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    DATA_CRC32C_FIELD_NUMBER: _ClassVar[int]
     topic: str
     ledger_id: int
     segment_id: str
@@ -39,4 +40,5 @@ class RemoteLogSegmentMetadata(_message.Message):
     event_time: int
     txn_idx_empty: bool
     txn_idx_records: int
-    def __init__(self, topic: _Optional[str] = ..., ledger_id: _Optional[int] = ..., segment_id: _Optional[str] = ..., state: _Optional[_Union[RemoteLogSegmentMetadata.State, str]] = ..., first_entry: _Optional[int] = ..., last_entry: _Optional[int] = ..., entry_count: _Optional[int] = ..., size_bytes: _Optional[int] = ..., event_time: _Optional[int] = ..., txn_idx_empty: _Optional[bool] = ..., txn_idx_records: _Optional[int] = ...) -> None: ...
+    data_crc32c: int
+    def __init__(self, topic: _Optional[str] = ..., ledger_id: _Optional[int] = ..., segment_id: _Optional[str] = ..., state: _Optional[_Union[RemoteLogSegmentMetadata.State, str]] = ..., first_entry: _Optional[int] = ..., last_entry: _Optional[int] = ..., entry_count: _Optional[int] = ..., size_bytes: _Optional[int] = ..., event_time: _Optional[int] = ..., txn_idx_empty: _Optional[bool] = ..., txn_idx_records: _Optional[int] = ..., data_crc32c: _Optional[int] = ...) -> None: ...

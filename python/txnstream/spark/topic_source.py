@@ -389,6 +389,10 @@ class TopicRange(InputPartition):
     remote: str | None = None
     #: First entry stored in the remote segment (entries before it were trimmed).
     segment_first_entry: int = 0
+    #: The remote segment data's size and crc32c, as its metadata records them
+    #: (checked on fetch; None: not known or not recorded).
+    segment_size: int | None = None
+    segment_crc32c: int | None = None
 
 
 @dataclass(frozen=True)
@@ -630,8 +634,12 @@ class _TieredView:
                 for r in index.records()
             ]
         except CorruptIndexError:
-            data = self.storage.get(
-                object_name(seg.topic, seg.ledger_id, seg.segment_id, "segment"), "segment"
+            data = self.storage.get_segment(
+                object_name(seg.topic, seg.ledger_id, seg.segment_id, "segment"),
+                ledger_id=seg.ledger_id,
+                first_entry=seg.first_entry,
+                size_bytes=seg.size_bytes,
+                data_crc32c=seg.data_crc32c,
             )
             out: list[tuple[TxnKey, Pos, Pos]] = []
             for i, entry in enumerate(decode_segment(seg.ledger_id, seg.first_entry, data)):
@@ -686,6 +694,8 @@ class _TieredView:
                     segment_id=seg.segment_id,
                     remote=self.location,
                     segment_first_entry=seg.first_entry,
+                    segment_size=seg.size_bytes,
+                    segment_crc32c=seg.data_crc32c,
                 )
             )
         return out
@@ -924,7 +934,12 @@ def _offloaded_rest(path: str, part: TopicRange, first: int) -> TopicRange:
             "has no remote copy; plan the read again"
         )
     return dataclasses.replace(
-        part, first_entry=first, segment_id=seg.segment_id, segment_first_entry=seg.first_entry
+        part,
+        first_entry=first,
+        segment_id=seg.segment_id,
+        segment_first_entry=seg.first_entry,
+        segment_size=seg.size_bytes,
+        segment_crc32c=seg.data_crc32c,
     )
 
 
@@ -979,12 +994,23 @@ def read_marker_range(path: str, part: TopicRange) -> Iterator[pa.RecordBatch]:
         yield from _remote_marker_range(_offloaded_rest(path, part, next_entry))
 
 
+def _segment_data(storage: RemoteStorage, name: str, part: TopicRange) -> bytes:
+    """Fetch a task's remote segment data, checked whole against the planned metadata."""
+    return storage.get_segment(
+        name,
+        ledger_id=part.ledger_id,
+        first_entry=part.segment_first_entry,
+        size_bytes=part.segment_size,
+        data_crc32c=part.segment_crc32c,
+    )
+
+
 def _remote_marker_range(part: TopicRange) -> Iterator[pa.RecordBatch]:
     """:func:`read_marker_range` of a remote segment's range (one remote call)."""
     assert part.remote is not None
     assert part.segment_id is not None
     name = object_name(part.ledger, part.ledger_id, part.segment_id, "segment")
-    data = RemoteStorage(part.remote).get(name, "segment")
+    data = _segment_data(RemoteStorage(part.remote), name, part)
     found: list[tuple[int, int, TxnKey | None]] = []
     for i, entry in enumerate(decode_segment(part.ledger_id, part.segment_first_entry, data)):
         e = part.segment_first_entry + i
@@ -1033,7 +1059,7 @@ def _read_segment_range(part: TopicRange) -> Iterator[pa.RecordBatch]:
         )
     storage = RemoteStorage(part.remote)
     name = object_name(part.ledger, part.ledger_id, part.segment_id, "segment")
-    data = storage.get(name, "segment")
+    data = _segment_data(storage, name, part)
     offset, entry = 0, part.segment_first_entry
     aborted = part.aborted or None
     while True:

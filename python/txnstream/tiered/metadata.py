@@ -60,6 +60,8 @@ class SegmentInfo:
     has_txn_idx_flag: bool
     #: Records in the uploaded aborted-transaction index (None: not recorded).
     txn_idx_records: int | None = None
+    #: crc32c of the whole segment data (None: a record from before it was kept).
+    data_crc32c: int | None = None
 
     @property
     def finished(self) -> bool:
@@ -80,6 +82,7 @@ def _info(r: RemoteLogSegmentMetadata) -> SegmentInfo:
         txn_idx_empty=r.txn_idx_empty,
         has_txn_idx_flag=r.HasField("txn_idx_empty"),
         txn_idx_records=r.txn_idx_records if r.HasField("txn_idx_records") else None,
+        data_crc32c=r.data_crc32c if r.HasField("data_crc32c") else None,
     )
 
 
@@ -150,6 +153,8 @@ class RemoteLogMetadataManager:
             r.txn_idx_empty = s.txn_idx_empty
         if s.txn_idx_records is not None:
             r.txn_idx_records = s.txn_idx_records
+        if s.data_crc32c is not None:
+            r.data_crc32c = s.data_crc32c
         self._log.append(r.SerializeToString())  # durable before memory changes
         with self._lock:
             self._apply(s)
@@ -165,8 +170,13 @@ class RemoteLogMetadataManager:
         last_entry: int,
         entry_count: int,
         size_bytes: int,
+        data_crc32c: int | None = None,
     ) -> SegmentInfo:
-        """Record the start of an upload; return it with a new segment id."""
+        """Record the start of an upload; return it with a new segment id.
+
+        ``data_crc32c`` is the crc32c of the whole segment data (readers
+        check the data they fetch against it).
+        """
         topic_arg(topic)
         for name, v in (
             ("ledger_id", ledger_id),
@@ -176,6 +186,8 @@ class RemoteLogMetadataManager:
             ("size_bytes", size_bytes),
         ):
             int_arg(v, name)
+        if data_crc32c is not None:
+            int_arg(data_crc32c, "data_crc32c", 0, 0xFFFFFFFF)
         s = SegmentInfo(
             topic,
             ledger_id,
@@ -187,6 +199,8 @@ class RemoteLogMetadataManager:
             size_bytes,
             False,
             False,
+            None,
+            data_crc32c,
         )
         return self._write(s, write_flag=False)
 
@@ -215,6 +229,7 @@ class RemoteLogMetadataManager:
             bool(txn_idx_empty),
             txn_idx_empty is not None,
             txn_idx_records,
+            started.data_crc32c,
         )
         return self._write(s, write_flag=txn_idx_empty is not None)
 
@@ -232,6 +247,7 @@ class RemoteLogMetadataManager:
             seg.txn_idx_empty,
             seg.has_txn_idx_flag,
             seg.txn_idx_records,
+            seg.data_crc32c,
         )
         self._write(s, write_flag=seg.has_txn_idx_flag)
 

@@ -31,6 +31,7 @@ from txnstream._native import (
     ManagedLedger,
     Position,
     SegmentIndex,
+    crc32c,
     decode_topic_entry,
     export_segment,
 )
@@ -122,6 +123,7 @@ class Offloader:
                 seg_index.last_entry if seg_index.last_entry is not None else 0,
                 seg_index.entry_count,
                 len(data),
+                crc32c(data),
             )
             sid = started.segment_id
             parts = (

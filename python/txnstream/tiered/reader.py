@@ -98,15 +98,13 @@ class TieredReader:
                 self._data.move_to_end(seg.segment_id)
                 return hit[1]
         name = object_name(seg.topic, seg.ledger_id, seg.segment_id, "segment")
-        data = self.remote.get(name, "segment")
-        if len(data) != seg.size_bytes:
-            # Cut short at a frame boundary, it would decode to fewer entries.
-            raise CorruptEntryError(
-                f"remote segment {name} holds {len(data)} bytes; its metadata says "
-                f"{seg.size_bytes}",
-                position=(seg.ledger_id, seg.first_entry),
-                offset=min(len(data), seg.size_bytes),
-            )
+        data = self.remote.get_segment(
+            name,
+            ledger_id=seg.ledger_id,
+            first_entry=seg.first_entry,
+            size_bytes=seg.size_bytes,
+            data_crc32c=seg.data_crc32c,
+        )
         entries = decode_segment(seg.ledger_id, seg.first_entry, data)
         if len(entries) != seg.entry_count:
             raise CorruptEntryError(

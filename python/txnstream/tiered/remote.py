@@ -24,9 +24,9 @@ from typing import Any, Final, TypeVar
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
-from txnstream._native import Position
+from txnstream._native import Position, crc32c
 from txnstream.durable_file import write_atomically
-from txnstream.errors import InvalidArgumentError, StorageError
+from txnstream.errors import CorruptEntryError, InvalidArgumentError, StorageError
 
 #: Kinds of remote calls, as counted and exported.
 KINDS: Final = ("segment", "offset_index", "txn_index", "metadata")
@@ -243,6 +243,41 @@ class RemoteStorage:
             self._count(kind, "get")
             raise StorageError(f"remote get of {name} failed: {e}", errno=e.errno) from e
         self._count(kind, "get", len(data))
+        return data
+
+    def get_segment(
+        self,
+        name: str,
+        *,
+        ledger_id: int,
+        first_entry: int,
+        size_bytes: int | None,
+        data_crc32c: int | None,
+    ) -> bytes:
+        """Fetch segment data ``name`` and check it whole against its metadata.
+
+        A size that differs (data cut short at a frame boundary still decodes,
+        to fewer entries) or a crc32c that differs (frames swapped or
+        reordered each still pass their own checksum) raises
+        :class:`CorruptEntryError`; ``None`` skips a check (metadata from
+        before the crc32c was recorded).
+        """
+        data = self.get(name, "segment")
+        if size_bytes is not None and len(data) != size_bytes:
+            raise CorruptEntryError(
+                f"remote segment {name} holds {len(data)} bytes; its metadata says {size_bytes}",
+                position=(ledger_id, first_entry),
+                offset=min(len(data), size_bytes),
+            )
+        if data_crc32c is not None:
+            actual = crc32c(data)
+            if actual != data_crc32c:
+                raise CorruptEntryError(
+                    f"remote segment {name}: crc32c of its data is {actual:#010x}; its "
+                    f"metadata says {data_crc32c:#010x} (frames damaged, swapped or reordered)",
+                    position=(ledger_id, first_entry),
+                    offset=0,
+                )
         return data
 
     def delete(self, name: str, kind: str) -> None:

@@ -80,6 +80,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<tiered::PySegmentIndex>()?;
     m.add_function(wrap_pyfunction!(tiered::export_segment, m)?)?;
     m.add_function(wrap_pyfunction!(tiered::decode_segment, m)?)?;
+    m.add_function(wrap_pyfunction!(tiered::buffer_crc32c, m)?)?;
     #[cfg(feature = "testing")]
     testing::register(m)?;
     Ok(())

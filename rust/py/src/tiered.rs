@@ -347,3 +347,14 @@ pub fn decode_segment<'py>(
         .collect::<Vec<_>>();
     Ok(PyList::new(py, items)?)
 }
+
+/// crc32c (Castagnoli) of a whole buffer: the checksum a remote segment's
+/// metadata records for its data, so frames reordered or swapped inside the
+/// object (each still passing its own frame checksum) are caught on read.
+#[pyfunction]
+#[pyo3(name = "crc32c")]
+pub fn buffer_crc32c<'py>(py: Python<'py>, data: &Bound<'py, PyAny>) -> BindResult<u32> {
+    let b = record_bytes(data, "data")?;
+    let bytes = b.as_bytes();
+    Ok(py.detach(|| ::crc32c::crc32c(bytes)))
+}

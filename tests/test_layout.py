@@ -13,7 +13,7 @@ PKG = Path(__file__).resolve().parent.parent / "python" / "txnstream"
 
 #: Layers, lowest first: a module may import only its own layer or lower ones.
 LAYERS = [
-    {"errors", "_native", "proto", "timer", "durable_file"},
+    {"errors", "_native", "proto", "timer", "durable_file", "future"},
     {"frame", "ackset", "config", "metrics", "replay"},
     {"coordinator.metadata"},
     {"coordinator.config"},

@@ -201,8 +201,10 @@ static KIT: PyOnceLock<FutureKit> = PyOnceLock::new();
 
 fn kit(py: Python<'_>) -> PyResult<&FutureKit> {
     KIT.get_or_try_init(py, || {
+        // A `concurrent.futures.Future` subclass with a cheaper lock
+        // (python/txnstream/future.py).
         let class = py
-            .import("concurrent.futures")?
+            .import("txnstream.future")?
             .getattr("Future")?
             .cast_into::<PyType>()?;
         let get = |name: &str| class.getattr(name).map(Bound::unbind);

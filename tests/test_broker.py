@@ -553,6 +553,21 @@ def test_cumulative_ack(broker: Broker) -> None:
     assert values(drain(c)) == [b"3", b"4"]
 
 
+def test_acks_by_id_of_read_ahead_messages_stop_their_delivery(broker: Broker) -> None:
+    # The subscription reads ahead of what it delivered: an ack by id (individual
+    # or cumulative) of a message waiting there means it is never delivered.
+    client = broker.client()
+    p = client.producer("t")
+    ids = [p.send(b"%d" % i) for i in range(8)]
+    c = client.subscribe("t", "s")
+    first = c.receive(1_000)
+    assert first is not None and first.value == b"0"  # 1..7 are read ahead now
+    c.ack(ids[2])
+    c.ack_cumulative(ids[4])
+    c.ack(ids[6])
+    assert values(drain(c)) == [b"5", b"7"]
+
+
 def test_cumulative_ack_needs_the_subscription_to_itself(broker: Broker) -> None:
     """With two consumers on a subscription a cumulative ack would cover the other's messages.
 

@@ -333,10 +333,16 @@ def test_a_message_id_with_the_wrong_batch_size_is_refused(broker: Broker) -> No
     c = client.subscribe("t", "s")
     got = [c.receive(1_000) for _ in range(3)]
     mid = got[0].message_id  # type: ignore[union-attr]
-    rebuilt = MessageId(mid.ledger_id, mid.entry_id, 0)  # batch_size defaults to 1
-    for call in (c.ack, c.ack_cumulative, lambda m: c.ack(m, txn=client.transaction())):
-        with pytest.raises(InvalidArgumentError, match="holds 3 message"):
-            call(rebuilt)
+    # batch_size defaults to 1; naming the topic does not skip the check, nor does a
+    # size larger than the entry's (its ack set would match no later ack).
+    for rebuilt in (
+        MessageId(mid.ledger_id, mid.entry_id, 0),
+        MessageId(mid.ledger_id, mid.entry_id, 0, topic=mid.topic),
+        MessageId(mid.ledger_id, mid.entry_id, 4, 5, mid.partition, mid.topic),
+    ):
+        for call in (c.ack, c.ack_cumulative, lambda m: c.ack(m, txn=client.transaction())):
+            with pytest.raises(InvalidArgumentError, match="holds 3 message"):
+                call(rebuilt)
     c.ack(MessageId(mid.ledger_id, mid.entry_id, 0, 3, mid.partition))  # the right size
     c.redeliver_unacknowledged()
     assert sorted(m.value for m in [c.receive(1_000), c.receive(1_000)]) == [b"m1", b"m2"]  # type: ignore[union-attr]
@@ -464,6 +470,19 @@ def test_a_message_or_its_id_from_another_topic_is_refused_by_ack(broker: Broker
             ca.ack(msg)
     a0 = ca.receive(1_000)
     assert a0 is not None and a0.value == b"a0"  # nothing of "a" was acked
+    # The ids send returns name their topic too (sync, async, batches).
+    sent = [
+        client.producer("b").send(b"b1"),
+        client.producer("b").send_async(b"b2").result(10),
+        *client.producer("b").send_many([b"b3", b"b4"]),
+    ]
+    assert {i.topic for i in sent} == {"persistent://public/default/b"}
+    for mid in sent:
+        for call in (ca.ack, lambda m: ca.ack(m, txn=client.transaction())):
+            with pytest.raises(InvalidArgumentError, match="it came from"):
+                call(mid)
+    left = [m.value for m in iter(lambda: cb.receive(500), None)]
+    assert left == [b"b1", b"b2", b"b3", b"b4"]  # none of them was acked
 
 
 def test_a_partition_ledger_written_before_the_check_stays_usable(tmp_path: Path) -> None:

@@ -413,10 +413,13 @@ class Subscription:
         """Acknowledge messages outside any transaction (individually)."""
         with self.cond:
             self.pending.ack_outside(positions)
+            undelivered = []
             for p in positions:
                 key = key_of(p)
-                self._unacked.pop(key, None)
+                if self._unacked.pop(key, None) is None:
+                    undelivered.append(key)
                 self._redeliveries.pop(key, None)
+            self._unbuffer(undelivered)  # acked by id while read ahead: never delivered now
 
     def ack_cumulative(self, position: TxnPosition) -> None:
         """Acknowledge every message up to ``position`` outside any transaction."""
@@ -424,6 +427,7 @@ class Subscription:
             self._check_alone_locked(position)
             self.pending.ack_cumulative_outside(position)
             self._forget_through(position)
+            self._unbuffer_through(key_of(position))
 
     def check_alone(self, position: TxnPosition) -> None:
         """Raise if a cumulative ack up to ``position`` is refused (before any side effect).

@@ -155,14 +155,14 @@ class AsyncProducer:
     ) -> MessageId:
         """Send one message (see ``Producer.send``)."""
         sync = self.sync
-        partition, published = sync._queue_one(value, key, properties, _sync_txn(txn), sequence_id)
+        where, published = sync._queue_one(value, key, properties, _sync_txn(txn), sequence_id)
         src = published.assigned if published.assigned is not None else published.durable
         if src is None:  # a duplicate: its original id
-            ids = await asyncio.wrap_future(sync._message_ids(partition, published, 1))
+            ids = await asyncio.wrap_future(sync._message_ids(where, published, 1))
             return ids[0]
         # Straight from the storage future: no intermediate futures per send.
         pos = await asyncio.wrap_future(src)
-        return MessageId(pos.ledger_id, pos.entry_id, 0, 1, partition)
+        return MessageId(pos.ledger_id, pos.entry_id, 0, 1, *where)
 
     async def send_many(
         self,

@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, Final
 
+from txnstream import future
 from txnstream._native import (
     MAX_ENTRY_SIZE,
     Position,
@@ -76,6 +77,8 @@ MAX_SEQUENCE_ID: Final = (1 << 63) - 1
 DEFAULT_NACK_DELAY_MS: Final = 60_000
 #: Longest a consumer sleeps between looks at its partitions when reading several.
 _MULTI_POLL_S: Final = 0.05
+#: Where a message went: (partition index, -1 if unpartitioned; partition's full name).
+Where = tuple[int, str]
 
 _consumer_ids = itertools.count(1)
 
@@ -404,7 +407,7 @@ class Producer:
         key: str | None,
         sequence_id: object,
         txn: Transaction | None,
-    ) -> tuple[int, Publish]:
+    ) -> tuple[Where, Publish]:
         # The sequence id is taken and the entry queued under the producer's
         # lock (queueing does not wait for I/O), so each partition sees this
         # producer's ids in ascending order.
@@ -439,13 +442,11 @@ class Producer:
         finally:
             if txn is not None:
                 txn._joined(written)
-        return (tn.partition if tn.is_partition else -1), published
+        return ((tn.partition if tn.is_partition else -1), tn.full), published
 
-    def _message_ids(
-        self, partition: int, published: Publish, count: int
-    ) -> Future[list[MessageId]]:
+    def _message_ids(self, where: Where, published: Publish, count: int) -> Future[list[MessageId]]:
         # The ids of what _publish queued (or of the duplicate found), as a future.
-        out: Future[list[MessageId]] = Future()
+        out: Future[list[MessageId]] = future.Future()
         dup = published.duplicate
         timeout = self.client.end_timeout_ms / 1000.0
         if dup is not None:
@@ -456,7 +457,7 @@ class Producer:
                 return out
             # Where the original messages went: their indexes in their batch.
             out.set_result(
-                [MessageId(ledger, entry, index + i, size, partition) for i in range(count)]
+                [MessageId(ledger, entry, index + i, size, *where) for i in range(count)]
             )
             return out
         src = published.assigned if published.assigned is not None else published.durable
@@ -469,13 +470,10 @@ class Producer:
                 return
             pos = f.result()
             if count == 1:
-                out.set_result([MessageId(pos.ledger_id, pos.entry_id, 0, 1, partition)])
+                out.set_result([MessageId(pos.ledger_id, pos.entry_id, 0, 1, *where)])
             else:
                 out.set_result(
-                    [
-                        MessageId(pos.ledger_id, pos.entry_id, i, count, partition)
-                        for i in range(count)
-                    ]
+                    [MessageId(pos.ledger_id, pos.entry_id, i, count, *where) for i in range(count)]
                 )
 
         src.add_done_callback(done)
@@ -488,8 +486,8 @@ class Producer:
         properties: Mapping[str, str] | None,
         txn: Transaction | None,
         sequence_id: int | None,
-    ) -> tuple[int, Publish]:
-        # Validate and queue one message: (partition, what the topic did).
+    ) -> tuple[Where, Publish]:
+        # Validate and queue one message: (where it went, what the topic did).
         self._check()
         payload = _payload(value)
         k = _key(key)
@@ -513,9 +511,9 @@ class Producer:
         sequence_id: int | None = None,
     ) -> Future[MessageId]:
         """Queue one message; the future gives its :class:`MessageId` (see :meth:`send`)."""
-        partition, published = self._queue_one(value, key, properties, txn, sequence_id)
-        ids = self._message_ids(partition, published, 1)
-        out: Future[MessageId] = Future()
+        where, published = self._queue_one(value, key, properties, txn, sequence_id)
+        ids = self._message_ids(where, published, 1)
+        out: Future[MessageId] = future.Future()
 
         def one(f: Future[list[MessageId]]) -> None:
             exc = f.exception()
@@ -544,17 +542,15 @@ class Producer:
         idempotent: an id already persisted returns the original message's
         id and writes nothing.
         """
-        partition, published = self._queue_one(value, key, properties, txn, sequence_id)
+        where, published = self._queue_one(value, key, properties, txn, sequence_id)
         timeout_ms, what = self.client.end_timeout_ms, f"send to {self.topic}"
         src = published.assigned if published.assigned is not None else published.durable
         if src is None:  # a duplicate: its original id
-            ids: list[MessageId] = _result(
-                self._message_ids(partition, published, 1), timeout_ms, what
-            )
+            ids: list[MessageId] = _result(self._message_ids(where, published, 1), timeout_ms, what)
             return ids[0]
         # Straight from the storage future, as the asyncio face: no futures chained per send.
         pos: Position = _result(src, timeout_ms, what)
-        return MessageId(pos.ledger_id, pos.entry_id, 0, 1, partition)
+        return MessageId(pos.ledger_id, pos.entry_id, 0, 1, *where)
 
     def send_many(
         self,
@@ -604,8 +600,8 @@ class Producer:
             return encode_batch_message(msgs, self.name, now, txn_key)
 
         route_key = key if key is not None else ks[0]
-        partition, published = self._publish(entry, len(payloads), route_key, sequence_id, t)
-        fut = self._message_ids(partition, published, len(payloads))
+        where, published = self._publish(entry, len(payloads), route_key, sequence_id, t)
+        fut = self._message_ids(where, published, len(payloads))
         ids: list[MessageId] = _result(
             fut, self.client.end_timeout_ms, f"send_many to {self.topic}"
         )
@@ -808,9 +804,10 @@ class Consumer:
         came_from = msg.topic if isinstance(msg, Message) else mid.topic
         if came_from is not None and came_from != sub.partition:
             raise _bad("msg", msg, f"a message of {sub.partition} (it came from {came_from})")
-        if came_from is None:
-            # A MessageId built by the caller: its batch size must be its entry's, or
-            # an unbatched id of a batch would acknowledge the whole batch.
+        if not isinstance(msg, Message):
+            # A MessageId (anyone can build one, topic included): its batch size must
+            # be its entry's, or an unbatched id of a batch would acknowledge the
+            # whole batch, and a larger one would leave an ack set no ack can match.
             sub.check_batch_size(mid.position)
         return sub, mid.position
 

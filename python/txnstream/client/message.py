@@ -5,10 +5,10 @@ non-partitioned topic), ledger id, entry id, and -- for a message of a
 batch written by ``send_many`` -- its batch index and the batch size.
 Message ids of one partition are ordered as the partition's log; equality
 and hashing use the same fields (the batch size is informative), so ids
-work as dict keys and compare equal to what ``send`` returned. The id of
-a received message also names its partition (``topic``; None in ids built
-by callers or returned by ``send``), so acking it on a consumer of another
-topic is refused.
+work as dict keys and compare equal to what ``send`` returned. The ids
+that ``receive`` and ``send`` return also name their partition (``topic``;
+None in ids built by callers), so acking one on a consumer of another topic
+is refused.
 """
 
 from __future__ import annotations

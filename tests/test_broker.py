@@ -842,6 +842,47 @@ def test_asyncio_send_retry_of_a_sequence_id_returns_the_original_id(broker: Bro
     assert values(drain(client.subscribe("dedup-aio", "check"))) == [b"a", b"b"]
 
 
+def test_idle_asyncio_receives_hold_no_thread(broker: Broker) -> None:
+    """More idle receives than the client's pool has threads starve nothing.
+
+    Each used to block a pool thread: the next receive and an abort then
+    waited for traffic on the idle topics (a deadlock if that traffic waited
+    for the transaction).
+    """
+    from txnstream.client.aio import AIO_THREADS
+
+    broker.admin.create_topic("idle-pt", 2)
+
+    async def main() -> None:
+        a = broker.client("aio-idle").aio()
+        idle = [a.subscribe(f"idle-{i}", "s") for i in range(AIO_THREADS)]
+        idle.append(a.subscribe("idle-pt", "s"))  # several partitions: one waker each
+        waiting = [asyncio.create_task(c.receive()) for c in idle]
+        busy = a.subscribe("busy", "s")
+        got = asyncio.create_task(busy.receive())
+        await asyncio.sleep(0.05)
+        await a.producer("busy").send(b"hello")
+        msg = await asyncio.wait_for(got, DEADLINE_S)
+        assert msg is not None and msg.value == b"hello"
+        txn = a.transaction()
+        await a.producer("out").send(b"x", txn=txn)
+        await asyncio.wait_for(txn.abort(), DEADLINE_S)
+        # A redelivery and a negative ack wake a waiting receive too.
+        second = asyncio.create_task(busy.receive())
+        await asyncio.sleep(0.05)
+        busy.redeliver_unacknowledged()
+        again = await asyncio.wait_for(second, DEADLINE_S)
+        assert again is not None and again.redelivery_count == 1
+        for i in range(AIO_THREADS):
+            await a.producer(f"idle-{i}").send(b"wake")
+        await a.producer("idle-pt").send(b"wake")
+        woken = await asyncio.wait_for(asyncio.gather(*waiting), DEADLINE_S)
+        assert [m.value for m in woken if m is not None] == [b"wake"] * (AIO_THREADS + 1)
+        a.close()
+
+    asyncio.run(main())
+
+
 def test_receive_stops_reading_undeliverable_entries_at_its_deadline(
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:

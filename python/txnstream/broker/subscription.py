@@ -29,7 +29,7 @@ import time
 from collections import deque
 from collections.abc import Iterable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Protocol
 
 from txnstream._native import (
     Cursor,
@@ -82,6 +82,17 @@ MAX_CACHED_LEDGERS = 4096
 MIN_SCAN_S = 0.01
 
 
+class Waker(Protocol):
+    """What :meth:`Subscription.add_waker` calls: ``set()`` from any thread, quick.
+
+    A ``threading.Event`` (a consumer of several partitions), or the asyncio
+    client's waker that resolves a future on its event loop.
+    """
+
+    def set(self) -> None:
+        """Note that receivers should look again."""
+
+
 def key_of(p: TxnPosition) -> Key:
     """Return the dispatch key of a message: ``(ledger_id, entry_id, batch_index)``."""
     return (p.ledger_id, p.entry_id, p.batch_index)
@@ -121,7 +132,7 @@ class Subscription:
         self._unacked: dict[Key, int] = {}  # delivered, not acked -> consumer id
         self._redeliveries: dict[Key, int] = {}
         self._consumers: set[int] = set()
-        self._wakers: set[threading.Event] = set()
+        self._wakers: set[Waker] = set()
         self._closed_ledgers: dict[int, int] = {}  # ledger id -> entries (check_exists)
         self._closed = False
         self.delivered = 0
@@ -169,7 +180,7 @@ class Subscription:
             self._redeliver_locked(
                 k for k, c in self._unacked.items() if c == consumer and not self._held(k)
             )
-            self.cond.notify_all()
+            self._notify_locked()
 
     def _held(self, key: Key) -> bool:
         return self.pending.is_held(Position(key[0], key[1]), key[2])
@@ -183,10 +194,7 @@ class Subscription:
         """Refuse further calls and wake every waiting receiver."""
         with self.cond:
             self._closed = True
-            self.cond.notify_all()
-            wakers = list(self._wakers)
-        for w in wakers:
-            w.set()
+            self._notify_locked()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -202,14 +210,12 @@ class Subscription:
         consumer: int,
         max_messages: int,
         deadline: float | None,
-        cancel: threading.Event | None = None,
     ) -> list[tuple[Row, int]]:
         """Up to ``max_messages`` messages with their redelivery counts.
 
         Waits until at least one is available or the monotonic ``deadline``
-        (seconds; None: no limit) passes, or ``cancel`` is set (then
-        :meth:`wake`); then returns what there is (possibly nothing). Raises
-        :class:`AlreadyClosedError` once closed.
+        (seconds; None: no limit) passes; then returns what there is (possibly
+        nothing). Raises :class:`AlreadyClosedError` once closed.
         """
         started = time.monotonic()
         with self.cond:
@@ -227,8 +233,6 @@ class Subscription:
                         # acked): stop reading at the deadline, with what there is.
                         return self._take(consumer, max_messages)
                     continue
-                if cancel is not None and cancel.is_set():
-                    return []
                 now = time.monotonic()
                 wait = None if deadline is None else deadline - now
                 if self._nacked:
@@ -243,20 +247,30 @@ class Subscription:
     def wake(self) -> None:
         """Wake waiting receivers: new data may be readable."""
         with self.cond:
-            self.cond.notify_all()
-            wakers = list(self._wakers)
-        for w in wakers:
+            self._notify_locked()
+
+    def _notify_locked(self) -> None:
+        # Under the lock: something a receiver waits for changed (data, a
+        # redelivery, a release, a close). Wakes blocked fetches and every waker
+        # (a consumer of several partitions, an asyncio receive).
+        self.cond.notify_all()
+        for w in self._wakers:
             w.set()
 
-    def add_waker(self, event: threading.Event) -> None:
-        """Also set ``event`` on every :meth:`wake` (a consumer reading several partitions)."""
+    def next_due(self, now: float) -> float:
+        """Seconds from monotonic ``now`` until a negative ack falls due (inf: none waits)."""
         with self.cond:
-            self._wakers.add(event)
+            return self._nacked[0][0] - now if self._nacked else float("inf")
 
-    def remove_waker(self, event: threading.Event) -> None:
-        """Stop setting ``event``."""
+    def add_waker(self, waker: Waker) -> None:
+        """Also call ``waker.set()`` whenever receivers are woken (see :class:`Waker`)."""
         with self.cond:
-            self._wakers.discard(event)
+            self._wakers.add(waker)
+
+    def remove_waker(self, waker: Waker) -> None:
+        """Stop calling ``waker``."""
+        with self.cond:
+            self._wakers.discard(waker)
 
     def _take(self, consumer: int, limit: int) -> list[tuple[Row, int]]:
         # Under the lock: redeliveries first, then new messages in log order.
@@ -371,26 +385,12 @@ class Subscription:
             self._redeliveries[key] = self._redeliveries.get(key, 0) + 1
             heapq.heappush(self._redeliver, key)
 
-    def give_back(self, consumer: int, positions: list[TxnPosition]) -> None:
-        """Return messages delivered to ``consumer`` but never handed to its caller.
-
-        They are delivered again first, without counting a redelivery (the
-        caller never saw them).
-        """
-        with self.cond:
-            for p in positions:
-                key = key_of(p)
-                if self._unacked.get(key) == consumer:
-                    del self._unacked[key]
-                    heapq.heappush(self._redeliver, key)
-            self.cond.notify_all()
-
     def redeliver_unacknowledged(self, consumer: int) -> int:
         """Deliver ``consumer``'s unacknowledged messages again; return how many."""
         with self.cond:
             keys = [k for k, c in self._unacked.items() if c == consumer and not self._held(k)]
             self._redeliver_locked(keys)
-            self.cond.notify_all()
+            self._notify_locked()
             return len(keys)
 
     def negative_ack(self, consumer: int, positions: list[TxnPosition], delay_ms: int) -> None:
@@ -405,7 +405,7 @@ class Subscription:
                 self._redeliveries[key] = self._redeliveries.get(key, 0) + 1
                 heapq.heappush(self._nacked, (due, key))
                 self._nacked_keys.add(key)
-            self.cond.notify_all()
+            self._notify_locked()
 
     # ------------------------------------------------------------ acks
 
@@ -570,7 +570,9 @@ class Subscription:
                             self._reread_through = before
                     self._read_after = self.cursor.mark_delete_position
                     self._buffer.clear()
-            self.cond.notify_all()
+                # Only an abort gives messages back; a commit makes none deliverable
+                # (waking every waiting receive per commit only makes them look again).
+                self._notify_locked()
 
     def _was_read(self, key: Key) -> bool:
         # Under the lock: the reader has passed the message's entry.

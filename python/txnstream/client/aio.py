@@ -42,8 +42,11 @@ from txnstream.errors import TransactionAlreadyAborted, TransactionWriteFailed
 if TYPE_CHECKING:
     from txnstream.client.client import Client, Consumer, Producer
 
-#: Most threads an async client uses for blocking waits (receive, commit, abort).
+#: Most threads an async client uses for blocking calls (abort, a failed commit's
+#: clean-up, ``send_many``); receives wait on the event loop, holding none.
 AIO_THREADS: Final = 64
+#: Longest an asyncio receive waits before it looks again without a wake-up (s).
+RECHECK_S: Final = 0.5
 
 T = TypeVar("T")
 
@@ -51,6 +54,24 @@ T = TypeVar("T")
 def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+class _LoopWaker:
+    """A subscription waker (``set()`` from any thread) that resolves a future on a loop."""
+
+    __slots__ = ("_fired", "_loop", "woken")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._fired = False
+        self.woken: asyncio.Future[None] = loop.create_future()
+
+    def set(self) -> None:
+        if self._fired:  # one wake-up is enough; the receive looks again
+            return
+        self._fired = True
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+            self._loop.call_soon_threadsafe(_resolve, self.woken)
 
 
 def _sync_txn(txn: AsyncTransaction | Transaction | None) -> Transaction | None:
@@ -226,25 +247,35 @@ class AsyncConsumer:
         return await self._wait(max_messages, timeout_ms)
 
     async def _wait(self, n: int, timeout_ms: int | None) -> list[Message]:
-        # A blocking receive on the client's pool. If the caller stops waiting,
-        # the pool thread is woken and returns at once (it must not stay
-        # blocked: the pool is shared), and whatever it still received goes
-        # back to the subscription.
-        cancel = threading.Event()
-        cf = self._client._submit(functools.partial(self.sync._receive_many, n, timeout_ms, cancel))
-        try:
-            return await asyncio.wrap_future(cf)
-        except asyncio.CancelledError:
-            if not cf.cancel():
-                cancel.set()
-                self.sync._interrupt()
-                cf.add_done_callback(self._give_back)
-            raise
-
-    def _give_back(self, cf: Future[list[Message]]) -> None:
-        if cf.cancelled() or cf.exception() is not None:
-            return
-        self.sync._give_back(cf.result())
+        # Wait on the event loop, holding no thread: a waker registered on every
+        # partition's subscription resolves a loop future when receivers are woken
+        # (data, a redelivery, a release, a close); then take without blocking.
+        # Registered before each look, so no wake-up between the look and the
+        # wait is lost. A cancelled await has taken nothing, so it loses nothing.
+        deadline = self.sync._deadline(timeout_ms)
+        loop = asyncio.get_running_loop()
+        subs = self.sync._subscriptions()
+        while True:
+            waker = _LoopWaker(loop)
+            for sub in subs:
+                sub.add_waker(waker)
+            try:
+                got = self.sync.receive_many(n, 0)
+                if got:
+                    return got
+                now = time.monotonic()
+                if deadline is not None and now >= deadline:
+                    return []
+                # Negative acks fall due without a wake-up: look again then, and
+                # at least every RECHECK_S whatever happens.
+                wait = min(RECHECK_S, *(sub.next_due(now) for sub in subs))
+                if deadline is not None:
+                    wait = min(wait, deadline - now)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(waker.woken, max(wait, 0.0))
+            finally:
+                for sub in subs:
+                    sub.remove_waker(waker)
 
     async def ack(
         self, msg: Message | MessageId, txn: AsyncTransaction | Transaction | None = None

@@ -672,12 +672,14 @@ class Consumer:
         self._subs: dict[int, Subscription] = {}
         attached: list[Subscription] = []
         try:
-            for tn in broker.partition_names(topic):
+            names = broker.partition_names(topic)
+            for tn in names:
                 t: Topic = broker.topic(tn)
                 sub = t.subscription(subscription, isolation, initial_position)
                 sub.attach(self.id, isolation)
                 attached.append(sub)
-                sub.add_waker(self._wake)
+                if len(names) > 1:  # one partition waits on its subscription's condition
+                    sub.add_waker(self._wake)
                 self._subs[tn.partition if tn.is_partition else -1] = sub
         except BaseException:
             for sub in attached:
@@ -709,17 +711,13 @@ class Consumer:
             sub.partition,
         )
 
-    def _poll(
-        self, max_messages: int, deadline: float | None, cancel: threading.Event | None = None
-    ) -> list[Message]:
+    def _poll(self, max_messages: int, deadline: float | None) -> list[Message]:
         if len(self._order) == 1:
             partition, sub = self._order[0]
-            got = sub.fetch(self.id, max_messages, deadline, cancel)
+            got = sub.fetch(self.id, max_messages, deadline)
             return [self._message(partition, sub, r, n) for r, n in got]
         while True:
             self._check()
-            if cancel is not None and cancel.is_set():
-                return []
             self._wake.clear()
             out: list[Message] = []
             with self._lock:
@@ -740,15 +738,9 @@ class Consumer:
             wait = _MULTI_POLL_S if deadline is None else min(_MULTI_POLL_S, deadline - now)
             self._wake.wait(wait)
 
-    def _give_back(self, msgs: list[Message]) -> None:
-        """Messages received for a caller that is gone (a cancelled await): deliver them again.
-
-        They go back to the front of the queue without counting a redelivery.
-        """
-        for m in msgs:
-            sub = self._subs.get(m.message_id.partition)
-            if sub is not None:
-                sub.give_back(self.id, [m.message_id.position])
+    def _subscriptions(self) -> list[Subscription]:
+        # The subscriptions of every partition this consumer reads.
+        return list(self._subs.values())
 
     @staticmethod
     def _deadline(timeout_ms: object) -> float | None:
@@ -764,23 +756,10 @@ class Consumer:
 
     def receive_many(self, max_messages: int = 100, timeout_ms: int | None = 0) -> list[Message]:
         """Return up to ``max_messages`` messages once one arrived, or [] at the timeout."""
-        return self._receive_many(max_messages, timeout_ms)
-
-    def _receive_many(
-        self, max_messages: object, timeout_ms: object, cancel: threading.Event | None = None
-    ) -> list[Message]:
-        # receive_many that also returns [] soon after ``cancel`` is set and
-        # :meth:`_interrupt` called (an asyncio receive whose await was cancelled).
         self._check()
         if isinstance(max_messages, bool) or not isinstance(max_messages, int) or max_messages < 1:
             raise _bad("max_messages", max_messages, "a positive int")
-        return self._poll(max_messages, self._deadline(timeout_ms), cancel)
-
-    def _interrupt(self) -> None:
-        # Wake this consumer's blocked receives, so a cancelled one sees its flag.
-        for sub in self._subs.values():
-            sub.wake()
-        self._wake.set()
+        return self._poll(max_messages, self._deadline(timeout_ms))
 
     # ------------------------------------------------------------ acks
 

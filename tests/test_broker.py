@@ -6,6 +6,7 @@ import asyncio
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,8 @@ from txnstream._native import decode_topic_entry
 from txnstream.broker.subscription import READ_UNCOMMITTED
 from txnstream.client import Consumer, Message, MessageId, java_string_hash
 from txnstream.errors import (
+    AlreadyClosedError,
+    ConfigError,
     DuplicateSequenceError,
     InvalidArgumentError,
     TransactionAlreadyAborted,
@@ -690,6 +693,38 @@ def test_prometheus_metrics_of_broker(tmp_path: Path) -> None:
     assert os.path.isdir(tmp_path)
 
 
+def test_closed_clients_producers_and_consumers_are_forgotten_but_counted(tmp_path: Path) -> None:
+    """An app that makes a client (or producer, consumer) per request holds nothing for closed ones.
+
+    The broker used to keep every client ever made (memory and scrape time
+    grew with each); the commit counters must still count their commits.
+    """
+    from prometheus_client import CollectorRegistry
+
+    reg = CollectorRegistry()
+    with Broker.open(tmp_path, registry=reg) as b:
+        long_lived = b.client("long")
+        for i in range(300):
+            with b.client() as c, c.transaction() as txn:
+                c.producer("t").send(b"%d" % i, txn=txn)
+            long_lived.producer("t").close()
+            long_lived.subscribe("t", "s").close()
+        txn = long_lived.transaction()
+        txn.abort()
+        assert list(b.iter_clients()) == [long_lived]
+        assert long_lived._producers == {} and long_lived._consumers == {}
+
+        def counted(name: str) -> float:
+            return sum(s.value for m in reg.collect() for s in m.samples if s.name == name)
+
+        assert counted("txnstream_client_commits_total") == 300
+        assert counted("txnstream_client_aborts_total") == 1
+        long_lived.close()
+        assert list(b.iter_clients()) == []
+        assert counted("txnstream_client_aborts_total") == 1
+        assert counted("txnstream_client_commit_durable_waits_count") == 300
+
+
 def test_admin_api_on_a_live_broker(broker: Broker) -> None:
     admin = broker.admin
     assert admin is broker.admin
@@ -1032,6 +1067,47 @@ def test_the_coordinator_batch_switch_is_checked_like_the_pending_ack_one(tmp_pa
         assert not any(
             w["batch_enabled"] for w in b.admin.batched_log_stats("coordinator")["writers"]
         )
+
+
+def test_batch_switches_at_once_both_persist_and_a_closed_broker_writes_none(
+    tmp_path: Path,
+) -> None:
+    """The file's read-merge-write is one switch at a time; a closed broker refuses first."""
+    from txnstream.config import read_dynamic_config
+
+    with Broker.open(tmp_path, registry=None) as b:
+        for value in (True, False, True):
+            both = [
+                threading.Thread(target=b.admin.set_transaction_log_batch_enabled, args=(value,)),
+                threading.Thread(target=b.admin.set_pending_ack_batch_enabled, args=(value,)),
+            ]
+            for t in both:
+                t.start()
+            for t in both:
+                t.join(DEADLINE_S)
+            assert read_dynamic_config(tmp_path) == {
+                "transactionLogBatchedWriteEnabled": value,
+                "transactionPendingAckBatchedWriteEnabled": value,
+            }
+    for switch in (
+        b.admin.set_transaction_log_batch_enabled,
+        b.admin.set_pending_ack_batch_enabled,
+    ):
+        with pytest.raises(AlreadyClosedError):
+            switch(False)
+    assert all(read_dynamic_config(tmp_path).values())  # nothing written after close
+
+
+def test_the_capitalised_pip_255_key_reaches_the_coordinators(tmp_path: Path) -> None:
+    cfg = BrokerConfig.from_broker_conf_text("TransactionMetaPersistCount=0\n")
+    with Broker.open(tmp_path, cfg, registry=None) as b:
+        assert b.coordinators is not None
+        tcs = b.coordinators.coordinators()
+        assert [tc.config.transaction_meta_persist_count for tc in tcs] == [0] * len(tcs)
+    bad = BrokerConfig.from_broker_conf_text("transactionMetaPersistCount=-1\n")
+    with pytest.raises(ConfigError, match="transactionMetaPersistCount must") as e:
+        Broker.open(tmp_path / "bad", bad, registry=None)
+    assert e.value.key == "transactionMetaPersistCount"
 
 
 def test_a_live_batch_switch_is_persisted_like_a_pulsar_dynamic_setting(tmp_path: Path) -> None:

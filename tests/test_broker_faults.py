@@ -163,3 +163,42 @@ def test_a_stalled_disk_does_not_hold_a_commit_past_its_end_timeout(
         r = reader.receive(5_000)
         assert r is not None and r.value == b"y"
         assert reader.receive(200) is None
+
+
+@pytest.mark.parametrize("api", ["sync", "asyncio"])
+def test_a_send_the_stalled_disk_holds_times_out_typed_and_its_retry_is_deduplicated(
+    tmp_path: Path, api: str
+) -> None:
+    """A send (sync or asyncio) waits at most the end timeout, then raises OperationTimeoutError.
+
+    It used to raise TransactionEndPending (an end's error) from the sync
+    send, and the asyncio send waited for the disk without a deadline.
+    """
+    import asyncio
+
+    from txnstream.config import BrokerConfig
+    from txnstream.errors import OperationTimeoutError
+
+    with Broker.open(tmp_path, BrokerConfig(end_timeout_ms=500), registry=None) as b:
+        p = b.client("stall").producer("t", name="p")
+        p.send(b"warm")
+        ml = b.topic("t").ml
+        testing.hold_fault(ml, "sync")
+        try:
+            aio = b.client("aio").aio().producer("t")
+
+            def send() -> object:
+                if api == "sync":
+                    return p.send(b"x", sequence_id=1)
+                return asyncio.run(aio.send(b"x"))
+
+            with pytest.raises(OperationTimeoutError, match="same sequence_id") as e:
+                send()
+            assert e.value.retriable
+        finally:
+            testing.release_fault(ml, "sync")
+        if api == "sync":
+            again = p.send(b"x", sequence_id=1)  # written once, whatever the timeout saw
+            got = b.client().subscribe("t", "s")
+            assert [m.value for m in iter(lambda: got.receive(300), None)] == [b"warm", b"x"]
+            assert again.entry_id == 1

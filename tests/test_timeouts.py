@@ -129,3 +129,16 @@ def test_manual_clock_waits_advance_its_time() -> None:
     ev.set()
     assert clock.wait(ev, 1_000)
     assert clock.monotonic_ms() == 25
+
+
+def test_cancelling_a_timer_of_a_closed_scope_or_service_keeps_the_count() -> None:
+    timers = TimerService(ManualClock(monotonic_ms=0), start=False)
+    scope = timers.scope()
+    mine = scope.schedule(60_000, lambda: None)
+    other = timers.schedule(60_000, lambda: None)
+    scope.close()
+    assert scope.cancel(mine)  # it will never run
+    assert len(timers) == 1
+    timers.close()
+    assert timers.cancel(other)
+    assert len(timers) == 0

@@ -20,7 +20,7 @@ What users of Pulsar and Kafka transactions ask for, built in:
   :meth:`Admin.internal_stats` and :meth:`Admin.batched_log_stats`: the
   broker's live state in the shapes of the read-only file views of
   :mod:`txnstream.datadir` (what ``txnstream admin --data DIR`` prints), so
-  the two surfaces can be compared key by key.
+  the two surfaces can be compared on the keys they share.
 """
 
 from __future__ import annotations
@@ -153,9 +153,13 @@ class Admin:
         first (``Broker.set_dynamic``): it survives a restart, as a Pulsar
         dynamic setting does.
         """
-        self._broker.set_dynamic("transactionLogBatchedWriteEnabled", enabled)
-        for tc in self._broker._coordinators().coordinators():
-            tc.set_batch_enabled(enabled)
+        tcs = self._broker._coordinators().coordinators()  # closed or opening: nothing written
+
+        def switch(on: bool) -> None:
+            for tc in tcs:
+                tc.set_batch_enabled(on)
+
+        self._broker.set_dynamic("transactionLogBatchedWriteEnabled", enabled, switch)
 
     def set_pending_ack_batch_enabled(self, enabled: bool) -> None:
         """Switch batched writes of every pending-ack log (PIP-160), persisted (as above)."""
@@ -250,8 +254,11 @@ class Admin:
         oldest first), ``ending``, ``markers_written``,
         ``rejected_appends``, every coordinator's ``low_water_marks`` (keys
         are coordinator ids as text) and ``snapshot`` (the newest durable
-        snapshot, None when there is none). The same keys as
-        :func:`txnstream.datadir.transaction_buffer_stats`.
+        snapshot, None when there is none). The keys it shares with
+        :func:`txnstream.datadir.transaction_buffer_stats` mean the same there;
+        the live counters ``ending``, ``markers_written`` and
+        ``rejected_appends`` are only here, and the file view's ledger scan
+        (``committed``, ``entries``, ``markers``) only there.
         """
         partitions = self._partitions(topic)
         lwm = {str(k): v for k, v in self._broker._coordinators().low_water_marks().items()}

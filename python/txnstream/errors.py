@@ -213,10 +213,21 @@ class AlreadyClosedError(TxnStreamError):
 class OperationTimeoutError(TxnStreamError, TimeoutError):
     """A wait ran past its deadline (Pulsar's TimeoutException); ``what`` names it.
 
-    Nothing was changed by the call that timed out; it may be retried.
+    It may be retried. A send that timed out (``what="send"``) may still be
+    written: retry it with the same ``sequence_id`` (deduplicated); other
+    calls that time out changed nothing.
     """
 
     retriable = True
+
+
+def send_timed_out(what: str, timeout_ms: int) -> OperationTimeoutError:
+    """Return the error of a send not done within ``timeout_ms`` (the disk did not answer)."""
+    return OperationTimeoutError(
+        f"{what} did not complete within {timeout_ms} ms; it may still complete: retry "
+        "with the same sequence_id (a retry of a message already written writes nothing)",
+        what="send",
+    )
 
 
 class InvalidTopicNameError(InvalidArgumentError):

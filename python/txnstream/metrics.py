@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any, Final, Literal, Protocol
 
 from prometheus_client.core import (
@@ -446,6 +446,65 @@ def unregister_coordinator(
 COMMIT_WAIT_BOUNDS: Final = (0, 1, 2, 3, 4)
 #: Upper bounds (ms) of the client commit-latency histogram.
 COMMIT_LATENCY_BOUNDS_MS: Final = (0.5, 1, 2, 5, 10, 25, 50, 100, 250, 1000, 10000)
+
+
+class CommitTally:
+    """Commits and aborts of clients, with histograms of durable waits and latency (ms).
+
+    Thread-safe. Each client keeps one; a closed client's is merged into its
+    broker's (counters never go back, and the broker forgets the client).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.commits = 0
+        self.aborts = 0
+        self.waits = [0] * (len(COMMIT_WAIT_BOUNDS) + 1)
+        self.latency = [0] * (len(COMMIT_LATENCY_BOUNDS_MS) + 1)
+        self.latency_sum_ms = 0.0
+
+    def add(self, committed: bool, waits: int, seconds: float) -> None:
+        """Count one ended transaction."""
+        with self._lock:
+            if not committed:
+                self.aborts += 1
+                return
+            self.commits += 1
+            self.waits[_bucket(COMMIT_WAIT_BOUNDS, waits)] += 1
+            ms = seconds * 1000.0
+            self.latency[_bucket(COMMIT_LATENCY_BOUNDS_MS, ms)] += 1
+            self.latency_sum_ms += ms
+
+    def merge(self, other: CommitTally) -> None:
+        """Add ``other``'s counts to these."""
+        snap = other.snapshot()
+        with self._lock:
+            self.commits += snap["commits"]
+            self.aborts += snap["aborts"]
+            self.waits = [a + b for a, b in zip(self.waits, snap["waits"], strict=True)]
+            self.latency = [a + b for a, b in zip(self.latency, snap["latency"], strict=True)]
+            self.latency_sum_ms += snap["latency_sum_ms"]
+
+    def snapshot(self) -> dict[str, Any]:
+        """Return the counts (``commits``, ``aborts``, ``waits``, ``latency``, sums, bounds)."""
+        with self._lock:
+            return {
+                "commits": self.commits,
+                "aborts": self.aborts,
+                "waits": list(self.waits),
+                "wait_bounds": COMMIT_WAIT_BOUNDS,
+                "latency": list(self.latency),
+                "latency_bounds_ms": COMMIT_LATENCY_BOUNDS_MS,
+                "latency_sum_ms": self.latency_sum_ms,
+            }
+
+
+def _bucket(bounds: Sequence[float], value: float) -> int:
+    # Index of the first bucket whose upper bound holds ``value`` (last: +Inf).
+    for i, b in enumerate(bounds):
+        if value <= b:
+            return i
+    return len(bounds)
 
 
 class BrokerSource(Protocol):

@@ -230,6 +230,9 @@ class TimerService:
                 return False
             handle.cancelled = True
             handle.callback = None
+            scope = handle.scope
+            if self._closed or (scope is not None and scope.closed):
+                return True  # its entry left the heap when the service or scope closed
             self._dead += 1
             if self._dead > 64 and self._dead * 2 > len(self._heap):
                 self._purge(lambda h: h.cancelled)

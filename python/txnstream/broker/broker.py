@@ -54,7 +54,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
@@ -89,6 +89,7 @@ from txnstream.errors import (
 from txnstream.metrics import (
     COMMIT_LATENCY_BOUNDS_MS,
     COMMIT_WAIT_BOUNDS,
+    CommitTally,
     register_broker,
     register_writer,
     unregister_broker,
@@ -206,7 +207,7 @@ def _coordinator_config(cfg: BrokerConfig) -> CoordinatorConfig:
         end_timeout_ms=cfg.end_timeout_ms,
         complete_in_background=True,
     )
-    if "transactionMetaPersistCount" not in cfg.extra:
+    if not {"transactionMetaPersistCount", "TransactionMetaPersistCount"} & set(cfg.extra):
         tc_config = tc_config.replace(transaction_meta_persist_count=DEFAULT_PERSIST_COUNT)
     return tc_config
 
@@ -236,7 +237,10 @@ class Broker:
         # (partition, producer name) of every open producer.
         self._producer_names: set[tuple[str, str]] = set()
         self._pid = os.getpid()
-        self._clients: list[Client] = []
+        # Open clients by id(): a closed one leaves, its commit counts go to _retired.
+        self._clients: dict[int, Client] = {}
+        self._dynamic_lock = threading.Lock()  # one dynamic switch at a time (set_dynamic)
+        self._retired = CommitTally()
         self._writers: dict[str, BufferedWriter] = {}
         self._maintenance_timer: TimerHandle | None = None
         self._next_orphan_sweep = time.monotonic() + ORPHAN_SWEEP_S
@@ -439,8 +443,14 @@ class Broker:
         self._check_open()
         c = Client(self, name)
         with self._lock:
-            self._clients.append(c)
+            self._clients[id(c)] = c
         return c
+
+    def forget_client(self, client: Client) -> None:
+        """Drop a closed client; its commit counts stay in the broker's metrics."""
+        with self._lock:  # metrics() never sees its counts both here and there
+            if self._clients.pop(id(client), None) is not None:
+                client._retire(self._retired)
 
     @property
     def admin(self) -> Admin:
@@ -914,26 +924,35 @@ class Broker:
 
         Now, for new logs, and after a restart (persisted: :meth:`set_dynamic`).
         """
-        self.set_dynamic("transactionPendingAckBatchedWriteEnabled", enabled)
-        for w in self.pending_ack_writers():
-            w.set_batch_enabled(enabled)
 
-    def set_dynamic(self, key: str, enabled: bool) -> None:
+        def switch(on: bool) -> None:
+            for w in self.pending_ack_writers():
+                w.set_batch_enabled(on)
+
+        self.set_dynamic("transactionPendingAckBatchedWriteEnabled", enabled, switch)
+
+    def set_dynamic(self, key: str, enabled: bool, apply: Callable[[bool], None]) -> None:
         """Check, persist and take one dynamic batch switch (Pulsar's dynamic configuration).
 
-        Checked as at open (a batch limit the writers refuse is a
+        Refused on a closed broker (its directory may be another process's
+        by now). Checked as at open (a batch limit the writers refuse is a
         :class:`ConfigError`, nothing changed), then written durably to the
         directory's ``dynamic-config.toml`` -- so the next open and the
         CLI's file views see it, as Pulsar persists dynamic settings --
-        then applied to :attr:`config`. The caller switches the writers.
+        then applied to :attr:`config` and, by ``apply(enabled)``, to the
+        writers. One switch at a time: the file's read-merge-write and the
+        writers' state never interleave with another switch's.
         """
         if not isinstance(enabled, bool):
             raise InvalidArgumentError(
                 f"enabled must be a bool, got {enabled!r}", argument="enabled", value=enabled
             )
-        dataclasses.replace(self.config).set(key, enabled)  # check on a copy first
-        write_dynamic_config(self.path, {key: enabled})
-        self.config.set(key, enabled)
+        with self._dynamic_lock:
+            self._check_open()
+            dataclasses.replace(self.config).set(key, enabled)  # check on a copy first
+            write_dynamic_config(self.path, {key: enabled})
+            self.config.set(key, enabled)
+            apply(enabled)
 
     # ------------------------------------------------------------ TxnOutcomes
 
@@ -1023,8 +1042,10 @@ class Broker:
         waits = [0] * (len(COMMIT_WAIT_BOUNDS) + 1)
         latency = [0] * (len(COMMIT_LATENCY_BOUNDS_MS) + 1)
         counts: dict[str, float] = {"commits": 0, "aborts": 0, "latency_sum_ms": 0.0}
-        for c in self.iter_clients():
-            cs = c.commit_stats()
+        with self._lock:  # open clients and the closed ones' tally, at one moment
+            stats = [c.commit_stats() for c in self._clients.values()]
+            stats.append(self._retired.snapshot())
+        for cs in stats:
             w: list[int] = cs["waits"]
             lat: list[int] = cs["latency"]
             for i, n in enumerate(w):
@@ -1038,9 +1059,9 @@ class Broker:
     # ------------------------------------------------------------ close
 
     def iter_clients(self) -> Iterator[Client]:
-        """Return the clients made by :meth:`client` (open or closed)."""
+        """Return the open clients made by :meth:`client`."""
         with self._lock:
-            return iter(list(self._clients))
+            return iter(list(self._clients.values()))
 
     def close(self) -> None:
         """Close clients, coordinators (ends in flight finish), topics and logs, then timers."""
@@ -1056,7 +1077,7 @@ class Broker:
             # Recovery in progress stops: reads between chunks, the rest skipped.
             self.snapshot_readers.close()
             self._topic_recovery.cancel(self.config.end_timeout_ms)
-        for c in list(self._clients):
+        for c in list(self.iter_clients()):
             try:
                 c.close()
             except Exception:

@@ -37,7 +37,11 @@ from txnstream.client.message import Message, MessageId
 from txnstream.client.transaction import Transaction
 from txnstream.coordinator import TxnAction, TxnID
 from txnstream.coordinator.ending import EndTrace
-from txnstream.errors import TransactionAlreadyAborted, TransactionWriteFailed
+from txnstream.errors import (
+    TransactionAlreadyAborted,
+    TransactionWriteFailed,
+    send_timed_out,
+)
 
 if TYPE_CHECKING:
     from txnstream.client.client import Client, Consumer, Producer
@@ -178,11 +182,17 @@ class AsyncProducer:
         sync = self.sync
         where, published = sync._queue_one(value, key, properties, _sync_txn(txn), sequence_id)
         src = published.assigned if published.assigned is not None else published.durable
-        if src is None:  # a duplicate: its original id
-            ids = await asyncio.wrap_future(sync._message_ids(where, published, 1))
-            return ids[0]
-        # Straight from the storage future: no intermediate futures per send.
-        pos = await asyncio.wrap_future(src)
+        timeout_ms = sync.client.end_timeout_ms
+        try:
+            if src is None:  # a duplicate: its original id
+                ids = await asyncio.wait_for(
+                    asyncio.wrap_future(sync._message_ids(where, published, 1)), timeout_ms / 1000
+                )
+                return ids[0]
+            # Straight from the storage future: no intermediate futures per send.
+            pos = await asyncio.wait_for(asyncio.wrap_future(src), timeout_ms / 1000)
+        except TimeoutError:  # a stalled disk: bounded as the sync send is
+            raise send_timed_out(f"send to {sync.topic}", timeout_ms) from None
         return MessageId(pos.ledger_id, pos.entry_id, 0, 1, *where)
 
     async def send_many(

@@ -59,12 +59,8 @@ from txnstream.broker.topic import EARLIEST, LATEST, Publish, Topic
 from txnstream.broker.topic_name import TopicName, subscription_arg
 from txnstream.client.message import Message, MessageId
 from txnstream.client.transaction import Transaction
-from txnstream.errors import (
-    AlreadyClosedError,
-    InvalidArgumentError,
-    TransactionEndPending,
-)
-from txnstream.metrics import COMMIT_LATENCY_BOUNDS_MS, COMMIT_WAIT_BOUNDS
+from txnstream.errors import AlreadyClosedError, InvalidArgumentError, send_timed_out
+from txnstream.metrics import CommitTally
 from txnstream.timer import timeout_ms_arg
 
 if TYPE_CHECKING:
@@ -158,14 +154,13 @@ class Client:
         self.name = name if name is not None else f"client-{uuid.uuid4().hex[:12]}"
         self._lock = threading.Lock()
         self._closed = False
-        self._producers: list[Producer] = []
-        self._consumers: list[Consumer] = []
+        # Open ones only (a closed one leaves), keyed by id(): a long-lived client
+        # making and closing producers holds nothing for the closed ones.
+        self._producers: dict[int, Producer] = {}
+        self._consumers: dict[int, Consumer] = {}
         self._producer_ids = itertools.count()
-        self._waits = [0] * (len(COMMIT_WAIT_BOUNDS) + 1)
-        self._latency = [0] * (len(COMMIT_LATENCY_BOUNDS_MS) + 1)
-        self._commits = 0
-        self._aborts = 0
-        self._latency_sum_ms = 0.0
+        #: Commit stats; once closed, the broker's tally of closed clients.
+        self._tally = CommitTally()
         self._aio: AsyncClient | None = None
 
     # ------------------------------------------------------------ factories
@@ -207,7 +202,7 @@ class Client:
             p = Producer(self, tn, name, partitions)
             with self._lock:
                 self.check_open()
-                self._producers.append(p)
+                self._producers[id(p)] = p
         except BaseException:
             self.broker.release_producer_name(partitions, name)
             raise
@@ -244,7 +239,7 @@ class Client:
             if self._closed:
                 c.close()
                 self.check_open()
-            self._consumers.append(c)
+            self._consumers[id(c)] = c
         return c
 
     def transaction(self, timeout_ms: int | None = None) -> Transaction:
@@ -272,28 +267,30 @@ class Client:
 
     def _ended(self, committed: bool, waits: int, seconds: float) -> None:
         # A transaction of this client ended (commit stats for metrics).
-        with self._lock:
-            if not committed:
-                self._aborts += 1
-                return
-            self._commits += 1
-            self._waits[_bucket(COMMIT_WAIT_BOUNDS, waits)] += 1
-            ms = seconds * 1000.0
-            self._latency[_bucket(COMMIT_LATENCY_BOUNDS_MS, ms)] += 1
-            self._latency_sum_ms += ms
+        with self._lock:  # not into a tally already merged into the broker's
+            self._tally.add(committed, waits, seconds)
 
     def commit_stats(self) -> dict[str, Any]:
-        """Return commits, aborts, histograms of durable waits and latency (ms) per commit."""
+        """Return commits, aborts, histograms of durable waits and latency (ms) per commit.
+
+        While the client is open; once closed, its counts are its broker's
+        (every closed client's together).
+        """
         with self._lock:
-            return {
-                "commits": self._commits,
-                "aborts": self._aborts,
-                "waits": list(self._waits),
-                "wait_bounds": COMMIT_WAIT_BOUNDS,
-                "latency": list(self._latency),
-                "latency_bounds_ms": COMMIT_LATENCY_BOUNDS_MS,
-                "latency_sum_ms": self._latency_sum_ms,
-            }
+            tally = self._tally
+        return tally.snapshot()
+
+    def _retire(self, into: CommitTally) -> None:
+        # Closed: the counts move to ``into`` (the broker's), and so do later ones.
+        with self._lock:
+            mine, self._tally = self._tally, into
+            into.merge(mine)
+
+    def _forget(self, what: Producer | Consumer) -> None:
+        # A producer or consumer closed: it is no longer the client's to close.
+        with self._lock:
+            self._producers.pop(id(what), None)
+            self._consumers.pop(id(what), None)
 
     # ------------------------------------------------------------ close
 
@@ -303,14 +300,15 @@ class Client:
             if self._closed:
                 return
             self._closed = True
-            consumers, self._consumers = self._consumers, []
-            producers, self._producers = self._producers, []
+            consumers, self._consumers = list(self._consumers.values()), {}
+            producers, self._producers = list(self._producers.values()), {}
         for c in consumers:
             c.close()
         for p in producers:
             p.close()
         if self._aio is not None:
             self._aio.close()
+        self.broker.forget_client(self)
 
     def __enter__(self) -> Client:
         return self
@@ -320,13 +318,6 @@ class Client:
 
     def __repr__(self) -> str:
         return f"Client({self.name!r}{', closed' if self._closed else ''})"
-
-
-def _bucket(bounds: Sequence[float], value: float) -> int:
-    for i, b in enumerate(bounds):
-        if value <= b:
-            return i
-    return len(bounds)
 
 
 # ---------------------------------------------------------------- producer
@@ -618,6 +609,7 @@ class Producer:
                 return
             self._closed = True
         self._broker.release_producer_name(self._partitions, self.name)
+        self.client._forget(self)
 
     def __enter__(self) -> Producer:
         return self
@@ -633,11 +625,7 @@ def _result(fut: Future[Any], timeout_ms: int, what: str) -> Any:
     try:
         return fut.result(timeout_ms / 1000.0)
     except TimeoutError:
-        raise TransactionEndPending(
-            f"{what} did not complete within {timeout_ms} ms; it may still complete",
-            txn_id=None,
-            outcome=None,
-        ) from None
+        raise send_timed_out(what, timeout_ms) from None
 
 
 # ---------------------------------------------------------------- consumer
@@ -871,6 +859,7 @@ class Consumer:
             sub.remove_waker(self._wake)
             sub.detach(self.id)
         self._wake.set()
+        self.client._forget(self)
 
     def __enter__(self) -> Consumer:
         return self

@@ -237,9 +237,11 @@ class CoordinatorConfig:
                 float,
             ),
         }
+        given: dict[str, str] = {}  # field name -> the key the user wrote
         for key, (name, conv) in keys.items():
             for spelling in (key, key[0].upper() + key[1:]):
                 if spelling in extra:
+                    given[name] = spelling
                     raw = extra[spelling]
                     try:
                         if isinstance(raw, bool) or (conv is int and isinstance(raw, float)):
@@ -252,7 +254,15 @@ class CoordinatorConfig:
                             value=str(raw),
                         ) from None
         values.update(changes)
-        return cls().replace(**values)
+        try:
+            return cls().replace(**values)
+        except ConfigError as e:
+            if e.key not in given:
+                raise
+            spelling = given[e.key]  # name the key the user wrote, not our field
+            raise ConfigError(
+                str(e).replace(e.key, spelling), key=spelling, value=str(extra[spelling])
+            ) from None
 
     def replace(self, **changes: Any) -> CoordinatorConfig:
         """Return a copy with ``changes`` applied; unknown keys raise ConfigError.

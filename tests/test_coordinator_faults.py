@@ -28,6 +28,7 @@ from txnstream.errors import (
     CoordinatorNotFound,
     CorruptEntryError,
     InvalidArgumentError,
+    OperationTimeoutError,
     ParticipantsFailed,
     StorageError,
     TransactionAlreadyAborted,
@@ -119,6 +120,47 @@ def test_failed_new_transaction_leaves_no_ghost(tc: TransactionCoordinator) -> N
     # Nothing pins the low-water mark: every id issued so far has ended.
     assert tc.low_water_mark() == txn.least_bits
     assert tc.stats()["live"] == 0
+
+
+def test_direct_calls_on_a_stalled_log_time_out_typed_and_leave_no_doubt_behind(
+    tmp_path: Path,
+) -> None:
+    """new_transaction and add_* wait at most end_timeout_ms for the disk (they had no bound).
+
+    The NEW record that timed out may still land: that transaction (nobody
+    has its id) is aborted; the ADD's names are kept, and its retry works.
+    """
+    tc = TransactionCoordinator.open(tmp_path, 0, registry=None, end_timeout_ms=300)
+    try:
+        txn = tc.new_transaction()
+        ml = testing.log_ledger(tc)
+        testing.hold_fault(ml, "sync")
+        try:
+            for call in (
+                tc.new_transaction,
+                lambda: tc.add_produced_partitions(txn, ["p"]),
+                lambda: tc.add_acked_subscriptions(txn, [("t", "s")]),
+                lambda: tc.new_transactions(2),
+                lambda: tc.add_produced_partitions_many([(txn, ["q"])]),
+            ):
+                started = time.monotonic()
+                with pytest.raises(OperationTimeoutError, match="end_timeout_ms") as e:
+                    call()
+                assert e.value.retriable
+                assert time.monotonic() - started < 5  # bounded (a hang guard, not a timing)
+        finally:
+            testing.release_fault(ml, "sync")
+        tc.add_produced_partitions(txn, ["p"])
+        # In doubt, the names were kept (ending one that holds nothing is a no-op).
+        assert set(tc.get_transaction(txn).partitions) == {"p", "q"}
+        assert tc.commit(txn) is TxnStatus.COMMITTED
+
+        def only_txn_left() -> bool:
+            return [t.txn_id for t in tc.list_transactions()] == []
+
+        testing.wait_until(only_txn_left)  # the in-doubt NEW ones were aborted
+    finally:
+        tc.close()
 
 
 # --------------------------------------------------------------- defect 1

@@ -90,6 +90,7 @@ from txnstream.errors import (
     CoordinatorNotFound,
     InvalidArgumentError,
     InvalidTxnStatusError,
+    OperationTimeoutError,
     TransactionError,
     TransactionNotFound,
     TransactionTimedOut,
@@ -160,6 +161,22 @@ _SUBSCRIPTIONS = _AddKind(
     TxnMeta.add_subscriptions,
     encode_txn_add_subscriptions,
 )
+
+
+def _raise_if_slow(exc: BaseException, what: str, timeout_ms: int) -> None:
+    """Raise a typed timeout if a record write failed by not finishing in ``timeout_ms``.
+
+    A write the disk did not answer within the end timeout may still become
+    durable; the caller's state already treats it as in doubt (a NEW one is
+    aborted, an ADD one's names are kept). Other failures are re-raised as
+    they are by the caller.
+    """
+    if isinstance(exc, TimeoutError) and not isinstance(exc, TxnStreamError):
+        raise OperationTimeoutError(
+            f"the transaction log did not make the {what} record durable within {timeout_ms} ms "
+            "(end_timeout_ms); it may still be written",
+            what="transaction log",
+        ) from exc
 
 
 class TransactionCoordinator:
@@ -384,9 +401,10 @@ class TransactionCoordinator:
                 self._start_failed([meta], nothing_written=True)
                 raise
             try:
-                pos = self._writer.write(record)
+                pos = self._writer.write(record, self.config.end_timeout_ms)
             except BaseException as exc:
                 self._start_failed([meta], nothing_written=definite(exc))
+                _raise_if_slow(exc, "NEW", self.config.end_timeout_ms)
                 raise
             with table.lock:
                 meta.pending = None
@@ -553,13 +571,15 @@ class TransactionCoordinator:
             except BaseException:
                 self._start_failed(metas, nothing_written=True)
                 raise
+            bound = self.config.end_timeout_ms
             try:
                 if count == 1:
-                    positions = [self._writer.write(records[0])]
+                    positions = [self._writer.write(records[0], bound)]
                 else:
-                    positions = self._writer.write_many(records)
+                    positions = self._writer.write_many(records, bound)
             except BaseException as exc:
                 self._start_failed(metas, nothing_written=definite(exc))
+                _raise_if_slow(exc, "NEW", bound)
                 raise
             with table.lock:
                 for meta, pos in zip(metas, positions, strict=True):
@@ -675,9 +695,10 @@ class TransactionCoordinator:
                 self._add_failed([meta], [new], kind, nothing_written=True)
                 raise
             try:
-                pos = self._writer.write(record)
+                pos = self._writer.write(record, self.config.end_timeout_ms)
             except BaseException as exc:
                 self._add_failed([meta], [new], kind, nothing_written=definite(exc))
+                _raise_if_slow(exc, "ADD", self.config.end_timeout_ms)
                 raise
             with table.lock:
                 kind.apply(meta, new)
@@ -740,9 +761,10 @@ class TransactionCoordinator:
                     self._add_failed(metas, news, kind, nothing_written=True)
                     raise
                 try:
-                    positions = self._writer.write_many(records)
+                    positions = self._writer.write_many(records, self.config.end_timeout_ms)
                 except BaseException as exc:
                     self._add_failed(metas, news, kind, nothing_written=definite(exc))
+                    _raise_if_slow(exc, "ADD", self.config.end_timeout_ms)
                     raise
                 with table.lock:
                     for meta, new, pos in zip(metas, news, positions, strict=True):

@@ -702,7 +702,9 @@ class EndDriver:
             record = encode_txn_update(
                 table.tc_id, meta.seq, now, int(decided), int(final), meta.timed_out
             )
-            last = self._writer.write(record)
+            # Bounded: a stalled disk must not hold the caller past the outcome,
+            # which is visible already (a slow write is retried in the background).
+            last = self._writer.write(record, self._config.end_timeout_ms)
             self._hook("final_logged", tid)
         except Exception:
             if not table.closed:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -234,3 +235,28 @@ def test_config_loaders_refuse_what_is_not_a_path_or_text(tmp_path: Path) -> Non
     deep.write_text("x = " + "[" * 3000 + "]" * 3000 + "\n")
     with pytest.raises(ConfigError, match=r"deep\.toml"):
         BrokerConfig.load(deep)
+
+
+def test_pulsars_offload_seconds_key_is_read_and_near_misses_of_ours_are_warned(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cfg = BrokerConfig.from_broker_conf_text("managedLedgerOffloadThresholdInSeconds=3600\n")
+    assert cfg.offload_threshold_ms == 3_600_000
+    off = BrokerConfig.from_broker_conf_text("managedLedgerOffloadThresholdInSeconds=-1\n")
+    assert off.offload_threshold_ms == -1
+    both = "managedLedgerOffloadThresholdInSeconds=2\nmanagedLedgerOffloadThresholdMs=2000\n"
+    assert BrokerConfig.from_broker_conf_text(both).offload_threshold_ms == 2000  # they agree
+    with pytest.raises(ConfigError, match="disagrees") as e:
+        BrokerConfig.from_broker_conf_text(both.replace("=2000", "=5"))
+    assert e.value.key == "managedLedgerOffloadThresholdInSeconds"
+    with pytest.raises(ConfigError, match="-1"):
+        BrokerConfig.from_broker_conf_text("managedLedgerOffloadThresholdInSeconds=-2\n")
+    with caplog.at_level(logging.WARNING, logger="txnstream.config"):
+        cfg = BrokerConfig.from_broker_conf_text(
+            "transactionLogBatchedWriteEnable=true\n"  # a "d" short
+            "transactionCoordinatorEnabled=true\n"  # a real Pulsar key txnstream does not read
+        )
+    assert not cfg.transaction_log_batched_write.enabled
+    assert "did you mean 'transactionLogBatchedWriteEnabled'" in caplog.text
+    assert "transactionCoordinatorEnabled" not in caplog.text
+    assert set(cfg.extra) == {"transactionLogBatchedWriteEnable", "transactionCoordinatorEnabled"}

@@ -15,13 +15,16 @@ attribute (``[transaction_log_batched_write]`` with ``enabled``,
 ``max_records``, ``max_size``, ``max_delay_ms``). Keys txnstream does not
 know are kept in :attr:`BrokerConfig.extra` (a real ``broker.conf`` holds
 hundreds), so later components can read their own (the coordinator reads
-PIP-255's ``transactionMetaPersist*`` keys from there).
+PIP-255's ``transactionMetaPersist*`` keys from there); one that looks like
+a misspelling of a key txnstream reads is logged as a warning.
 
 The embedded broker's own settings (:data:`BROKER_SETTINGS`) take Pulsar's
 key where Pulsar has one (``managedLedgerMaxEntriesPerLedger``,
 ``brokerDeduplicationEnabled``, ``allowAutoTopicCreation``, ...) and a
 key in the same style where it has none (``transactionCoordinatorCount``);
-the attribute name is accepted too (``coordinators = 2`` in TOML).
+the attribute name is accepted too (``coordinators = 2`` in TOML). Pulsar's
+``managedLedgerOffloadThresholdInSeconds`` sets ``offload_threshold_ms``
+(as ``managedLedgerOffloadThresholdMs`` does; both given must agree).
 
 Validation follows PIP-160: with batched writes enabled, ``max_records``
 below 10, ``max_size`` below 128 KiB or ``max_delay`` below 1 ms are rejected
@@ -31,6 +34,8 @@ with a :class:`~txnstream.errors.ConfigError` naming the key and value.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import logging
 import math
 import os
 import tomllib
@@ -42,6 +47,8 @@ from typing import Any, Final
 from txnstream._native import MAX_BATCH_SIZE, MAX_ENTRY_SIZE
 from txnstream.durable_file import write_atomically
 from txnstream.errors import ConfigError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "BROKER_SETTINGS",
@@ -146,6 +153,43 @@ def _as_bool(key: str, value: object) -> bool:
     if isinstance(value, str) and value.strip().lower() in ("true", "false"):
         return value.strip().lower() == "true"
     raise _error(key, value, "expected true or false")
+
+
+#: Pulsar's offload-by-age setting (seconds; -1: off): sets ``offload_threshold_ms``.
+OFFLOAD_SECONDS_KEY: Final = "managedLedgerOffloadThresholdInSeconds"
+#: Keys read from ``extra`` by the coordinators (PIP-255; a leading capital too).
+_PIP_255_KEYS: Final = (
+    "transactionMetaPersistCount",
+    "transactionMetaPersistTimeInHour",
+    "transactionMetaExpireCheckIntervalInSecond",
+)
+
+
+def _known_keys() -> list[str]:
+    keys = [*BROKER_SETTINGS, *_PULSAR_KEYS, *_SECTIONS, OFFLOAD_SECONDS_KEY]
+    for k in _PIP_255_KEYS:
+        keys += [k, k[0].upper() + k[1:]]
+    return keys
+
+
+def _warn_near_misses(extra: Mapping[str, Any]) -> None:
+    """Log a warning for each kept key that looks like a misspelling of one txnstream reads.
+
+    Unknown keys are kept, not refused (a Pulsar broker.conf has hundreds
+    txnstream does not use); a near miss of one it does use would
+    otherwise leave that setting at its default without a word.
+    """
+    known = _known_keys()
+    for key in extra:
+        if key in known:
+            continue
+        close = difflib.get_close_matches(key, known, n=1, cutoff=0.9)
+        if close:
+            log.warning(
+                "setting %r is not one txnstream reads (kept, unused); did you mean %r?",
+                key,
+                close[0],
+            )
 
 
 def _as_int(key: str, value: object) -> int:
@@ -405,10 +449,17 @@ class BrokerConfig:
         values: dict[str, dict[str, Any]] = {s: {} for s in _SECTIONS}
         extra: dict[str, Any] = {}
         flat: dict[str, Any] = {}
+        offload_seconds: int | None = None
         for key, value in settings.items():
             if key in _SETTING_KEY:  # the attribute name of a broker setting
                 key = _SETTING_KEY[key]
-            if key in BROKER_SETTINGS:
+            if key == OFFLOAD_SECONDS_KEY:  # Pulsar's offload-by-age key, in seconds
+                if isinstance(value, str) and value.strip() == "":
+                    continue
+                offload_seconds = _as_int(key, value)
+                if not -1 <= offload_seconds <= 1 << 40:
+                    raise _error(key, value, f"expected an integer in -1..{1 << 40}")
+            elif key in BROKER_SETTINGS:
                 if isinstance(value, str) and value.strip() == "":
                     continue
                 attr, coerce, _, _ = BROKER_SETTINGS[key]
@@ -429,6 +480,17 @@ class BrokerConfig:
                 values[section][name] = _COERCE[name](key, value)
             else:
                 extra[key] = value
+        if offload_seconds is not None:
+            ms = -1 if offload_seconds < 0 else offload_seconds * 1000
+            if flat.get("offload_threshold_ms", ms) != ms:
+                raise _error(
+                    OFFLOAD_SECONDS_KEY,
+                    offload_seconds,
+                    f"disagrees with managedLedgerOffloadThresholdMs={flat['offload_threshold_ms']}"
+                    "; give one of the two",
+                )
+            flat["offload_threshold_ms"] = ms
+        _warn_near_misses(extra)
         sections = {s: _section(s, v) for s, v in values.items()}
         return cls(
             transaction_log_batched_write=sections["transaction_log_batched_write"],

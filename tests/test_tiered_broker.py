@@ -14,7 +14,7 @@ from txnstream._native import AbortedTxnIndex, crc32c, decode_segment, decode_to
 from txnstream.client import Transaction
 from txnstream.config import BrokerConfig
 from txnstream.errors import ConfigError, CorruptEntryError, InvalidTopicNameError, StorageError
-from txnstream.tiered import object_name
+from txnstream.tiered import SegmentInfo, object_name
 from txnstream.tiered.offload import HOLD_CURSOR, LEGACY_HOLD_CURSOR
 
 TOPIC = "persistent://public/default/tiered"
@@ -355,19 +355,12 @@ def test_remote_files_cut_short_at_a_boundary_are_detected(tmp_path: Path) -> No
     cfg = BrokerConfig(max_entries_per_ledger=5, transaction_timeout_ms=60_000)
     with Broker.open(tmp_path, cfg, registry=None) as b:
         c = b.client("c")
-        consumer = c.subscribe(TOPIC, "s")
-        p = c.producer(TOPIC)
         t = c.transaction()
-        p.send(b"ABORTED", txn=t)
+        c.producer(TOPIC).send(b"ABORTED", txn=t)
         t.abort()
-        for i in range(20):
-            p.send(b"ok%d" % i)
-        while (m := consumer.receive(timeout_ms=300)) is not None:
-            consumer.ack(m)
-        segs = b.admin.offload(TOPIC)
-        _wait_trimmed_past(b, segs[-1].ledger_id)
-        topic = b.topic(TOPIC)
         want = [b"ok%d" % i for i in range(20)]
+        segs = offload_consumed(b, want)
+        topic = b.topic(TOPIC)
         assert [m.payload for m in b.tiered.read_committed(topic)] == want
         remote = tmp_path / "remote"
         with_abort = next(s for s in segs if not s.txn_idx_empty)
@@ -392,6 +385,21 @@ def test_remote_files_cut_short_at_a_boundary_are_detected(tmp_path: Path) -> No
             list(b.tiered.read_committed(topic))
 
 
+def offload_consumed(b: Broker, values: list[bytes], *, trim: bool = True) -> list[SegmentInfo]:
+    """Send ``values`` to TOPIC, consume and ack them all, offload, and wait for the trim."""
+    c = b.client("c")
+    consumer = c.subscribe(TOPIC, "s")
+    p = c.producer(TOPIC)
+    for v in values:
+        p.send(v)
+    while (m := consumer.receive(timeout_ms=300)) is not None:
+        consumer.ack(m)
+    segs = b.admin.offload(TOPIC)
+    if trim:
+        _wait_trimmed_past(b, segs[-1].ledger_id)
+    return segs
+
+
 def swap_first_frames(data: Path) -> None:
     """Swap the first two frames of remote segment data (they must be of one length)."""
     raw = data.read_bytes()
@@ -405,17 +413,9 @@ def test_remote_segment_frames_swapped_are_detected(tmp_path: Path) -> None:
     """Each frame still passes its own checksum; the whole data's crc32c does not."""
     cfg = BrokerConfig(max_entries_per_ledger=5, transaction_timeout_ms=60_000)
     with Broker.open(tmp_path, cfg, registry=None) as b:
-        c = b.client("c")
-        consumer = c.subscribe(TOPIC, "s")
-        p = c.producer(TOPIC)
-        for i in range(20):
-            p.send(b"ok%02d" % i)
-        while (m := consumer.receive(timeout_ms=300)) is not None:
-            consumer.ack(m)
-        segs = b.admin.offload(TOPIC)
-        _wait_trimmed_past(b, segs[-1].ledger_id)
-        topic = b.topic(TOPIC)
         want = [b"ok%02d" % i for i in range(20)]
+        segs = offload_consumed(b, want)
+        topic = b.topic(TOPIC)
         assert [m.payload for m in b.tiered.read_committed(topic)] == want
         seg = segs[0]
         data = tmp_path / "remote" / object_name(TOPIC, seg.ledger_id, seg.segment_id, "segment")

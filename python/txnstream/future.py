@@ -76,29 +76,26 @@ class Future(concurrent.futures.Future[_T]):
             except Exception:
                 _LOGGER.exception("exception calling callback for %r", self)
 
-    def set_result(self, result: _T) -> None:
-        """Resolve with ``result``; wakes waiters and runs the callbacks."""
+    def _resolve(self, result: Any, exception: BaseException | None, tell: str) -> None:
+        # FINISHED with a result or an exception; ``tell`` is the waiters' method.
         with self._condition:
             if self._state in _DONE:
                 raise InvalidStateError(f"{self._state}: {self!r}")
             self._result = result
-            self._state = FINISHED
-            for waiter in self._waiters:
-                waiter.add_result(self)
-            blocked = self._finish_locked()
-        self._wake_and_call(blocked)
-
-    def set_exception(self, exception: BaseException | None) -> None:
-        """Resolve with ``exception``; wakes waiters and runs the callbacks."""
-        with self._condition:
-            if self._state in _DONE:
-                raise InvalidStateError(f"{self._state}: {self!r}")
             self._exception = exception
             self._state = FINISHED
             for waiter in self._waiters:
-                waiter.add_exception(self)
+                getattr(waiter, tell)(self)
             blocked = self._finish_locked()
         self._wake_and_call(blocked)
+
+    def set_result(self, result: _T) -> None:
+        """Resolve with ``result``; wakes waiters and runs the callbacks."""
+        self._resolve(result, None, "add_result")
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        """Resolve with ``exception``; wakes waiters and runs the callbacks."""
+        self._resolve(None, exception, "add_exception")
 
     def cancel(self) -> bool:
         """Cancel unless running or done (True if cancelled)."""

@@ -16,7 +16,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from tests.spark.test_spark_topic_source import run_stream
-from tests.test_tiered_broker import swap_first_frames
+from tests.test_tiered_broker import offload_consumed, swap_first_frames
 from txnstream import Broker, Position
 from txnstream._native import ManagedLedger, encode_message
 from txnstream.config import BrokerConfig
@@ -183,14 +183,7 @@ def test_a_task_checks_its_remote_segment_whole(tmp_path: Path) -> None:
     data = tmp_path / "data"
     config = BrokerConfig(max_entries_per_ledger=5, transaction_timeout_ms=60_000)
     with Broker.open(data, config, registry=None) as broker:
-        c = broker.client("c")
-        consumer = c.subscribe(TOPIC, "s")
-        p = c.producer(TOPIC)
-        for i in range(10):
-            p.send(b"ok%02d" % i)
-        while (m := consumer.receive(timeout_ms=300)) is not None:
-            consumer.ack(m)
-        seg = broker.admin.offload(TOPIC)[0]
+        seg = offload_consumed(broker, [b"ok%02d" % i for i in range(10)], trim=False)[0]
     remote = data / "remote"
     part = TopicRange(
         TOPIC,

@@ -918,6 +918,75 @@ def test_idle_asyncio_receives_hold_no_thread(broker: Broker) -> None:
     asyncio.run(main())
 
 
+def test_an_asyncio_receive_cancelled_as_it_is_woken_is_cancelled(broker: Broker) -> None:
+    """A cancel arriving with a wake-up is not swallowed (asyncio.wait_for did that)."""
+
+    async def main() -> None:
+        a = broker.client("aio-cancel").aio()
+        c = a.subscribe("t", "s")
+        for _ in range(20):
+            task = asyncio.create_task(c.receive())
+            await asyncio.sleep(0.01)  # waiting on its waker
+            c.redeliver_unacknowledged()  # a wake-up (nothing to deliver) ...
+            task.cancel()  # ... and a cancel in the same loop iteration
+            done, _ = await asyncio.wait({task}, timeout=DEADLINE_S)
+            assert done and task.cancelled()
+        await a.producer("t").send(b"m")
+        got = await asyncio.wait_for(c.receive(), DEADLINE_S)
+        assert got is not None and got.redelivery_count == 0  # no cancelled receive took it
+
+    asyncio.run(main())
+
+
+def test_an_asyncio_receive_reads_a_long_undeliverable_run_without_pausing(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each look reads ~10 ms of entries; a cut-short look wakes the receive to go on.
+
+    It used to sleep until its recheck (RECHECK_S) after every 10 ms of
+    reading: with the recheck set to an hour, it would never finish.
+    """
+    from txnstream.client import aio
+
+    monkeypatch.setattr(aio, "RECHECK_S", 3600.0)
+    client = broker.client()
+    p = client.producer("t")
+    txn = client.transaction(timeout_ms=600_000)
+    for f in [p.send_async(b"a", txn=txn) for _ in range(20_000)]:
+        f.result(DEADLINE_S)
+    txn.abort()
+    p.send(b"good")
+
+    async def main() -> Message | None:
+        c = client.aio().subscribe("t", "s")
+        return await asyncio.wait_for(c.receive(), 60)
+
+    got = asyncio.run(main())
+    assert got is not None and got.value == b"good"
+
+
+def test_subscribe_racing_the_clients_close_never_deadlocks(broker: Broker) -> None:
+    for _ in range(200):
+        client = broker.client()
+        errors: list[BaseException] = []
+
+        def subscribe(c: ts.Client = client, errors: list[BaseException] = errors) -> None:
+            try:
+                c.subscribe("t", "s").close()
+            except AlreadyClosedError:
+                pass
+            except BaseException as exc:
+                errors.append(exc)
+
+        t = threading.Thread(target=subscribe, daemon=True)
+        t.start()
+        client.close()
+        t.join(DEADLINE_S)
+        assert not t.is_alive(), "subscribe deadlocked with close"
+        assert errors == []
+    assert broker.metrics()["commits"] == 0  # and the broker's lock is free
+
+
 def test_receive_stops_reading_undeliverable_entries_at_its_deadline(
     broker: Broker, monkeypatch: pytest.MonkeyPatch
 ) -> None:

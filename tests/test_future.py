@@ -148,3 +148,21 @@ def test_storage_and_send_async_futures_are_ours_and_resolve(tmp_path: Any) -> N
         written = ml.append_async(b"raw")
         assert isinstance(written, Future)
         assert written.result(DEADLINE_S).entry_id == 50
+
+
+def test_a_raised_result_leaves_no_reference_cycle() -> None:
+    """Dropped after result() raised, the future is freed at once, without the collector."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        f: Future[int] = Future()
+        f.set_exception(ValueError("boom"))
+        with pytest.raises(ValueError, match="boom"):
+            f.result()
+        ref = weakref.ref(f)
+        del f
+        assert ref() is None
+    finally:
+        gc.enable()

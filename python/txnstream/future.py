@@ -181,7 +181,11 @@ class Future(concurrent.futures.Future[_T]):
             try:
                 raise exc
             finally:
-                del exc  # no reference cycle through the traceback
+                # The traceback holds this frame: drop its references to the
+                # future and the exception, or they form a cycle (as the
+                # standard class does).
+                del exc
+                del self
         return self._result  # type: ignore[no-any-return]
 
     def exception(self, timeout: float | None = None) -> BaseException | None:

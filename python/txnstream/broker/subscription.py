@@ -231,7 +231,10 @@ class Subscription:
                     if deadline is not None and now >= max(deadline, started + MIN_SCAN_S):
                         # A long run of entries with nothing to deliver (aborted,
                         # acked): stop reading at the deadline, with what there is.
-                        return self._take(consumer, max_messages)
+                        out = self._take(consumer, max_messages)
+                        if not out:  # more to read: a waiting receive looks again at once
+                            self._notify_locked()
+                        return out
                     continue
                 now = time.monotonic()
                 wait = None if deadline is None else deadline - now

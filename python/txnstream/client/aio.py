@@ -281,8 +281,9 @@ class AsyncConsumer:
                 wait = min(RECHECK_S, *(sub.next_due(now) for sub in subs))
                 if deadline is not None:
                     wait = min(wait, deadline - now)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(waker.woken, max(wait, 0.0))
+                # asyncio.wait, not wait_for: wait_for (3.11) swallows a cancel that
+                # arrives as the waker resolves, and the receive would go on.
+                await asyncio.wait((waker.woken,), timeout=max(wait, 0.0))
             finally:
                 for sub in subs:
                     sub.remove_waker(waker)

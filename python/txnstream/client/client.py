@@ -236,10 +236,12 @@ class Client:
         delay = _timeout_ms(negative_ack_redelivery_delay_ms, "negative_ack_redelivery_delay_ms")
         c = Consumer(self, tn, subscription, isolation, initial_position, delay or 0)
         with self._lock:
-            if self._closed:
-                c.close()
-                self.check_open()
-            self._consumers[id(c)] = c
+            closed = self._closed
+            if not closed:
+                self._consumers[id(c)] = c
+        if closed:  # closed meanwhile: leave again (outside the lock: close forgets it)
+            c.close()
+            self.check_open()
         return c
 
     def transaction(self, timeout_ms: int | None = None) -> Transaction:

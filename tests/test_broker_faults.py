@@ -202,3 +202,47 @@ def test_a_send_the_stalled_disk_holds_times_out_typed_and_its_retry_is_deduplic
             got = b.client().subscribe("t", "s")
             assert [m.value for m in iter(lambda: got.receive(300), None)] == [b"warm", b"x"]
             assert again.entry_id == 1
+
+
+def test_an_asyncio_retry_of_a_send_in_flight_waits_without_blocking_the_loop(
+    tmp_path: Path,
+) -> None:
+    """The retry finds the original still being written: the loop runs on while it waits.
+
+    It used to wait for the original inside the event loop (the whole
+    loop stalled up to the end timeout on a stalled disk).
+    """
+    import asyncio
+
+    from txnstream.client.aio import AsyncProducer
+    from txnstream.config import BrokerConfig
+    from txnstream.errors import OperationTimeoutError
+
+    with Broker.open(tmp_path, BrokerConfig(end_timeout_ms=1_000), registry=None) as b:
+        p = b.client("c").producer("t", name="p")
+        p.send(b"warm")
+        ml = b.topic("t").ml
+        testing.hold_fault(ml, "sync")
+        try:
+            first = p.send_async(b"x", sequence_id=5)  # in flight: its sync is held
+            assert not first.cancel()  # the send goes ahead whatever the caller does
+
+            async def main() -> int:
+                ticks = 0
+
+                async def tick() -> None:
+                    nonlocal ticks
+                    while True:
+                        await asyncio.sleep(0.01)
+                        ticks += 1
+
+                ticker = asyncio.create_task(tick())
+                with pytest.raises(OperationTimeoutError):
+                    await AsyncProducer(p).send(b"x", sequence_id=5)  # p's name: a retry
+                ticker.cancel()
+                return ticks
+
+            assert asyncio.run(main()) >= 5  # the loop ran while the retry waited
+        finally:
+            testing.release_fault(ml, "sync")
+        assert first.result(10) == p.send(b"x", sequence_id=5)  # one message, one id

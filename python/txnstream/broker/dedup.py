@@ -104,13 +104,28 @@ class Sent:
             self.pending = None
         return entry
 
-    def where(self, timeout_s: float | None = None) -> Where:
-        """Where the message is; waits for an append still in flight (raises its error)."""
+    def when_placed(self, done: Callable[[Where | BaseException], object]) -> None:
+        """Call ``done`` with where the message is, or its append's error; never waits.
+
+        At once when the entry is known, else when the append in flight is
+        placed (from the thread that resolves it).
+        """
+        pending = self.pending  # before entry: durable_entry() sets entry, then clears this
         entry = self.entry
-        if entry is None:
-            assert self.pending is not None
-            entry = self.pending.result(timeout_s)
-        return (entry.ledger_id, entry.entry_id, self.index, self.size)
+        if pending is None or entry is not None:
+            assert entry is not None
+            done((entry.ledger_id, entry.entry_id, self.index, self.size))
+            return
+
+        def placed(f: Future[Position]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                done(exc)
+                return
+            pos = f.result()
+            done((pos.ledger_id, pos.entry_id, self.index, self.size))
+
+        pending.add_done_callback(placed)
 
 
 class _Producer:

@@ -440,18 +440,20 @@ class Producer:
     def _message_ids(self, where: Where, published: Publish, count: int) -> Future[list[MessageId]]:
         # The ids of what _publish queued (or of the duplicate found), as a future.
         out: Future[list[MessageId]] = future.Future()
+        out.set_running_or_notify_cancel()  # the write happens whatever the caller does
         dup = published.duplicate
-        timeout = self.client.end_timeout_ms / 1000.0
         if dup is not None:
-            try:
-                ledger, entry, index, size = dup.where(timeout)
-            except BaseException as exc:
-                out.set_exception(exc)
-                return out
-            # Where the original messages went: their indexes in their batch.
-            out.set_result(
-                [MessageId(ledger, entry, index + i, size, *where) for i in range(count)]
-            )
+
+            def found(at: tuple[int, int, int, int] | BaseException) -> None:
+                if isinstance(at, BaseException):
+                    out.set_exception(at)
+                    return
+                # Where the original messages went: their indexes in their batch.
+                ledger, entry, index, size = at
+                ids = [MessageId(ledger, entry, index + i, size, *where) for i in range(count)]
+                out.set_result(ids)
+
+            dup.when_placed(found)  # the caller's wait is bounded, not this
             return out
         src = published.assigned if published.assigned is not None else published.durable
         assert src is not None
@@ -507,6 +509,7 @@ class Producer:
         where, published = self._queue_one(value, key, properties, txn, sequence_id)
         ids = self._message_ids(where, published, 1)
         out: Future[MessageId] = future.Future()
+        out.set_running_or_notify_cancel()  # cancel() says False: the send goes ahead
 
         def one(f: Future[list[MessageId]]) -> None:
             exc = f.exception()

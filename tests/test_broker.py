@@ -1167,6 +1167,13 @@ def test_batch_switches_at_once_both_persist_and_a_closed_broker_writes_none(
     assert all(read_dynamic_config(tmp_path).values())  # nothing written after close
 
 
+def test_a_batch_switch_whose_apply_closes_the_broker_returns(tmp_path: Path) -> None:
+    b = Broker.open(tmp_path, registry=None)
+    b.set_dynamic("transactionPendingAckBatchedWriteEnabled", True, lambda _on: b.close())
+    with pytest.raises(AlreadyClosedError):
+        b.client()
+
+
 def test_the_capitalised_pip_255_key_reaches_the_coordinators(tmp_path: Path) -> None:
     cfg = BrokerConfig.from_broker_conf_text("TransactionMetaPersistCount=0\n")
     with Broker.open(tmp_path, cfg, registry=None) as b:

@@ -251,12 +251,25 @@ def test_pulsars_offload_seconds_key_is_read_and_near_misses_of_ours_are_warned(
     assert e.value.key == "managedLedgerOffloadThresholdInSeconds"
     with pytest.raises(ConfigError, match="-1"):
         BrokerConfig.from_broker_conf_text("managedLedgerOffloadThresholdInSeconds=-2\n")
+    stock_pulsar = (  # keys of Pulsar's broker.conf that txnstream does not read
+        "transactionCoordinatorEnabled",
+        "managedLedgerCursorMaxEntriesPerLedger",
+        "managedLedgerMaxLedgerRolloverTimeMinutes",
+        "brokerDeduplicationEntriesInterval",
+        "transactionBufferSnapshotSegmentSize",
+        "transactionPendingAckLogIndexMinLag",
+        "allowAutoSubscriptionCreation",
+        "defaultNumberOfNamespaceBundles",
+    )
     with caplog.at_level(logging.WARNING, logger="txnstream.config"):
         cfg = BrokerConfig.from_broker_conf_text(
             "transactionLogBatchedWriteEnable=true\n"  # a "d" short
-            "transactionCoordinatorEnabled=true\n"  # a real Pulsar key txnstream does not read
+            + "".join(f"{k}=1\n" for k in stock_pulsar)
         )
+        not_str: Any = {"coordinator": 4, 1: 2}  # an attribute name's typo; a key not a str
+        BrokerConfig.from_dict(not_str)
     assert not cfg.transaction_log_batched_write.enabled
     assert "did you mean 'transactionLogBatchedWriteEnabled'" in caplog.text
-    assert "transactionCoordinatorEnabled" not in caplog.text
-    assert set(cfg.extra) == {"transactionLogBatchedWriteEnable", "transactionCoordinatorEnabled"}
+    assert "did you mean 'coordinators'" in caplog.text
+    assert not [k for k in stock_pulsar if k in caplog.text]
+    assert set(cfg.extra) == {"transactionLogBatchedWriteEnable", *stock_pulsar}

@@ -15,8 +15,8 @@ attribute (``[transaction_log_batched_write]`` with ``enabled``,
 ``max_records``, ``max_size``, ``max_delay_ms``). Keys txnstream does not
 know are kept in :attr:`BrokerConfig.extra` (a real ``broker.conf`` holds
 hundreds), so later components can read their own (the coordinator reads
-PIP-255's ``transactionMetaPersist*`` keys from there); one that looks like
-a misspelling of a key txnstream reads is logged as a warning.
+PIP-255's ``transactionMetaPersist*`` keys from there); one within two
+typos of a key txnstream reads is logged as a warning.
 
 The embedded broker's own settings (:data:`BROKER_SETTINGS`) take Pulsar's
 key where Pulsar has one (``managedLedgerMaxEntriesPerLedger``,
@@ -34,7 +34,6 @@ with a :class:`~txnstream.errors.ConfigError` naming the key and value.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import logging
 import math
 import os
@@ -166,29 +165,46 @@ _PIP_255_KEYS: Final = (
 
 
 def _known_keys() -> list[str]:
-    keys = [*BROKER_SETTINGS, *_PULSAR_KEYS, *_SECTIONS, OFFLOAD_SECONDS_KEY]
+    # Every key txnstream reads: Pulsar's names, attribute names, sections, PIP-255's.
+    keys = [*BROKER_SETTINGS, *_SETTING_KEY, *_PULSAR_KEYS, *_SECTIONS, OFFLOAD_SECONDS_KEY]
     for k in _PIP_255_KEYS:
         keys += [k, k[0].upper() + k[1:]]
     return keys
 
 
-def _warn_near_misses(extra: Mapping[str, Any]) -> None:
-    """Log a warning for each kept key that looks like a misspelling of one txnstream reads.
+def _within_two_edits(a: str, b: str) -> bool:
+    # Levenshtein distance <= 2 (a typo), case-insensitively; stops early.
+    a, b = a.lower(), b.lower()
+    if abs(len(a) - len(b)) > 2 or len(set(a) ^ set(b)) > 4:  # an edit changes at most 2
+        return False
+    row = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        prev, row[0] = row[0], i
+        for j, cb in enumerate(b, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (ca != cb))
+        if min(row) > 2:
+            return False
+    return row[-1] <= 2
+
+
+def _warn_near_misses(extra: Mapping[Any, Any]) -> None:
+    """Log a warning for each kept key within two typos of one txnstream reads.
 
     Unknown keys are kept, not refused (a Pulsar broker.conf has hundreds
-    txnstream does not use); a near miss of one it does use would
-    otherwise leave that setting at its default without a word.
+    txnstream does not use); a misspelling of one it does use would
+    otherwise leave that setting at its default without a word. Pulsar's
+    own keys are further than that from txnstream's (checked in the tests).
     """
     known = _known_keys()
     for key in extra:
-        if key in known:
+        if not isinstance(key, str) or key in known:
             continue
-        close = difflib.get_close_matches(key, known, n=1, cutoff=0.9)
-        if close:
+        close = next((k for k in known if _within_two_edits(key, k)), None)
+        if close is not None:
             log.warning(
                 "setting %r is not one txnstream reads (kept, unused); did you mean %r?",
                 key,
-                close[0],
+                close,
             )
 
 

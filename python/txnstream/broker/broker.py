@@ -1065,7 +1065,7 @@ class Broker:
 
     def close(self) -> None:
         """Close clients, coordinators (ends in flight finish), topics and logs, then timers."""
-        with self._dynamic_lock, self._lock:  # a batch switch in progress finishes first
+        with self._lock:
             if self._closed:
                 return
             self._closed = True

@@ -179,6 +179,23 @@ def test_closed_client(broker: Broker) -> None:
         client.transaction()
 
 
+def test_a_commit_through_a_closed_client_is_refused_and_abort_still_works(
+    broker: Broker,
+) -> None:
+    """A closed client is fatal (SPEC §5): a commit not yet asked is refused, nothing ends."""
+    client = broker.client()
+    txn = client.transaction()
+    client.producer("t").send(b"x", txn=txn)
+    client.close()
+    with pytest.raises(AlreadyClosedError, match="closed"):
+        txn.commit()
+    assert txn.state == "open"
+    txn.abort()  # clean-up still works
+    assert txn.state == "aborted"
+    reader = broker.client().subscribe("t", "r")
+    assert reader.receive(300) is None
+
+
 def test_txn_used_after_it_ended(client: Client) -> None:
     p = client.producer("t")
     c = client.subscribe("t", "s")

@@ -236,6 +236,10 @@ class Transaction:
                     txn_id=self.txn_id,
                     status=TxnStatus.ABORTED if commit else TxnStatus.COMMITTED,
                 )
+            if commit and state == OPEN:
+                # A closed client is fatal (SPEC §5): no new commit through it. Its open
+                # transactions time out (or abort); an end already asked may finish.
+                self.client.check_open()
             self._state = want if state in (OPEN, want) else state
             return True
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from txnstream import Broker, testing
+from txnstream import Broker, ManagedLedger, testing
+from txnstream.client import Producer
 from txnstream.errors import StorageError, StorageStoppedError, TransactionWriteFailed
 
 
@@ -165,6 +166,18 @@ def test_a_stalled_disk_does_not_hold_a_commit_past_its_end_timeout(
         assert reader.receive(200) is None
 
 
+def _stall_after_a_send(b: Broker) -> tuple[Producer, ManagedLedger]:
+    """Producer ``p`` on topic t with one durable message; then every sync of the disk waits.
+
+    The caller releases the stall (``testing.release_fault(ml, "sync")``).
+    """
+    p = b.client("stall").producer("t", name="p")
+    p.send(b"warm")
+    ml = b.topic("t").ml
+    testing.hold_fault(ml, "sync")
+    return p, ml
+
+
 @pytest.mark.parametrize("api", ["sync", "asyncio"])
 def test_a_send_the_stalled_disk_holds_times_out_typed_and_its_retry_is_deduplicated(
     tmp_path: Path, api: str
@@ -180,10 +193,7 @@ def test_a_send_the_stalled_disk_holds_times_out_typed_and_its_retry_is_deduplic
     from txnstream.errors import OperationTimeoutError
 
     with Broker.open(tmp_path, BrokerConfig(end_timeout_ms=500), registry=None) as b:
-        p = b.client("stall").producer("t", name="p")
-        p.send(b"warm")
-        ml = b.topic("t").ml
-        testing.hold_fault(ml, "sync")
+        p, ml = _stall_after_a_send(b)
         try:
             aio = b.client("aio").aio().producer("t")
 
@@ -219,10 +229,7 @@ def test_an_asyncio_retry_of_a_send_in_flight_waits_without_blocking_the_loop(
     from txnstream.errors import OperationTimeoutError
 
     with Broker.open(tmp_path, BrokerConfig(end_timeout_ms=1_000), registry=None) as b:
-        p = b.client("c").producer("t", name="p")
-        p.send(b"warm")
-        ml = b.topic("t").ml
-        testing.hold_fault(ml, "sync")
+        p, ml = _stall_after_a_send(b)
         try:
             first = p.send_async(b"x", sequence_id=5)  # in flight: its sync is held
             assert not first.cancel()  # the send goes ahead whatever the caller does

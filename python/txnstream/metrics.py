@@ -54,6 +54,7 @@ and for its clients' commits::
 
 from __future__ import annotations
 
+import bisect
 import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -477,7 +478,10 @@ class CommitTally:
 
     def merge(self, other: CommitTally) -> None:
         """Add ``other``'s counts to these."""
-        snap = other.snapshot()
+        self.add_snapshot(other.snapshot())
+
+    def add_snapshot(self, snap: Mapping[str, Any]) -> None:
+        """Add the counts of a :meth:`snapshot` to these."""
         with self._lock:
             self.commits += snap["commits"]
             self.aborts += snap["aborts"]
@@ -501,10 +505,7 @@ class CommitTally:
 
 def _bucket(bounds: Sequence[float], value: float) -> int:
     # Index of the first bucket whose upper bound holds ``value`` (last: +Inf).
-    for i, b in enumerate(bounds):
-        if value <= b:
-            return i
-    return len(bounds)
+    return bisect.bisect_left(bounds, value)
 
 
 class BrokerSource(Protocol):

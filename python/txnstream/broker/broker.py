@@ -87,8 +87,6 @@ from txnstream.errors import (
     TxnStreamError,
 )
 from txnstream.metrics import (
-    COMMIT_LATENCY_BOUNDS_MS,
-    COMMIT_WAIT_BOUNDS,
     CommitTally,
     register_broker,
     register_writer,
@@ -1039,22 +1037,12 @@ class Broker:
                 st = sub.pending.stats()
                 subs.append((name, st["transactions"], st["held_entries"], sub.backlog()))
             topics.append((t.full, tb.lag(), ongoing, aborted, subs))
-        waits = [0] * (len(COMMIT_WAIT_BOUNDS) + 1)
-        latency = [0] * (len(COMMIT_LATENCY_BOUNDS_MS) + 1)
-        counts: dict[str, float] = {"commits": 0, "aborts": 0, "latency_sum_ms": 0.0}
+        total = CommitTally()
         with self._lock:  # open clients and the closed ones' tally, at one moment
-            stats = [c.commit_stats() for c in self._clients.values()]
-            stats.append(self._retired.snapshot())
-        for cs in stats:
-            w: list[int] = cs["waits"]
-            lat: list[int] = cs["latency"]
-            for i, n in enumerate(w):
-                waits[i] += n
-            for i, n in enumerate(lat):
-                latency[i] += n
-            for k in counts:
-                counts[k] += cs[k]
-        return {"topics": topics, "waits": waits, "latency": latency, **counts}
+            for c in self._clients.values():
+                total.add_snapshot(c.commit_stats())
+            total.merge(self._retired)
+        return {"topics": topics, **total.snapshot()}
 
     # ------------------------------------------------------------ close
 

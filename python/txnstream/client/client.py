@@ -54,6 +54,7 @@ from txnstream._native import (
     encode_batch_message,
     encode_message,
 )
+from txnstream.broker.dedup import Where
 from txnstream.broker.subscription import ISOLATIONS, READ_COMMITTED, Row, Subscription
 from txnstream.broker.topic import EARLIEST, LATEST, Publish, Topic
 from txnstream.broker.topic_name import TopicName, subscription_arg
@@ -74,7 +75,7 @@ DEFAULT_NACK_DELAY_MS: Final = 60_000
 #: Longest a consumer sleeps between looks at its partitions when reading several.
 _MULTI_POLL_S: Final = 0.05
 #: Where a message went: (partition index, -1 if unpartitioned; partition's full name).
-Where = tuple[int, str]
+Route = tuple[int, str]
 
 _consumer_ids = itertools.count(1)
 
@@ -400,7 +401,7 @@ class Producer:
         key: str | None,
         sequence_id: object,
         txn: Transaction | None,
-    ) -> tuple[Where, Publish]:
+    ) -> tuple[Route, Publish]:
         # The sequence id is taken and the entry queued under the producer's
         # lock (queueing does not wait for I/O), so each partition sees this
         # producer's ids in ascending order.
@@ -437,14 +438,14 @@ class Producer:
                 txn._joined(written)
         return ((tn.partition if tn.is_partition else -1), tn.full), published
 
-    def _message_ids(self, where: Where, published: Publish, count: int) -> Future[list[MessageId]]:
+    def _message_ids(self, where: Route, published: Publish, count: int) -> Future[list[MessageId]]:
         # The ids of what _publish queued (or of the duplicate found), as a future.
         out: Future[list[MessageId]] = future.Future()
         out.set_running_or_notify_cancel()  # the write happens whatever the caller does
         dup = published.duplicate
         if dup is not None:
 
-            def found(at: tuple[int, int, int, int] | BaseException) -> None:
+            def found(at: Where | BaseException) -> None:
                 if isinstance(at, BaseException):
                     out.set_exception(at)
                     return
@@ -464,12 +465,9 @@ class Producer:
                 out.set_exception(exc)
                 return
             pos = f.result()
-            if count == 1:
-                out.set_result([MessageId(pos.ledger_id, pos.entry_id, 0, 1, *where)])
-            else:
-                out.set_result(
-                    [MessageId(pos.ledger_id, pos.entry_id, i, count, *where) for i in range(count)]
-                )
+            out.set_result(
+                [MessageId(pos.ledger_id, pos.entry_id, i, count, *where) for i in range(count)]
+            )
 
         src.add_done_callback(done)
         return out
@@ -481,7 +479,7 @@ class Producer:
         properties: Mapping[str, str] | None,
         txn: Transaction | None,
         sequence_id: int | None,
-    ) -> tuple[Where, Publish]:
+    ) -> tuple[Route, Publish]:
         # Validate and queue one message: (where it went, what the topic did).
         self._check()
         payload = _payload(value)

@@ -253,3 +253,44 @@ def test_an_asyncio_retry_of_a_send_in_flight_waits_without_blocking_the_loop(
         finally:
             testing.release_fault(ml, "sync")
         assert first.result(10) == p.send(b"x", sequence_id=5)  # one message, one id
+
+
+def test_an_asyncio_send_cancelled_or_left_by_its_closed_loop_is_written_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Cancelling an awaited send, or closing its loop, leaves the write alone.
+
+    The send's storage future finishes later, on the completion thread,
+    after its awaiter is gone (cancelled) or its loop is closed: that
+    completion must neither fail nor resolve a dead future, and each
+    message is written exactly once.
+    """
+    import asyncio
+
+    with Broker.open(tmp_path, registry=None) as b:
+        p, ml = _stall_after_a_send(b)
+        aio = b.client("aio").aio().producer("t")
+        try:
+
+            async def cancelled() -> None:
+                task = asyncio.create_task(aio.send(b"cancelled"))
+                await asyncio.sleep(0.05)  # queued; its sync is held
+                task.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+
+            asyncio.run(cancelled())
+            loop = asyncio.new_event_loop()
+            left = loop.create_task(aio.send(b"left"))
+            loop.run_until_complete(asyncio.sleep(0.05))
+            assert not left.done()
+            left.cancel()
+            loop.run_until_complete(asyncio.sleep(0))
+            loop.close()  # the write finishes after its loop is gone
+        finally:
+            testing.release_fault(ml, "sync")
+        got = b.client().subscribe("t", "s")
+        values = [m.value for m in iter(lambda: got.receive(500), None)]
+        assert values == [b"warm", b"cancelled", b"left"]
+        assert p.send(b"after").entry_id == 3  # the completion thread still runs
+    assert not [r for r in caplog.records if "callback" in r.getMessage()]  # none raised

@@ -1,8 +1,8 @@
 """The asyncio face of a client: ``client.aio()`` (SPEC §4.9).
 
 The same operations as the sync API, awaitable and never blocking the
-event loop: sends await the storage futures directly
-(``asyncio.wrap_future``); ``commit`` awaits the transaction's writes
+event loop: sends await the storage futures directly (one loop future
+and one timer per send, :func:`_settled`); ``commit`` awaits the transaction's writes
 through a callback and hands the end to the coordinator's asyncio front
 end, which ends all commits queued meanwhile in one bulk call; calls that
 wait on a condition (``receive`` when nothing is buffered, ``abort``) run
@@ -26,13 +26,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
+from txnstream.broker.broker import fork_count
 from txnstream.client.message import Message, MessageId
 from txnstream.client.transaction import Transaction
 from txnstream.coordinator import TxnAction, TxnID
@@ -58,6 +58,56 @@ T = TypeVar("T")
 def _resolve(fut: asyncio.Future[None]) -> None:
     if not fut.done():
         fut.set_result(None)
+
+
+def _time_out(fut: asyncio.Future[Any]) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError())
+
+
+def _copy_outcome(waiter: asyncio.Future[T], src: Future[T]) -> None:
+    if waiter.done():  # timed out or cancelled meanwhile
+        return
+    if src.cancelled():
+        waiter.cancel()
+    elif (exc := src.exception()) is not None:
+        waiter.set_exception(exc)
+    else:
+        waiter.set_result(src.result())
+
+
+async def _bounded(fut: asyncio.Future[T], timeout_s: float) -> T:
+    """``await fut``, raising :class:`TimeoutError` after ``timeout_s``.
+
+    One timer; ``asyncio.wait_for`` adds a second future and a task hook per
+    await, which the hot path (every send, every commit) does not need.
+    """
+    timer = asyncio.get_running_loop().call_later(max(0.0, timeout_s), _time_out, fut)
+    try:
+        return await fut
+    finally:
+        timer.cancel()
+
+
+async def _settled(src: Future[T], timeout_s: float) -> T:
+    """Await ``src``, a future another thread completes, for at most ``timeout_s``.
+
+    The completing thread posts the outcome to the loop with one
+    ``call_soon_threadsafe``: one loop future per await, where
+    ``asyncio.wait_for(asyncio.wrap_future(src))`` makes three futures and two
+    chained callbacks. A cancelled await leaves ``src`` alone.
+    """
+    if src.done():
+        return src.result()
+    loop = asyncio.get_running_loop()
+    waiter: asyncio.Future[T] = loop.create_future()
+
+    def post(done: Future[T]) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits
+            loop.call_soon_threadsafe(_copy_outcome, waiter, done)
+
+    src.add_done_callback(post)
+    return await _bounded(waiter, timeout_s)
 
 
 class _LoopWaker:
@@ -126,7 +176,7 @@ class AsyncTransaction:
             waits += 1
             phases.append("written")
             try:
-                await asyncio.wait_for(written, max(0.0, deadline - time.monotonic()))
+                await _bounded(written, deadline - time.monotonic())
             except TimeoutError:
                 raise txn._writes_pending() from None
         if txn._failed is not None:
@@ -185,12 +235,10 @@ class AsyncProducer:
         timeout_ms = sync.client.end_timeout_ms
         try:
             if src is None:  # a duplicate: its original id
-                ids = await asyncio.wait_for(
-                    asyncio.wrap_future(sync._message_ids(where, published, 1)), timeout_ms / 1000
-                )
+                ids = await _settled(sync._message_ids(where, published, 1), timeout_ms / 1000)
                 return ids[0]
             # Straight from the storage future: no intermediate futures per send.
-            pos = await asyncio.wait_for(asyncio.wrap_future(src), timeout_ms / 1000)
+            pos = await _settled(src, timeout_ms / 1000)
         except TimeoutError:  # a stalled disk: bounded as the sync send is
             raise send_timed_out(f"send to {sync.topic}", timeout_ms) from None
         return MessageId(pos.ledger_id, pos.entry_id, 0, 1, *where)
@@ -320,16 +368,16 @@ class AsyncClient:
         #: The sync client.
         self.sync = client
         self._pool = ThreadPoolExecutor(AIO_THREADS, thread_name_prefix="txnstream-aio")
-        self._pid = os.getpid()
+        self._forks = fork_count()
 
     def _submit(self, call: Callable[[], T]) -> Future[T]:
         # The client's pool; once the client closed (the pool is shut down), a
         # thread of its own, so an abort or the end of ``async with`` still runs.
-        if os.getpid() != self._pid:
+        if fork_count() != self._forks:
             # A forked child has none of the pool's threads (its queue would
             # never run): a new pool, where the call fails fast as in the parent.
             self._pool = ThreadPoolExecutor(AIO_THREADS, thread_name_prefix="txnstream-aio")
-            self._pid = os.getpid()
+            self._forks = fork_count()
         try:
             return self._pool.submit(call)
         except RuntimeError:

@@ -25,6 +25,7 @@ from txnstream.errors import (
     InvalidArgumentError,
     TransactionAlreadyAborted,
     TransactionAlreadyCommitted,
+    TxnStreamError,
 )
 
 DEADLINE_S = 10.0
@@ -390,6 +391,64 @@ def test_dedup_of_a_batch_that_partly_repeats_sent_ids_raises_and_writes_nothing
     assert broker.topic("t").ml.entry_count() == 2
     got = values(drain(broker.client().subscribe("t", "s")))
     assert got == [b"a3", b"a4", b"a5", b"b6", b"b7"]
+
+
+def test_dedup_retry_of_a_batch_after_a_snapshot_that_cut_it_gets_its_ids(broker: Broker) -> None:
+    # A snapshot reads the newest 128 messages: its cut fell inside the batch,
+    # and the batch's messages learned their entry unevenly. The retry was
+    # refused ("5 went elsewhere") instead of answered with the original ids.
+    p = broker.client().producer("t", name="p")
+    batch = p.send_many([b"x%d" % i for i in range(10)])  # sequence ids 0..9, one entry
+    for _ in range(123):  # 10..132: the snapshot's newest 128 are 5..132
+        p.send(b"y")
+    broker.write_snapshots(due_only=False)  # as the broker's maintenance does on its own
+    assert p.send_many([b"x%d" % i for i in range(10)], sequence_id=0) == batch
+
+
+def test_dedup_an_aborted_id_stays_sendable_after_a_refused_resend(broker: Broker) -> None:
+    # Re-sending an aborted message's id in a transaction that had ended was
+    # refused, and the refusal forgot the id had aborted: every later re-send
+    # raised DuplicateSequenceError, and the message could never be written.
+    client = broker.client()
+    p = client.producer("t", name="p")
+    t1 = client.transaction()
+    p.send(b"out-0", txn=t1, sequence_id=0)
+    t1.abort()
+    t2 = client.transaction()
+    p.send(b"out-1", txn=t2, sequence_id=1)
+    broker.admin.force_abort(t2.txn_id)
+    with pytest.raises(TxnStreamError):
+        p.send(b"out-0", txn=t2, sequence_id=0)  # refused: t2 ended
+    assert p.last_sequence_id == 1
+    t3 = client.transaction()
+    p.send(b"out-0", txn=t3, sequence_id=0)
+    t3.commit()
+    assert values(drain(client.subscribe("t", "s", initial_position="earliest"))) == [b"out-0"]
+
+
+def test_dedup_a_batch_whose_first_id_aborted_never_rewrites_persisted_ids(
+    broker: Broker,
+) -> None:
+    # The batch's first id aborted, so the whole batch used to be written
+    # again: ids 1 and 2, already persisted, were delivered twice. Now it is
+    # written only if every id in it is gone or new; else nothing is.
+    client = broker.client()
+    p = client.producer("t", name="p")
+    t1 = client.transaction()
+    p.send(b"a", txn=t1, sequence_id=0)
+    t1.abort()
+    p.send(b"b", sequence_id=1)
+    p.send(b"c", sequence_id=2)
+    with pytest.raises(DuplicateSequenceError, match="1 was written; nothing is written"):
+        p.send_many([b"a", b"b", b"c"], sequence_id=0)
+    t2 = client.transaction()
+    p.send(b"d", txn=t2, sequence_id=3)
+    t2.abort()
+    again = p.send_many([b"a", b"d", b"e"], sequence_id=3)  # 3 aborted; 4, 5 new
+    assert len(again) == 3
+    p.send(b"a", sequence_id=0)  # still sendable alone
+    got = values(drain(client.subscribe("t", "s", initial_position="earliest")))
+    assert got == [b"b", b"c", b"a", b"d", b"e", b"a"]
 
 
 def test_dedup_across_restart(tmp_path: Path) -> None:
@@ -1055,8 +1114,9 @@ def test_a_clean_close_makes_batched_records_durable(tmp_path: Path) -> None:
         assert again is not None and again.value == b"m"  # released, redelivered
 
 
+@pytest.mark.parametrize("neighbour_fails", [False, True])
 def test_maintenance_unpins_a_partition_its_transactions_coordinator_forgot(
-    broker: Broker,
+    broker: Broker, neighbour_fails: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A crash can lose the record naming a partition (an ADD still batched)
     # while the message there is durable: the coordinator then ends the
@@ -1064,6 +1124,8 @@ def test_maintenance_unpins_a_partition_its_transactions_coordinator_forgot(
     # message is put there directly, the coordinator never told. A
     # maintenance sweep asks about transactions ongoing across two sweeps
     # and ends this one as recovery would (aborted: it was aborted).
+    # neighbour_fails: the sweep of the topic loaded before it raises every
+    # time; that stopped every later topic's sweep, round after round.
     from txnstream._native import encode_message
 
     client = broker.client()
@@ -1080,6 +1142,13 @@ def test_maintenance_unpins_a_partition_its_transactions_coordinator_forgot(
     client.producer("b").send(b"after")
     reader = client.subscribe("b", "r")
     assert reader.receive(200) is None  # pinned behind the orphan
+    if neighbour_fails:
+        assert broker.loaded_topics()[0].full.endswith("/a")
+
+        def broken() -> int:
+            raise RuntimeError("this topic's sweep fails")
+
+        monkeypatch.setattr(broker.topic("a"), "sweep_orphans", broken)
     for _ in range(2):  # seen at two sweeps in a row
         broker._next_orphan_sweep = 0.0
         broker.maintain_now()

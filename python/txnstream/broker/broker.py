@@ -1040,7 +1040,11 @@ class Broker:
         if now >= self._next_orphan_sweep:
             self._next_orphan_sweep = now + ORPHAN_SWEEP_S
             for t in self.loaded_topics():
-                t.sweep_orphans()
+                try:
+                    t.sweep_orphans()
+                except Exception:  # one topic's failure must not stop the others' sweeps
+                    if not self._closed:
+                        log.exception("%s: sweeping orphaned transactions", t.full)
 
     # ------------------------------------------------------------ metrics
 

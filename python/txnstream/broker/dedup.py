@@ -104,6 +104,26 @@ class Sent:
             self.pending = None
         return entry
 
+    def placement(self) -> Position | Future[Position] | None:
+        """Return its entry if known, else the append's future (None: it failed)."""
+        if self.entry is not None:
+            return self.entry
+        p = self.pending
+        if p is not None and p.done():
+            return None if p.exception() is not None else p.result()
+        return p
+
+    def in_entry_of(self, other: Sent) -> bool:
+        """Return True if it went to the same entry as ``other`` (known or in flight).
+
+        Either one may have learned its entry already (:meth:`durable_entry`)
+        and the other not: compare where they went, not how it is recorded.
+        """
+        if self.pending is not None and self.pending is other.pending:
+            return True
+        mine = self.placement()
+        return mine is not None and mine == other.placement()
+
     def when_placed(self, done: Callable[[Where | BaseException], object]) -> None:
         """Call ``done`` with where the message is, or its append's error; never waits.
 
@@ -155,6 +175,11 @@ class Deduplication:
         self._forgotten: set[TxnKey] = set()
         #: Window entries the snapshots looked at (counts the work a snapshot does).
         self.snapshot_scanned = 0
+        # What the last claim that said "write it" changed, until :meth:`placed`
+        # or :meth:`failed` (the caller holds the publish lock from claim to
+        # those): the producer, its previous highest id, the messages it
+        # forgot. A failed write puts them back: its ids stay sendable.
+        self._undo: tuple[str, int, list[tuple[int, Sent]]] | None = None
 
     def _get(self, name: str) -> _Producer:
         p = self._producers.get(name)
@@ -229,16 +254,14 @@ class Deduplication:
         :class:`TransactionConflictError` for one held by another open
         transaction.
         """
+        self._undo = None
         first = sequence_ids[0]
         p = self._get(producer)
         if first > p.last:
+            self._undo = (producer, p.last, [])
             p.last = sequence_ids[-1]
             return None
         sent = p.window.get(first)
-        if sent is not None and sent.failed():  # never written: send it again
-            for seq in sequence_ids:
-                self._drop(producer, p, seq)
-            return None
         if sent is None:
             raise DuplicateSequenceError(
                 f"producer {producer!r} already sent sequence id {first} (the highest is "
@@ -249,12 +272,13 @@ class Deduplication:
                 producer_name=producer,
                 sequence_id=first,
             )
+        if sent.failed():  # never written: send it again
+            self._send_again(producer, p, sequence_ids, txn_state)
+            return None
         if sent.txn is not None and sent.txn != txn:
             state = ABORTED if sent.aborted else txn_state(sent.txn)
-            if state == ABORTED:
-                for seq in sequence_ids:
-                    self._drop(producer, p, seq)
-                p.last = max(p.last, sequence_ids[-1])
+            if state == ABORTED:  # gone: its ids may be sent again
+                self._send_again(producer, p, sequence_ids, txn_state)
                 return None
             if state == OPEN:
                 raise TransactionConflictError(
@@ -267,6 +291,50 @@ class Deduplication:
         self.duplicates += 1
         return sent
 
+    def _send_again(
+        self,
+        producer: str,
+        p: _Producer,
+        sequence_ids: list[int],
+        txn_state: Callable[[TxnKey], str],
+    ) -> None:
+        # The first id's message is gone (its transaction aborted, or its
+        # append failed): the send is written again if EVERY id of it is gone
+        # or new. An id whose message persisted (or is unknown: older than the
+        # window) must not be written twice: then nothing is, and it raises.
+        states: dict[TxnKey, str] = {}
+        for seq in sequence_ids:
+            if seq > p.last:
+                break  # ascending: the rest are new too
+            old = p.window.get(seq)
+            gone = old is not None and old.failed()
+            if old is not None and not gone and old.txn is not None:
+                if old.aborted:
+                    gone = True
+                else:
+                    state = states.get(old.txn)
+                    if state is None:
+                        state = states[old.txn] = txn_state(old.txn)
+                    gone = state == ABORTED
+            if not gone:
+                raise DuplicateSequenceError(
+                    f"producer {producer!r}: sequence ids {sequence_ids[0]}..{sequence_ids[-1]} "
+                    f"are not one earlier send: {sequence_ids[0]} may be sent again (its "
+                    f"message is gone), but {seq} "
+                    + ("was written" if old is not None else "is not remembered")
+                    + "; nothing is written",
+                    producer_name=producer,
+                    sequence_id=seq,
+                )
+        dropped = []
+        for seq in sequence_ids:
+            old = p.window.get(seq)
+            if old is not None:
+                self._drop(producer, p, seq)
+                dropped.append((seq, old))
+        self._undo = (producer, p.last, dropped)
+        p.last = max(p.last, sequence_ids[-1])
+
     def _check_same_entry(
         self, producer: str, p: _Producer, sequence_ids: list[int], sent: Sent
     ) -> None:
@@ -275,12 +343,7 @@ class Deduplication:
         # ids of other entries) must not be acknowledged as sent: raise.
         for k, seq in enumerate(sequence_ids[1:], start=1):
             other = p.window.get(seq)
-            same = (
-                other is not None
-                and other.entry == sent.entry
-                and other.pending is sent.pending
-                and other.index == sent.index + k
-            )
+            same = other is not None and other.index == sent.index + k and other.in_entry_of(sent)
             if not same:
                 new = [s for s in sequence_ids if s > p.last]
                 raise DuplicateSequenceError(
@@ -308,6 +371,7 @@ class Deduplication:
         position is known before the entry is durable (a transactional
         send), says when it is.
         """
+        self._undo = None
         p = self._get(producer)
         size = len(sequence_ids) if batched else 1
         for i, seq in enumerate(sequence_ids):
@@ -317,15 +381,21 @@ class Deduplication:
             p.last = sequence_ids[-1]
 
     def failed(self, producer: str, sequence_ids: list[int]) -> None:
-        """Free the ids of a claimed send that failed to be queued (they may be sent again)."""
-        p = self._producers.get(producer)
-        if p is None:
+        """Undo the claim of a send that failed to be queued: its ids may be sent again.
+
+        What the claim changed comes back: the producer's highest id, and
+        the gone messages (aborted or failed) it forgot to write them again.
+        """
+        undo, self._undo = self._undo, None
+        if undo is None or undo[0] != producer:
             return
+        _name, last, dropped = undo
+        p = self._get(producer)
         for seq in sequence_ids:
             self._drop(producer, p, seq)
-        if p.last == sequence_ids[-1]:
-            rest = [s for s in p.window if s < sequence_ids[0]]
-            p.last = max(rest) if rest else sequence_ids[0] - 1
+        for seq, old in dropped:
+            self._put(producer, p, seq, old)
+        p.last = last
 
     def replayed(
         self, producer: str, sequence_ids: list[int], txn: TxnKey | None, entry: Position

@@ -173,6 +173,14 @@ pub fn scan_ledger<C: RecordColumns>(
     max_rows: usize,
 ) -> Result<ScannedRows<C>> {
     let mut out = ScannedRows::<C>::new();
+    // Only what the ledger holds now: a `last` far past its end (or a ledger
+    // gone or never there) would step through empty windows up to `last`.
+    let Some(count) = ml.ledgers().iter().find(|l| l.0 == ledger_id).map(|l| l.1) else {
+        return Ok(out);
+    };
+    let Some(last) = count.checked_sub(1).map(|end| end.min(last)) else {
+        return Ok(out);
+    };
     if first > last {
         return Ok(out);
     }

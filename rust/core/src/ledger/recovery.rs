@@ -165,6 +165,13 @@ impl Store {
                 let name = std::str::from_utf8(seen.body)
                     .map_err(|_| bad("managed ledger name is not UTF-8".to_owned()))?
                     .to_owned();
+                // The catalog refuses u64::MAX (no next id after it): so does this.
+                let Some(next_id) = h.ml.checked_add(1) else {
+                    return Err(bad(format!(
+                        "managed ledger {name:?} has a bad id {}",
+                        h.ml
+                    )));
+                };
                 let mut mls = self.mls.write();
                 if mls.contains_key(&h.ml) {
                     return Ok(Vec::new());
@@ -185,7 +192,7 @@ impl Store {
                 ));
                 names.insert(name, h.ml);
                 mls.insert(h.ml, ml);
-                self.next_ml_id.fetch_max(h.ml + 1, Ordering::AcqRel);
+                self.next_ml_id.fetch_max(next_id, Ordering::AcqRel);
                 Ok(Vec::new())
             }
             Kind::MlDelete => {

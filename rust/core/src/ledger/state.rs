@@ -484,8 +484,14 @@ impl MlState {
         for info in &s.ledgers {
             let file_entries = info.file_entries.unwrap_or(0);
             let file_bytes = info.size_bytes.unwrap_or(ledger_file::HEADER_LEN);
+            // Every entry in the files takes a record header there: a count the
+            // file cannot hold is damage, not a size to trust (reads would
+            // compute offsets from it).
+            let fits = (file_bytes - ledger_file::HEADER_LEN.min(file_bytes))
+                / ledger_file::RECORD_HEADER_LEN as u64;
             if info.entries.is_some_and(|n| n < file_entries)
-                || file_bytes < ledger_file::HEADER_LEN
+                || !(ledger_file::HEADER_LEN..=ledger_file::MAX_LOG_BYTES).contains(&file_bytes)
+                || file_entries > fits
             {
                 return Err(
                     self.bad_catalog(format!("ledger {} has inconsistent counts", info.ledger_id))
@@ -650,6 +656,9 @@ impl MlState {
                 out.appended = true;
             }
             Kind::LedgerOpen => {
+                let Some(next_id) = head.a.checked_add(1) else {
+                    return Err(bad(format!("ledger id {} opened", head.a)));
+                };
                 let mut ledgers = self.ledgers.write();
                 if ledgers.contains_key(&head.a) || head.a < m.next_ledger_id {
                     return Ok(out);
@@ -659,7 +668,7 @@ impl MlState {
                 }
                 ledgers.insert(head.a, LedgerState::new());
                 m.active = Some(head.a);
-                m.next_ledger_id = head.a + 1;
+                m.next_ledger_id = next_id;
             }
             Kind::Seal => {
                 let mut ledgers = self.ledgers.write();
@@ -705,6 +714,9 @@ impl MlState {
                 }
             }
             Kind::ReplaceBegin => {
+                if head.a == u64::MAX {
+                    return Err(bad(format!("compaction into ledger id {}", head.a)));
+                }
                 if self.ledgers.read().contains_key(&head.a) || head.a < m.next_ledger_id {
                     return Ok(out); // the catalog has it already
                 }
@@ -726,7 +738,7 @@ impl MlState {
                 ledgers.clear();
                 ledgers.insert(id, l);
                 m.active = None;
-                m.next_ledger_id = id + 1;
+                m.next_ledger_id = id.saturating_add(1); // not u64::MAX: ReplaceBegin refused it
                 out.appended = n > 0;
             }
             Kind::SetCompacted => m.compacted = true,
@@ -847,7 +859,10 @@ impl MlState {
                 let ledgers = self.ledgers.read();
                 match ledgers.get(&ledger) {
                     None => Err(Position::new(ledger, first)),
-                    Some(l) if first + n > l.count => Err(Position::new(ledger, first + n - 1)),
+                    // Checked: `first` may come from a caller (u64::MAX reads nothing).
+                    Some(l) if first.checked_add(n).is_none_or(|end| end > l.count) => {
+                        Err(Position::new(ledger, first.saturating_add(n - 1)))
+                    }
                     Some(l) => {
                         let in_files = l.file_entries.saturating_sub(first).min(n);
                         let from = (first + in_files).saturating_sub(l.file_entries) as usize;

@@ -165,3 +165,34 @@ def test_type_errors_name_the_argument() -> None:
     ]
     with pytest.raises(TypeError, match="not a single bytes object"):
         frame.encode_batch(b"abc")  # type: ignore[arg-type]
+
+
+def test_arrow_calls_copy_a_read_only_view_that_can_still_change() -> None:
+    # A read-only memoryview of a bytearray is "read-only" yet changes with
+    # the bytearray: it was read in place with the GIL released while another
+    # thread rewrote it, and calls saw half old, half new bytes. Each call
+    # must see one whole state: all values batched, or none.
+    import threading
+
+    import numpy as np
+
+    n = 2_000_000
+    batched, plain = b"\x0e\x01" * n, b"\x08\x01" * n
+    buf = bytearray(batched)
+    view = memoryview(buf).toreadonly()
+    offsets = np.arange(0, 2 * n + 1, 2, dtype=np.int32).tobytes()
+    stop = threading.Event()
+
+    def flip() -> None:
+        while not stop.is_set():
+            buf[:] = plain  # each assignment is whole under the GIL
+            buf[:] = batched
+
+    t = threading.Thread(target=flip)
+    t.start()
+    try:
+        seen = [int(ts._native.arrow_is_batched(offsets, view, 4, 0, n).sum()) for _ in range(20)]
+    finally:
+        stop.set()
+        t.join()
+    assert all(s in (0, n) for s in seen), seen

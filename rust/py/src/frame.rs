@@ -185,21 +185,24 @@ pub fn decode_pending_ack_columns<'py>(
 // ------------------------------------------------- Arrow-batched (Spark UDFs)
 
 /// The bytes of a buffer object (``bytes``, a ``pyarrow.Buffer``, a
-/// memoryview, a numpy array...). A read-only buffer is used in place; a
-/// writable one is copied once while the GIL is held, since it could change
-/// under work done with the GIL released (as `buffers.rs` does for records).
-pub(crate) enum RawBytes {
-    /// A read-only exporter's memory, kept alive by the buffer view.
-    Unsigned(PyBuffer<u8>),
-    /// Same, for exporters that describe their bytes as signed chars (Arrow).
-    Signed(PyBuffer<i8>),
-    /// A copy of a writable buffer.
+/// memoryview, a numpy array...). ``bytes`` are used in place (immutable);
+/// any other buffer is copied once while the GIL is held, as `buffers.rs`
+/// does for records. A read-only flag is no promise: a read-only memoryview
+/// of a ``bytearray`` changes whenever the ``bytearray`` does, and the work
+/// on these bytes runs with the GIL released.
+pub(crate) enum RawBytes<'py> {
+    /// An immutable ``bytes`` object.
+    Bytes(Bound<'py, PyBytes>),
+    /// A copy of any other buffer.
     Owned(Vec<u8>),
 }
 
-impl RawBytes {
-    /// Takes the buffer of `obj`; `what` names the argument in errors.
-    pub(crate) fn of(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<Self> {
+impl<'py> RawBytes<'py> {
+    /// Takes the bytes of `obj`; `what` names the argument in errors.
+    pub(crate) fn of(obj: &Bound<'py, PyAny>, what: &str) -> BindResult<Self> {
+        if let Ok(b) = obj.cast::<PyBytes>() {
+            return Ok(Self::Bytes(b.clone()));
+        }
         let not_buffer = || {
             txnstream_core::Error::invalid(format!(
                 "{what} must be a C-contiguous buffer of bytes (bytes, pyarrow.Buffer, \
@@ -209,62 +212,44 @@ impl RawBytes {
                     .map_or_else(|_| "?".to_owned(), |n| n.to_string())
             ))
         };
-        let raw = match PyBuffer::<u8>::get(obj) {
-            Ok(b) => Self::Unsigned(b),
-            Err(_) => Self::Signed(PyBuffer::<i8>::get(obj).map_err(|_| not_buffer())?),
-        };
-        let (contiguous, readonly) = match &raw {
-            Self::Unsigned(b) => (b.is_c_contiguous(), b.readonly()),
-            Self::Signed(b) => (b.is_c_contiguous(), b.readonly()),
-            Self::Owned(_) => (true, true),
-        };
-        if !contiguous {
-            return Err(not_buffer().into());
-        }
-        if readonly {
-            return Ok(raw);
-        }
-        let copy = match &raw {
-            Self::Unsigned(b) => b.to_vec(obj.py())?,
-            Self::Signed(b) => b.to_vec(obj.py())?.into_iter().map(|v| v as u8).collect(),
-            Self::Owned(v) => v.clone(),
+        let copy = match PyBuffer::<u8>::get(obj) {
+            Ok(b) if b.is_c_contiguous() => b.to_vec(obj.py())?,
+            Ok(_) => return Err(not_buffer().into()),
+            // Exporters that describe their bytes as signed chars (Arrow).
+            Err(_) => {
+                let b = PyBuffer::<i8>::get(obj).map_err(|_| not_buffer())?;
+                if !b.is_c_contiguous() {
+                    return Err(not_buffer().into());
+                }
+                b.to_vec(obj.py())?.into_iter().map(|v| v as u8).collect()
+            }
         };
         Ok(Self::Owned(copy))
     }
 
-    /// The bytes.
+    /// The bytes: immutable while `self` lives, so slices of them may be
+    /// read with the GIL released.
     pub(crate) fn as_slice(&self) -> &[u8] {
         match self {
-            // SAFETY: the view is C-contiguous (checked in `of`) and spans
-            // `len_bytes()` bytes from `buf_ptr()`; the PyBuffer keeps its
-            // exporter alive for as long as `self` lives. It is read-only:
-            // such exporters (bytes, Arrow buffers read from IPC) never change
-            // their memory, so reading it with the GIL released is sound.
-            Self::Unsigned(b) => unsafe {
-                std::slice::from_raw_parts(b.buf_ptr() as *const u8, b.len_bytes())
-            },
-            // SAFETY: as above; i8 and u8 have the same size and layout.
-            Self::Signed(b) => unsafe {
-                std::slice::from_raw_parts(b.buf_ptr() as *const u8, b.len_bytes())
-            },
+            Self::Bytes(b) => b.as_bytes(),
             Self::Owned(v) => v,
         }
     }
 }
 
 /// An Arrow ``binary``/``large_binary`` array given by its buffers.
-struct ArrowBinary {
-    offsets: RawBytes,
-    data: RawBytes,
+struct ArrowBinary<'py> {
+    offsets: RawBytes<'py>,
+    data: RawBytes<'py>,
     width: usize,
     start: usize,
     len: usize,
 }
 
-impl ArrowBinary {
+impl<'py> ArrowBinary<'py> {
     fn of(
-        offsets: &Bound<'_, PyAny>,
-        data: &Bound<'_, PyAny>,
+        offsets: &Bound<'py, PyAny>,
+        data: &Bound<'py, PyAny>,
         offset_width: &Bound<'_, PyAny>,
         start: &Bound<'_, PyAny>,
         length: &Bound<'_, PyAny>,
@@ -345,9 +330,8 @@ pub fn arrow_is_batched<'py>(
     length: &Bound<'py, PyAny>,
 ) -> BindResult<Bound<'py, PyArray1<bool>>> {
     let a = ArrowBinary::of(offsets, data, offset_width, offset, length)?;
-    let out = py.detach(|| -> txnstream_core::Result<Vec<bool>> {
-        Ok(a.values()?.iter().map(|e| frame::is_batched(e)).collect())
-    })?;
+    let values = a.values()?; // slices of immutable bytes: readable without the GIL
+    let out: Vec<bool> = py.detach(|| values.iter().map(|e| frame::is_batched(e)).collect());
     Ok(out.into_pyarray(py))
 }
 
@@ -365,7 +349,8 @@ pub fn arrow_decode_entries<'py>(
     length: &Bound<'py, PyAny>,
 ) -> BindResult<Bound<'py, PyDict>> {
     let a = ArrowBinary::of(offsets, data, offset_width, offset, length)?;
-    let l = py.detach(|| frame::decode_entry_lists(&a.values()?))?;
+    let values = a.values()?;
+    let l = py.detach(|| frame::decode_entry_lists(&values))?;
     let d = PyDict::new(py);
     d.set_item("data", PyBytes::new(py, &l.flat.data))?;
     d.set_item("offsets", l.flat.offsets.into_pyarray(py))?;
@@ -388,7 +373,8 @@ pub fn arrow_txn_log_columns<'py>(
     length: &Bound<'py, PyAny>,
 ) -> BindResult<Bound<'py, PyDict>> {
     let a = ArrowBinary::of(offsets, data, offset_width, offset, length)?;
-    let l = py.detach(|| columns::decode_lenient::<columns::TxnLogColumns>(&a.values()?))?;
+    let values = a.values()?;
+    let l = py.detach(|| columns::decode_lenient::<columns::TxnLogColumns>(&values))?;
     Ok(lenient_txn_dict(py, l)?)
 }
 
@@ -403,6 +389,7 @@ pub fn arrow_pending_ack_columns<'py>(
     length: &Bound<'py, PyAny>,
 ) -> BindResult<Bound<'py, PyDict>> {
     let a = ArrowBinary::of(offsets, data, offset_width, offset, length)?;
-    let l = py.detach(|| columns::decode_lenient::<columns::PendingAckColumns>(&a.values()?))?;
+    let values = a.values()?;
+    let l = py.detach(|| columns::decode_lenient::<columns::PendingAckColumns>(&values))?;
     Ok(lenient_pending_ack_dict(py, l)?)
 }

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Iterator
@@ -11,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from txnstream import BufferedWriter, ManagedLedger, TxnPosition, frame, testing
+from txnstream import errors as ts_errors
 from txnstream.errors import (
     ConfigError,
     InvalidArgumentError,
@@ -182,6 +184,43 @@ def test_blocking_write_releases_the_gil(ml: ManagedLedger) -> None:
     t.join()
     assert read_back(ml, p) == rec(1)
     assert progressed > 20, "another Python thread must run while we wait"
+
+
+def test_a_write_that_flushes_a_batch_into_a_full_queue_releases_the_gil(
+    tmp_path: Path,
+) -> None:
+    # The record alone fits the journal's queue, but the write submits the
+    # 600 kB batch being filled with it, which waits for room (the disk is
+    # stalled) until the append timeout: it used to wait holding the GIL,
+    # and every other Python thread stopped for those 2 seconds.
+    ml = ManagedLedger.open(str(tmp_path), "t", max_pending_bytes=1 << 20, append_timeout_ms=2_000)
+    w = BufferedWriter(ml, max_records=1000, max_size=600_000, max_delay_ms=HOUR_MS)
+    testing.hold_fault(ml, "sync")
+    try:
+        ml.append_async(b"a" * 600_000)  # 600 kB of the 1 MiB queue, held by the stall
+        w.write(b"b" * 300_000)  # joins the batch
+        ticks = 0
+        stop = threading.Event()
+
+        def spin() -> None:
+            nonlocal ticks
+            while not stop.is_set():
+                ticks += 1
+                time.sleep(0.001)
+
+        t = threading.Thread(target=spin)
+        t.start()
+        time.sleep(0.05)
+        before = ticks
+        with contextlib.suppress(ts_errors.TxnStreamError):
+            w.write(b"c" * 300_000)  # a full batch: submitted, and it waits for room
+        progressed = ticks - before
+        stop.set()
+        t.join()
+    finally:
+        testing.release_fault(ml, "sync")
+    assert progressed > 20, "another Python thread must run while the write waits"
+    ml.close()
 
 
 def test_blocking_timeout(ml: ManagedLedger) -> None:

@@ -63,6 +63,19 @@ impl<T: ?Sized> Mutex<T> {
         }
     }
 
+    /// Locks if the lock is free now; `None` if another thread holds it.
+    pub fn try_lock(&self) -> Option<MutexGuard<'_, T>> {
+        let inner = match self.0.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        Some(MutexGuard {
+            lock: self,
+            inner: Some(inner),
+        })
+    }
+
     /// The value through `&mut` (no lock needed).
     pub fn get_mut(&mut self) -> &mut T {
         self.0.get_mut().unwrap_or_else(PoisonError::into_inner)

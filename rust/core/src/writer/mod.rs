@@ -418,9 +418,17 @@ impl BufferedWriter {
     }
 
     /// True if a record of `len` bytes would be written without waiting for
-    /// room in the sink (a hint: see [`EntrySink::has_room`]).
+    /// room in the sink (a hint: see [`EntrySink::has_room`]). The write may
+    /// submit the batch being filled along with it, so that counts too; and
+    /// a writer busy in another thread (which may be waiting for room while
+    /// it holds the writer) counts as no room.
     pub fn has_room(&self, len: usize) -> bool {
-        self.inner.sink.has_room(len)
+        let Some(st) = self.inner.state.try_lock() else {
+            return false;
+        };
+        let batched = st.batch.entry.len();
+        drop(st);
+        self.inner.sink.has_room(len.saturating_add(batched))
     }
 
     /// Writes one record; `done` runs exactly once with its position once

@@ -8,7 +8,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import txnstream as ts
-from txnstream import ackset
+from txnstream import _native, ackset
 
 MASK64 = (1 << 64) - 1
 
@@ -180,3 +180,6 @@ def test_bulk_rows_without_words_give_one_result_each() -> None:
     empty = np.zeros((3, 0), dtype=np.int64)
     assert ackset.cardinality_many(empty).tolist() == [0, 0, 0]
     assert ackset.is_empty_many(empty).tolist() == [True, True, True]
+    # The native functions too (they returned no rows for zero words).
+    assert _native.ackset_cardinality_many(empty).tolist() == [0, 0, 0]
+    assert _native.ackset_is_empty_many(empty).tolist() == [True, True, True]

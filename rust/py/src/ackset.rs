@@ -156,8 +156,9 @@ pub fn ackset_cardinality_many<'py>(
     words: PyReadonlyArray2<'py, i64>,
 ) -> BindResult<Bound<'py, PyArray1<u32>>> {
     let (w, width) = flat2(&words);
-    if w.is_empty() {
-        return Ok(Vec::<u32>::new().into_pyarray(py));
+    if width == 0 {
+        // Zero words per row: every record deleted, none present.
+        return Ok(vec![0u32; words.shape()[0]].into_pyarray(py));
     }
     Ok(py.detach(|| rows::cardinality(&w, width))?.into_pyarray(py))
 }
@@ -169,8 +170,8 @@ pub fn ackset_is_empty_many<'py>(
     words: PyReadonlyArray2<'py, i64>,
 ) -> BindResult<Bound<'py, PyArray1<bool>>> {
     let (w, width) = flat2(&words);
-    if w.is_empty() {
-        return Ok(Vec::<bool>::new().into_pyarray(py));
+    if width == 0 {
+        return Ok(vec![true; words.shape()[0]].into_pyarray(py)); // nothing left in any row
     }
     Ok(py.detach(|| rows::is_empty(&w, width))?.into_pyarray(py))
 }

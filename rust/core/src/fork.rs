@@ -108,9 +108,12 @@ extern "C" fn child() {
 /// Registers the fork handlers (once per process).
 pub fn install() {
     INSTALL.call_once(|| {
-        // SAFETY: the handlers are plain `extern "C"` functions that touch
-        // only an atomic and a lock this module owns; registering them has
-        // no other effect.
+        // SAFETY: the handlers are plain `extern "C"` functions that never
+        // unwind. They touch only state this module owns: an atomic, a lock
+        // (taken in `prepare`, released on the same thread in `parent` or
+        // `child`) kept in a thread-local of the forking thread, and, in the
+        // child, the writer-lock descriptors (`open`/`dup2`/`close`, which
+        // are async-signal-safe). Registering them has no other effect.
         unsafe {
             libc::pthread_atfork(Some(prepare), Some(parent), Some(child));
         }

@@ -141,3 +141,17 @@ fn a_catalog_count_its_files_cannot_hold_is_damage() {
     let err = ManagedLedger::open(dir.path(), "t", opts()).map(|_| ());
     assert!(matches!(err, Err(Error::CorruptLedger { .. })), "{err:?}");
 }
+
+#[test]
+fn an_entry_reference_larger_than_any_entry_is_malformed() {
+    // Readers allocate the length it names before reading (4 GiB here).
+    let at = |len: u32| journal::EntryRef {
+        offset: 32,
+        len,
+        crc: 0,
+    };
+    let max = u32::try_from(txnstream_core::ledger::MAX_ENTRY_SIZE).unwrap();
+    assert!(journal::EntryRef::decode(&at(max).encode()).is_some());
+    assert!(journal::EntryRef::decode(&at(max + 1).encode()).is_none());
+    assert!(journal::EntryRef::decode(&at(u32::MAX).encode()).is_none());
+}

@@ -120,13 +120,15 @@ impl EntryRef {
         b
     }
 
-    /// Decodes a record body; `None` if it is not 16 bytes.
+    /// Decodes a record body; `None` if it is not 16 bytes or names an
+    /// entry larger than any append may be (a reader allocates `len` bytes).
     pub fn decode(b: &[u8]) -> Option<Self> {
-        (b.len() == 16).then(|| Self {
+        let r = (b.len() == 16).then(|| Self {
             offset: le_u64(b),
             len: le_u32(&b[8..]),
             crc: le_u32(&b[12..]),
-        })
+        })?;
+        (r.len as usize <= super::options::MAX_ENTRY_SIZE).then_some(r)
     }
 }
 

@@ -317,3 +317,31 @@ def test_ends_recorded_out_of_order_are_kept_in_end_time_order() -> None:
     with pytest.raises(InvalidArgumentError, match="2 end times for 1"):
         store.record_many([(t(5), "a", TxnStatus.COMMITTED, False)], end_times=[1, 2])
     assert store.lookup(t(5)) is None
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_out_of_order_ends_keep_exactly_the_newest_by_end_time(seed: int) -> None:
+    # A model: the newest persist_count by (end time, then call order) stay;
+    # a late end older than all of a full client's is not recorded. Ends
+    # arrive shuffled a little, as concurrent commits' decisions do.
+    import random
+
+    rng = random.Random(seed)
+    clock = FakeClock()
+    store = TerminatedTxnStore(rng.choice([1, 3, 8, 50]), persistence=MemoryTopic(), clock=clock)
+    model: list[tuple[int, int, int]] = []  # (end time, call order, txn)
+    for i in range(300):
+        end = clock.wall + i // 3 - rng.randrange(0, 12)  # ties and lateness
+        full = len(model) >= store.persist_count
+        if full and end < min(model)[0]:
+            assert not store.record(t(i), "c", TxnStatus.COMMITTED, end_time=end)
+            continue
+        assert store.record(t(i), "c", TxnStatus.COMMITTED, end_time=end)
+        model.append((end, i, i))
+        model.sort()
+        del model[: max(0, len(model) - store.persist_count)]
+        kept = {m[2] for m in model}
+        assert {i for i in range(i + 1) if store.lookup(t(i)) is not None} == kept
+    # The sweep stops at the first young entry: the order held throughout.
+    clock.advance(store.persist_time_ms + 1_000)
+    assert store.sweep() == len(model)

@@ -32,7 +32,6 @@ loses no stored outcome.
 
 from __future__ import annotations
 
-import bisect
 import contextlib
 import logging
 import threading
@@ -275,13 +274,22 @@ class TerminatedTxnStore:
         if not entries or end_time >= next(reversed(entries.values()))[1]:
             entries[txn_id] = row  # the usual case: it is the newest
             return True
-        ordered = list(entries.items())
-        if len(ordered) >= self.persist_count and end_time < ordered[0][1][1]:
+        if len(entries) >= self.persist_count and end_time < next(iter(entries.values()))[1]:
             return False
-        at = bisect.bisect_right([r[1] for _, r in ordered], end_time)
-        ordered.insert(at, (txn_id, row))
-        entries.clear()
-        entries.update(ordered)
+        # Ends decided concurrently arrive a little out of order: lift off the
+        # few newer ones from the end, put this one down, put them back. The
+        # work follows how late it is, not how many are remembered (rebuilding
+        # the whole dict cost ~1,000 hashes per commit at 16 threads).
+        newer: list[tuple[TxnID, tuple[TxnStatus, int, bool]]] = []
+        while entries:
+            tid, r = entries.popitem()
+            if r[1] <= end_time:
+                entries[tid] = r  # back where it was: the newest not after this one
+                break
+            newer.append((tid, r))
+        entries[txn_id] = row
+        for tid, r in reversed(newer):
+            entries[tid] = r
         return True
 
     def _write(self, writes: list[tuple[str, bytes | None]]) -> None:

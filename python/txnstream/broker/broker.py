@@ -634,6 +634,9 @@ class Broker:
         """Return partition (or unpartitioned topic) ``name``, opened and recovered on first use."""
         self._check_open()
         tn = name if isinstance(name, TopicName) else TopicName.parse(name)
+        t = self._topics.get(tn.full)  # loaded: the common case, one dict lookup
+        if t is not None:
+            return t
         if not tn.is_partition and self.partitions(tn) > 0:
             raise InvalidTopicNameError(
                 f"topic {tn.full} is partitioned; name one of its partitions "

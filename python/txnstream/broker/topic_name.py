@@ -24,7 +24,7 @@ topic plus subscription name may be; that is checked here too.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 from txnstream.errors import InvalidTopicNameError
@@ -77,6 +77,14 @@ class TopicName:
     namespace: str
     local: str
     partition: int = -1
+    #: The full name, e.g. ``persistent://public/default/t-partition-0``
+    #: (made once: every send, ack and lookup uses it).
+    full: str = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        suffix = f"{PARTITION_SUFFIX}{self.partition}" if self.partition >= 0 else ""
+        full = f"{DOMAIN}://{self.tenant}/{self.namespace}/{self.local}{suffix}"
+        object.__setattr__(self, "full", full)  # frozen: set once, here
 
     @classmethod
     def parse(cls, name: object) -> TopicName:
@@ -159,12 +167,6 @@ class TopicName:
     def namespace_name(self) -> str:
         """``tenant/namespace``."""
         return f"{self.tenant}/{self.namespace}"
-
-    @property
-    def full(self) -> str:
-        """The full name, e.g. ``persistent://public/default/t-partition-0``."""
-        suffix = f"{PARTITION_SUFFIX}{self.partition}" if self.partition >= 0 else ""
-        return f"{DOMAIN}://{self.tenant}/{self.namespace}/{self.local}{suffix}"
 
     def pending_ack_ledger(self, subscription: str) -> str:
         """Managed-ledger name of ``subscription``'s pending-ack log on this partition."""

@@ -294,20 +294,33 @@ def txnstream_ctp(directory: Path, api: str, concurrency: int, units: int) -> Tx
     return figures
 
 
-def one_round(api: str, concurrency: int, units: int) -> None:
+def one_round(api: str, concurrency: int, units: int, *, count_calls: bool = False) -> None:
     """Print one txnstream round's units/s and process CPU per unit (user, system).
 
     For profilers (``perf record``, ``perf stat``, ``py-spy``) wrapped around
     ``python benches/test_ctp.py one API CONCURRENCY UNITS``: the CPU figures
-    cover the timed part only, not seeding or the check.
+    cover the timed part only, not seeding or the check. ``count_calls``
+    (``python benches/test_ctp.py calls asyncio CONCURRENCY UNITS``): also the
+    Python function calls per unit made on the event loop's thread (cProfile's
+    count, which is stable where seconds are not; the profiler slows the round,
+    so its units/s mean nothing then).
     """
+    import cProfile
+    import pstats
     import tempfile
 
+    if count_calls and api != "asyncio":
+        raise SystemExit("calls counts the event loop's thread: asyncio only")
+    profile = cProfile.Profile() if count_calls else None
     with tempfile.TemporaryDirectory(prefix="ctp-") as d:
         r = _Round(prepare(Path(d) / "data", units), concurrency, units)
         try:
             before = os.times()
+            if profile is not None:
+                profile.enable()
             f = run_sync(r) if api == "sync" else run_asyncio(r)
+            if profile is not None:
+                profile.disable()
             after = os.times()
         finally:
             r.close()
@@ -318,6 +331,9 @@ def one_round(api: str, concurrency: int, units: int) -> None:
         f"{api} c{concurrency}: {f.units_per_s:,.0f} units/s; CPU per unit: user {user:.0f} us, "
         f"system {system:.0f} us; durable waits per commit: max {f.durable_waits_max}"
     )
+    if profile is not None:
+        calls = pstats.Stats(profile).total_calls  # type: ignore[attr-defined]
+        print(f"event-loop thread: {calls / units:,.0f} Python calls per unit")
 
 
 def main() -> None:
@@ -334,8 +350,10 @@ def main() -> None:
 
     from test_ctp_sqlite import CtpFigures, sqlite_ctp_all
 
-    if len(sys.argv) == 5 and sys.argv[1] == "one":
-        one_round(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]))
+    if len(sys.argv) == 5 and sys.argv[1] in ("one", "calls"):
+        one_round(
+            sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), count_calls=sys.argv[1] == "calls"
+        )
         return
     reps = int(sys.argv[1]) if len(sys.argv) > 1 else 3
     units = int(sys.argv[2]) if len(sys.argv) > 2 else CTP_UNITS

@@ -184,6 +184,8 @@ def test_tiered_apis_refuse_bad_arguments_with_typed_errors(tmp_path: Path) -> N
             reader.read_committed("t", ml, max_read_position=p, aborted=[[1, 2]])
         ),
         "seg": lambda: reader.segment_entries("x"),
+        "seg ": lambda: reader.txn_index("not-a-segment"),
+        "seg  ": lambda: meta.deleted(None),
         "log": lambda: new_rlmm("log", remote),
         "started": lambda: meta.copy_finished("x", True),
         "topic": lambda: meta.segments(None),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
@@ -13,7 +14,13 @@ from txnstream import Broker, Position
 from txnstream._native import AbortedTxnIndex, crc32c, decode_segment, decode_topic_entry
 from txnstream.client import Transaction
 from txnstream.config import BrokerConfig
-from txnstream.errors import ConfigError, CorruptEntryError, InvalidTopicNameError, StorageError
+from txnstream.errors import (
+    ConfigError,
+    CorruptEntryError,
+    InvalidArgumentError,
+    InvalidTopicNameError,
+    StorageError,
+)
 from txnstream.tiered import SegmentInfo, object_name
 from txnstream.tiered.offload import HOLD_CURSOR, LEGACY_HOLD_CURSOR
 
@@ -134,6 +141,9 @@ def test_offload_then_remote_read_committed_equals_the_client(tmp_path: Path, se
         assert "txnstream_tiered_remote_calls_total" in text
         t.commit()
         assert b"uncommitted" in [m.payload for m in broker.tiered.read_committed(topic)]
+        name: Any = TOPIC  # a name, not a Topic: it raised AttributeError
+        with pytest.raises(InvalidArgumentError, match="topic must be a Topic"):
+            broker.tiered.read_committed(name)
         # Offloading again uploads nothing new.
         uploaded = broker.admin.tiered_stats()["offloader"]["segments_offloaded"]
         again = broker.admin.offload(TOPIC)

@@ -285,6 +285,14 @@ def test_live_directory_while_a_writer_commits(spark: SparkSession, tmp_path: Pa
         ({"path": "DIR", "topic": "orders", "maxEntriesPerPartition": "0"}, "maxEntries"),
         ({"path": "DIR", "topic": "orders", "startingPositions": "first"}, "startingPositions"),
         ({"path": "DIR", "topic": "orders", "startingPositions": "[1]"}, "startingPositions"),
+        *(  # int() raised TypeError on these (not a typed error)
+            ({"path": "DIR", "topic": "orders", "startingPositions": json}, "startingPositions")
+            for json in (
+                '{"orders": {"0": [null, 0]}}',
+                '{"orders": {"0": [[1], 0]}}',
+                '{"orders": {"0": [0, {}]}}',
+            )
+        ),
         (
             {"path": "DIR", "topic": "orders", "startingPositions": '{"orders": {"0": "1-2"}}'},
             "startingPositions",

@@ -18,7 +18,7 @@ from pyspark.sql import SparkSession
 from tests.spark.test_spark_topic_source import run_stream
 from tests.test_tiered_broker import offload_consumed, swap_first_frames
 from txnstream import Broker, Position
-from txnstream._native import ManagedLedger, encode_message
+from txnstream._native import AbortedTxnIndex, ManagedLedger, encode_message
 from txnstream.config import BrokerConfig
 from txnstream.errors import CorruptEntryError, InvalidArgumentError, StorageError
 from txnstream.spark.topic_source import (
@@ -204,6 +204,38 @@ def test_a_task_checks_its_remote_segment_whole(tmp_path: Path) -> None:
     for read in (read_topic_range, read_marker_range):
         with pytest.raises(CorruptEntryError, match="crc32c of its data"):
             list(read(str(data), part))
+
+
+def test_a_remote_txn_index_cut_short_is_rebuilt_from_the_markers(tmp_path: Path) -> None:
+    """An index cut at a record boundary still decodes: it is counted against its metadata.
+
+    The broker's reader did; Spark tasks trusted it and returned the lost
+    records' aborted transactions as committed.
+    """
+    data = tmp_path / "data"
+    config = BrokerConfig(max_entries_per_ledger=5, transaction_timeout_ms=60_000)
+    with Broker.open(data, config, registry=None) as broker:
+        client = broker.client("c")
+        consumer = client.subscribe(TOPIC, "s")
+        producer = client.producer(TOPIC)
+        txn = client.transaction()
+        producer.send(b"aborted-1", txn=txn)
+        producer.send(b"aborted-2", txn=txn)
+        txn.abort()
+        for i in range(12):
+            producer.send(b"plain%d" % i)
+        while (m := consumer.receive(300)) is not None:
+            consumer.ack(m)
+        segments = broker.admin.offload(TOPIC)
+        wait_trimmed_past(broker, segments[-1].ledger_id)
+    seg = next(s for s in segments if not s.txn_idx_empty)
+    assert seg.txn_idx_records == 1
+    index = data / "remote" / object_name(seg.topic, seg.ledger_id, seg.segment_id, "txn_index")
+    header = len(AbortedTxnIndex.rebuild(seg.ledger_id, []).encode())
+    index.write_bytes(index.read_bytes()[:header])  # its one record cut off: still decodes
+    sel = TopicSelection.from_options({"path": str(data), "topic": TOPIC})
+    got = [v for part in sel.ranges() for v in _values(data, [part])]
+    assert sorted(got) == sorted(b"plain%d" % i for i in range(12))
 
 
 def test_damaged_entry_fails_the_task_naming_its_position(tmp_path: Path) -> None:

@@ -168,6 +168,12 @@ class Tiered:
         Bounded by the partition's transaction buffer (``max_read_position``
         and its aborted set, taken at the call), as a READ_COMMITTED consumer is.
         """
+        if not isinstance(topic, Topic):
+            raise InvalidArgumentError(
+                f"topic must be a Topic (broker.topic(name)), not {type(topic).__name__}",
+                argument="topic",
+                value=repr(topic)[:80],
+            )
         tb = topic.tb
         with tb.lock:  # one state of the buffer: its aborted set, limit and last readable entry
             aborted = set(tb.aborted)

@@ -121,7 +121,6 @@ from pyspark.sql.types import (
 )
 
 from txnstream._native import (
-    AbortedTxnIndex,
     ManagedLedger,
     Position,
     decode_segment,
@@ -139,6 +138,7 @@ from txnstream.errors import (
 )
 from txnstream.spark.columns import arrow_type, fixed_array, string_array, struct_type
 from txnstream.tiered.metadata import METADATA_LEDGER, RemoteLogMetadataManager, SegmentInfo
+from txnstream.tiered.reader import decode_txn_index
 from txnstream.tiered.remote import RemoteStorage, object_name
 
 __all__ = [
@@ -247,7 +247,7 @@ def _parse_position(option: str, raw: object) -> Pos | str:
         if len(parts) != 2 or any(isinstance(p, bool | float) for p in parts):
             raise ValueError
         ledger, entry = int(parts[0]), int(parts[1])
-    except ValueError:
+    except (ValueError, TypeError):  # TypeError: [null, 0], [[1], 0], [0, {}]
         raise _bad(
             option, raw, 'positions must be "ledger:entry", [ledger, entry], earliest or latest'
         ) from None
@@ -622,13 +622,7 @@ class _TieredView:
         """
         name = object_name(seg.topic, seg.ledger_id, seg.segment_id, "txn_index")
         try:
-            index = AbortedTxnIndex.decode(self.storage.get(name, "txn_index"))
-            if index.ledger_id != seg.ledger_id:
-                raise CorruptIndexError(
-                    f"remote txn index {name} is of ledger {index.ledger_id}",
-                    kind="aborted-txn index",
-                    offset=12,
-                )
+            index = decode_txn_index(self.storage.get(name, "txn_index"), seg, name)
             return [
                 (r[0], (r[1].ledger_id, r[1].entry_id), (r[2].ledger_id, r[2].entry_id))
                 for r in index.records()

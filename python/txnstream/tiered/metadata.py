@@ -235,6 +235,7 @@ class RemoteLogMetadataManager:
 
     def deleted(self, seg: SegmentInfo) -> None:
         """Record that an upload is abandoned: its objects are never read again (and deleted)."""
+        instance_arg(seg, "seg", SegmentInfo)
         s = SegmentInfo(
             seg.topic,
             seg.ledger_id,

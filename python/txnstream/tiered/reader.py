@@ -68,6 +68,36 @@ class ReadMessage:
     sequence_id: int
 
 
+def decode_txn_index(data: bytes, seg: SegmentInfo, name: str) -> AbortedTxnIndex:
+    """Decode segment ``seg``'s remote aborted-transaction index ``name``, checked whole.
+
+    An index cut short at a record boundary still decodes: its records are
+    counted against the metadata's (``txn_idx_records``; or, in a record
+    without the count, its ``txn_idx_empty`` flag). Raises
+    :class:`CorruptIndexError` for an index of another ledger or of the
+    wrong size, so the caller rebuilds it from the segment's ABORT markers
+    (the broker's reader and a Spark task alike).
+    """
+    index = AbortedTxnIndex.decode(data)
+    if index.ledger_id != seg.ledger_id:
+        raise CorruptIndexError(
+            f"remote txn index {name} is of ledger {index.ledger_id}, not {seg.ledger_id}",
+            kind="aborted-txn index",
+            offset=12,
+        )
+    want = seg.txn_idx_records
+    if want is None and seg.has_txn_idx_flag and not seg.txn_idx_empty and not len(index):
+        want = -1  # says it has records, holds none
+    if want is not None and len(index) != want:
+        raise CorruptIndexError(
+            f"remote txn index {name} holds {len(index)} records; its metadata says "
+            + ("some" if want < 0 else str(want)),
+            kind="aborted-txn index",
+            offset=0,
+        )
+    return index
+
+
 class TieredReader:
     """Reads topic entries from local ledgers and remote segments."""
 
@@ -129,30 +159,14 @@ class TieredReader:
         A damaged remote index is rebuilt from the segment's ABORT markers and
         uploaded again (counted in ``txn_indexes_rebuilt``).
         """
+        instance_arg(seg, "seg", SegmentInfo)
         with self._lock:
             hit = self._indexes.get(seg.segment_id)
         if hit is not None:
             return hit
         name = object_name(seg.topic, seg.ledger_id, seg.segment_id, "txn_index")
         try:
-            index = AbortedTxnIndex.decode(self.remote.get(name, "txn_index"))
-            if index.ledger_id != seg.ledger_id:
-                raise CorruptIndexError(
-                    f"remote txn index {name} is of ledger {index.ledger_id}, not {seg.ledger_id}",
-                    kind="aborted-txn index",
-                    offset=12,
-                )
-            # Cut short at a record boundary, an index still decodes: check its size.
-            want = seg.txn_idx_records
-            if want is None and seg.has_txn_idx_flag and not seg.txn_idx_empty and not len(index):
-                want = -1  # says it has records, holds none
-            if want is not None and len(index) != want:
-                raise CorruptIndexError(
-                    f"remote txn index {name} holds {len(index)} records; its metadata says "
-                    + ("some" if want < 0 else str(want)),
-                    kind="aborted-txn index",
-                    offset=0,
-                )
+            index = decode_txn_index(self.remote.get(name, "txn_index"), seg, name)
         except CorruptIndexError:
             aborts = []
             for i, entry in enumerate(self.segment_entries(seg)):

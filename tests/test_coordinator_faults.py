@@ -23,6 +23,7 @@ from txnstream.coordinator import (
     TxnID,
     TxnStatus,
 )
+from txnstream.coordinator.ending import EndTrace
 from txnstream.coordinator.state import LedgerTransactionLog
 from txnstream.errors import (
     CoordinatorNotFound,
@@ -700,5 +701,112 @@ def test_a_retried_end_does_not_push_a_newer_end_out_of_the_store() -> None:
         assert [tc.get_transaction(t).status for t in newer] == [TxnStatus.ABORTED] * 2
         with pytest.raises(TransactionNotFound):
             tc.get_transaction(first)
+    finally:
+        tc.close()
+
+
+def test_a_bulk_decision_write_failing_part_way_is_in_doubt_not_reverted(tmp_path: Path) -> None:
+    """Records of one bulk write span entries: one failing says nothing of the others.
+
+    t1's COMMITTING became durable, t2's failed, and the bulk call reverted
+    both to OPEN: an abort of t1 was then accepted and logged ABORTING after
+    its durable COMMITTING, and the log no longer opened (both outcomes).
+    Now both are in doubt: a later abort logs t1's decision again and is
+    refused, and the log reopens with t1 committed.
+    """
+    tc = TransactionCoordinator.open(
+        tmp_path, 0, registry=None, end_timeout_ms=20_000, log_options={"max_batch_bytes": 1}
+    )  # one journal group per record (transaction-log batching is off by default)
+    ml = testing.log_ledger(tc)
+    t1 = tc.new_transaction(timeout_ms=HOUR)
+    t2 = tc.new_transaction(timeout_ms=HOUR)
+    testing.hold_fault(ml, "write")
+    got: list[Any] = []
+    bulk = threading.Thread(
+        target=lambda: got.append(tc.end_transactions([(t1, "commit"), (t2, "commit")]))
+    )
+    bulk.start()
+    try:
+        assert testing.wait_fault_held(ml, "write")  # t1's COMMITTING is being written
+        testing.hold_fault(ml, "sync")
+        testing.release_fault(ml, "write")
+        assert testing.wait_fault_held(ml, "sync")  # t1's COMMITTING written; its sync waits
+        testing.inject_fault(ml, "write", errno=errno.EIO, times=1)  # t2's will fail
+    finally:
+        testing.release_fault(ml, "write")
+        testing.release_fault(ml, "sync")  # t1's COMMITTING becomes durable
+    bulk.join(30)
+    assert [type(r) for r in got[0]] == [TransactionEndPending, TransactionEndPending]
+    with pytest.raises(TransactionAlreadyCommitted):
+        tc.abort(t1)  # its decision is logged again first: then the refusal is definite
+    assert tc.commit(t2) is TxnStatus.COMMITTED  # in doubt too: the retry logs it again
+    tc.close()
+    again = TransactionCoordinator.open(tmp_path, 0, registry=None)  # one outcome each
+    try:
+        assert again.list_transactions() == []
+    finally:
+        again.close()
+
+
+def test_an_in_doubt_decision_is_never_answered_as_definite(tmp_path: Path) -> None:
+    """A decision whose write timed out and then failed may never have reached the log.
+
+    The opposite end was refused at once (``TransactionAlreadyCommitted``) and
+    ``participant_outcome`` said commit; after a restart the log showed the
+    transaction OPEN and it aborted. Now the decision is logged again before
+    either answer, and while that fails the answers are not definite.
+    """
+    tc = TransactionCoordinator.open(
+        tmp_path, 0, registry=None, end_timeout_ms=300, transaction_meta_persist_count=10
+    )
+    ml = testing.log_ledger(tc)
+    txn = tc.new_transaction(timeout_ms=HOUR, client_name="c")
+    testing.hold_fault(ml, "sync")  # the disk stalls while COMMITTING is written
+    with pytest.raises(TransactionEndPending):
+        tc.commit(txn)  # in doubt
+    testing.inject_fault(ml, "sync", errno=errno.EIO, times=1_000_000)
+    testing.release_fault(ml, "sync")  # ... and then fails: COMMITTING never became durable
+    assert tc.participant_outcome(txn) is None  # not "commit": it may be lost
+    with pytest.raises(TxnStreamError) as e:
+        tc.abort(txn)
+    assert not isinstance(e.value, TransactionAlreadyCommitted | TransactionAlreadyAborted)
+    testing.clear_faults(ml)
+    with pytest.raises(TransactionAlreadyCommitted):
+        tc.abort(txn)  # the disk is back: logged again, and now the refusal holds
+    assert tc.participant_outcome(txn) is True
+    tc.close()
+    again = TransactionCoordinator.open(
+        tmp_path, 0, registry=None, transaction_meta_persist_count=10
+    )
+    try:
+        assert again.commit(txn) is TxnStatus.COMMITTED
+    finally:
+        again.close()
+
+
+def test_a_bad_trace_is_refused_before_the_end_is_claimed(tmp_path: Path) -> None:
+    """A bad ``trace`` raised AttributeError after the claim and left the end deciding for good.
+
+    Every later end then waited and answered "busy", the timeout never
+    aborted it, and it held the low-water mark back.
+    """
+    tc = TransactionCoordinator.open(tmp_path, 0, registry=None, end_timeout_ms=500)
+    try:
+        txn = tc.new_transaction(timeout_ms=HOUR)
+        bad: Any = "not a trace"
+        with pytest.raises(InvalidArgumentError, match="trace"):
+            tc.end_transaction(txn, "commit", trace=bad)
+        with pytest.raises(InvalidArgumentError, match=r"traces\[0\]"):
+            tc.end_transactions([(txn, "commit")], traces=[bad])
+
+        # An error after the claim and before the write (here from a trace that
+        # breaks) reverts the claim: the transaction can still end.
+        class Broken(EndTrace):
+            def waited(self, phase: str) -> None:
+                raise RuntimeError("broken trace")
+
+        with pytest.raises(RuntimeError, match="broken trace"):
+            tc.end_transaction(txn, "commit", trace=Broken())
+        assert tc.abort(txn) is TxnStatus.ABORTED
     finally:
         tc.close()

@@ -23,6 +23,7 @@ from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, cast
 
+from txnstream.coordinator.ending import trace_arg
 from txnstream.coordinator.metadata import (
     TxnAction,
     TxnID,
@@ -211,6 +212,7 @@ class AsyncCoordinator:
         """
         self.tc._table.seq_of(txn_id)
         act = TxnAction.parse(action)
+        trace_arg(trace)
         loop = asyncio.get_running_loop()
         status: TxnStatus = await self._ends.submit(loop, None, (txn_id, act, trace))
         return status

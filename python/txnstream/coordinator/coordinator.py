@@ -47,6 +47,7 @@ from txnstream.coordinator.ending import (
     NullParticipants,
     ParticipantResolver,
     end_answer,
+    trace_arg,
     write_failed,
 )
 from txnstream.coordinator.metadata import (
@@ -803,7 +804,7 @@ class TransactionCoordinator:
         """
         act = TxnAction.parse(action)
         seq = self._table.seq_of(txn_id)
-        return self._end(txn_id, seq, act, force=False, trace=trace)
+        return self._end(txn_id, seq, act, force=False, trace=trace_arg(trace))
 
     def commit(self, txn_id: TxnID) -> TxnStatus:
         """Shorthand for ``end_transaction(txn_id, TxnAction.COMMIT)``."""
@@ -879,6 +880,8 @@ class TransactionCoordinator:
             raise bad_argument(
                 "traces", traces, f"a list of one trace (or None) per item ({len(reqs)})"
             )
+        for i, t in enumerate(traces or ()):
+            trace_arg(t, f"traces[{i}]")
         with table.lock:
             table.enter()
         try:
@@ -942,8 +945,8 @@ class TransactionCoordinator:
             meta = self._table.txns.get(seq)
             if meta is not None:
                 decision = meta.decision
-                if decision is None:
-                    return None
+                if decision is None or meta.in_doubt:
+                    return None  # in doubt: its record may be lost; logged again, then ended
                 return decision is TxnStatus.COMMITTING
         rec = self.store.lookup(txn_id)
         if rec is not None:

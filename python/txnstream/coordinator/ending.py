@@ -60,7 +60,7 @@ from typing import Any, Final, Protocol, cast, runtime_checkable
 
 from txnstream._native import TxnPosition, encode_txn_update
 from txnstream.coordinator.config import CoordinatorConfig, RetryPolicy
-from txnstream.coordinator.metadata import TxnAction, TxnID, TxnMeta, TxnStatus
+from txnstream.coordinator.metadata import TxnAction, TxnID, TxnMeta, TxnStatus, bad_argument
 from txnstream.coordinator.state import (
     CoordinatorCounters,
     DurableWriter,
@@ -112,6 +112,17 @@ class EndTrace:
         """Count one sequential wait in ``phase``."""
         self.waits += 1
         self.phases.append(phase)
+
+
+def trace_arg(trace: object, argument: str = "trace") -> EndTrace | None:
+    """``trace`` if it is None or an :class:`EndTrace`, else :class:`InvalidArgumentError`.
+
+    Checked before anything is claimed: a bad one used to fail after the
+    end was claimed, leaving the transaction deciding for good.
+    """
+    if trace is None or isinstance(trace, EndTrace):
+        return trace
+    raise bad_argument(argument, trace, "an EndTrace or None")
 
 
 def write_failed(txn_id: TxnID, cause: BaseException) -> TransactionWriteFailed:
@@ -321,6 +332,7 @@ def end_answer(txn_id: TxnID, act: TxnAction, final: TxnStatus, timed_out: bool)
 
 #: Why an end whose decision record was not durable by its deadline is pending.
 _DECISION_SLOW = "its decision record was not durable in time (the log is slow or stalled)"
+_DECISION_FAILED = "the write of its decision failed and may have reached the log"
 
 
 def _pending_error(txn_id: TxnID, outcome: TxnStatus | None, why: str) -> TransactionEndPending:
@@ -399,10 +411,18 @@ class EndDriver:
                     return None
                 decision = meta.decision
                 wait: threading.Event | None = None
+                refuse_after: TxnStatus | None = None
                 if meta.deciding:
                     wait = table.changed(meta)  # a decision in flight may still fail
                 elif decision is None:
                     self._claim(meta, act.ending_status, timed_out=False)
+                elif meta.in_doubt and decision is not act.ending_status and not force:
+                    # Its write may have failed: log it again before answering with it.
+                    if meta.driver:
+                        wait = table.changed(meta)  # another thread is logging it
+                    else:
+                        self._take_over(meta)
+                        refuse_after = decision
                 elif decision is not act.ending_status and not force:
                     if not meta.driver and self.background is not None:
                         self.background.retry_later(meta)  # nobody may be finishing it
@@ -415,7 +435,10 @@ class EndDriver:
                 else:
                     self._take_over(meta)
             if wait is None:
-                return self._drive(meta, deadline, background=False, trace=trace)
+                final = self._drive(meta, deadline, background=False, trace=trace)
+                if refuse_after is not None:  # now durable: the refusal is definite
+                    end_answer(table.tid(seq), act, final, meta.timed_out)
+                return final
             if trace is not None:
                 trace.waited("another end")
             waited = meta
@@ -569,6 +592,9 @@ class EndDriver:
             return self._complete(meta, tid)
         finally:
             if meta.driver and not handed_off:  # not released by a successful _finish
+                if meta.deciding:  # claimed, never written (an error before the write)
+                    with self._table.lock:
+                        self._revert(meta)
                 self._release(meta)
 
     def _decide(
@@ -764,15 +790,25 @@ class EndDriver:
             try:
                 positions = writer.write_many(records, max(1, deadline - clock.monotonic_ms()))
             except BaseException as exc:
+                # One record: a storage error wrote nothing. Several span entries (and
+                # journal groups): one entry failing says nothing of the others, some
+                # of which may be durable. Those decisions are in doubt, logged again
+                # before anything builds on them; reverting them let an abort follow a
+                # durable commit (both outcomes in the log).
+                sure = definite(exc) and len(records) == 1
                 with table.lock:
                     for m in metas:
-                        if definite(exc):
+                        if sure:
                             self._revert(m)
                         else:
                             m.in_doubt = True
-                if isinstance(exc, TimeoutError):  # each is asked again, alone
-                    return [_pending_error(table.tid(m.seq), None, _DECISION_SLOW) for m in metas]
-                raise
+                if sure:
+                    raise
+                why = _DECISION_SLOW if isinstance(exc, TimeoutError) else _DECISION_FAILED
+                if not isinstance(exc, TimeoutError | TxnStreamError):
+                    raise  # an interrupt: it goes on up (the decisions are in doubt)
+                # Each is asked again, alone: its decision is logged again then.
+                return [_pending_error(table.tid(m.seq), None, why) for m in metas]
             mono = clock.monotonic_ms()
             with table.lock:
                 for m, pos in zip(metas, positions, strict=True):

@@ -770,6 +770,7 @@ def test_an_in_doubt_decision_is_never_answered_as_definite(tmp_path: Path) -> N
     with pytest.raises(TxnStreamError) as e:
         tc.abort(txn)
     assert not isinstance(e.value, TransactionAlreadyCommitted | TransactionAlreadyAborted)
+    assert e.value.retriable  # not definite: ask again
     testing.clear_faults(ml)
     with pytest.raises(TransactionAlreadyCommitted):
         tc.abort(txn)  # the disk is back: logged again, and now the refusal holds

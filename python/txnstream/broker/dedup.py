@@ -11,8 +11,12 @@ raises :class:`~txnstream.errors.DuplicateSequenceError`.
 Transactions: a retry inside the same transaction, or of a message that
 committed or was sent outside any transaction, is a duplicate. A message
 whose transaction aborted is gone, so its sequence id may be sent again
-(the new message replaces it here). A retry from another transaction while
-the first one is still open conflicts
+(the new message replaces it here); so may one whose append failed. A batch
+is written again only if every id in it is gone or new: one whose message
+persisted makes the whole batch a :class:`DuplicateSequenceError`, written
+nowhere. A re-send refused after its claim (its transaction ended, say)
+puts back what the claim forgot, so the ids stay sendable. A retry from
+another transaction while the first one is still open conflicts
 (:class:`~txnstream.errors.TransactionConflictError`).
 
 **Snapshots** (issue 11): :meth:`Deduplication.snapshot` writes, per

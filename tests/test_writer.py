@@ -164,24 +164,32 @@ def test_write_many_one_future_in_order(ml: ManagedLedger) -> None:
     assert [read_back(ml, p) for p in more] == data[:3]
 
 
-def test_blocking_write_releases_the_gil(ml: ManagedLedger) -> None:
-    w = BufferedWriter(ml, max_records=1000, max_delay_ms=300)
-    ticks = 0
+@contextlib.contextmanager
+def ticker() -> Iterator[list[int]]:
+    """Another Python thread counting its turns (1 ms sleeps) while the body runs."""
+    ticks = [0]
     stop = threading.Event()
 
     def spin() -> None:
-        nonlocal ticks
         while not stop.is_set():
-            ticks += 1
+            ticks[0] += 1
             time.sleep(0.001)
 
     t = threading.Thread(target=spin)
     t.start()
-    before = ticks
-    p = w.write_blocking(rec(1))  # waits ~300 ms for the delay timer
-    progressed = ticks - before
-    stop.set()
-    t.join()
+    try:
+        yield ticks
+    finally:
+        stop.set()
+        t.join()
+
+
+def test_blocking_write_releases_the_gil(ml: ManagedLedger) -> None:
+    w = BufferedWriter(ml, max_records=1000, max_delay_ms=300)
+    with ticker() as ticks:
+        before = ticks[0]
+        p = w.write_blocking(rec(1))  # waits ~300 ms for the delay timer
+        progressed = ticks[0] - before
     assert read_back(ml, p) == rec(1)
     assert progressed > 20, "another Python thread must run while we wait"
 
@@ -199,24 +207,12 @@ def test_a_write_that_flushes_a_batch_into_a_full_queue_releases_the_gil(
     try:
         ml.append_async(b"a" * 600_000)  # 600 kB of the 1 MiB queue, held by the stall
         w.write(b"b" * 300_000)  # joins the batch
-        ticks = 0
-        stop = threading.Event()
-
-        def spin() -> None:
-            nonlocal ticks
-            while not stop.is_set():
-                ticks += 1
-                time.sleep(0.001)
-
-        t = threading.Thread(target=spin)
-        t.start()
-        time.sleep(0.05)
-        before = ticks
-        with contextlib.suppress(ts_errors.TxnStreamError):
-            w.write(b"c" * 300_000)  # a full batch: submitted, and it waits for room
-        progressed = ticks - before
-        stop.set()
-        t.join()
+        with ticker() as ticks:
+            time.sleep(0.05)
+            before = ticks[0]
+            with contextlib.suppress(ts_errors.TxnStreamError):
+                w.write(b"c" * 300_000)  # a full batch: submitted, and it waits for room
+            progressed = ticks[0] - before
     finally:
         testing.release_fault(ml, "sync")
     assert progressed > 20, "another Python thread must run while the write waits"

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from txnstream import Broker, BrokerConfig
+from txnstream import Broker, BrokerConfig, testing
 from txnstream.broker import TopicName
 from txnstream.client import Client
 from txnstream.errors import (
@@ -17,6 +17,7 @@ from txnstream.errors import (
     InvalidArgumentError,
     InvalidTopicNameError,
     InvalidTxnStatusError,
+    StorageError,
     TxnStreamError,
 )
 
@@ -515,3 +516,22 @@ def test_a_partition_ledger_written_before_the_check_stays_usable(tmp_path: Path
         assert m is not None and m.value == b"still here"
         with pytest.raises(InvalidTopicNameError, match="names no partition"):
             client.producer("x-partition-2")  # a new one is still refused
+
+
+def test_a_transaction_whose_abort_failed_cannot_commit(broker: Broker) -> None:
+    """After abort() failed, commit() went to the coordinator, found it OPEN and committed.
+
+    As in Pulsar's client, an asked abort leaves only abort: commit() is
+    refused, and abort() again finishes it.
+    """
+    client = broker.client()
+    txn = client.transaction()
+    client.producer("t").send(b"x", txn=txn)
+    testing.inject_fault(testing.log_ledger(txn._tc), "write", errno=5, times=1)
+    with pytest.raises(StorageError):
+        txn.abort()  # its decision could not be logged: nothing changed
+    with pytest.raises(InvalidTxnStatusError, match="aborting"):
+        txn.commit()
+    txn.abort()
+    assert txn.state == "aborted"
+    assert broker.client().subscribe("t", "r").receive(300) is None

@@ -236,6 +236,15 @@ class Transaction:
                     txn_id=self.txn_id,
                     status=TxnStatus.ABORTED if commit else TxnStatus.COMMITTED,
                 )
+            if commit and state == ABORTING:
+                # An abort was asked (and failed, or is in flight): as in Pulsar's client,
+                # the transaction can only abort now. Its retry is abort().
+                raise InvalidTxnStatusError(
+                    f"transaction {self.txn_id} is aborting; it cannot commit (call abort() "
+                    "again to finish the abort)",
+                    txn_id=self.txn_id,
+                    current=state,
+                )
             if commit and state == OPEN:
                 # A closed client is fatal (SPEC §5): no new commit through it. Its open
                 # transactions time out (or abort); an end already asked may finish.

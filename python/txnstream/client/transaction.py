@@ -24,6 +24,8 @@ terminated-store record (idempotent end) and the final COMMITTED record
 follow off the caller's path. A send or ack that joined the transaction
 before ``commit()`` started is part of it (step 1 waits for it); one that
 comes later is refused (:class:`~txnstream.errors.InvalidTxnStatusError`).
+Once ``abort()`` was asked, even if it failed, the transaction can only
+abort: ``commit()`` is refused the same way, as in Pulsar's client.
 
 **Why this order is safe.** The decision is logged only after everything
 the transaction wrote is known durable, so a durable COMMITTING never

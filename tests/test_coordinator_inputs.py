@@ -74,6 +74,17 @@ def test_several_coordinators_validate_count(tmp_path: Path, count: object) -> N
     assert tree(tmp_path) == []
 
 
+@pytest.mark.parametrize("tc_id", [[1], "0", 1.0, None])
+def test_coordinators_get_refuses_a_non_int_id_typed(tmp_path: Path, tc_id: object) -> None:
+    tcs = TransactionCoordinators.open(tmp_path, 1, registry=None)
+    try:
+        with pytest.raises(InvalidArgumentError, match="tc_id"):  # [1] raised TypeError
+            tcs.get(tc_id)  # type: ignore[arg-type]
+        assert tcs.get(0).tc_id == 0
+    finally:
+        tcs.close()
+
+
 @pytest.fixture
 def tc() -> Iterator[TransactionCoordinator]:
     coordinator = TransactionCoordinator(0, InMemoryTransactionLog())

@@ -1212,6 +1212,8 @@ class TransactionCoordinators:
 
     def get(self, tc_id: int) -> TransactionCoordinator:
         """Return coordinator ``tc_id``; :class:`CoordinatorNotFound` if not served."""
+        if not is_int(tc_id):
+            raise bad_argument("tc_id", tc_id, "a coordinator id (int)")
         tc = self._by_id.get(tc_id)
         if tc is None:
             raise CoordinatorNotFound(

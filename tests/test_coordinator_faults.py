@@ -811,3 +811,52 @@ def test_a_bad_trace_is_refused_before_the_end_is_claimed(tmp_path: Path) -> Non
         assert tc.abort(txn) is TxnStatus.ABORTED
     finally:
         tc.close()
+
+
+def test_an_interrupt_between_the_decision_write_and_its_apply_leaves_it_in_doubt(
+    tmp_path: Path,
+) -> None:
+    """Written but not applied (an interrupt while waiting for the table lock): never reverted.
+
+    A first version of the "revert a claim never written" rule reverted it,
+    and an abort then followed a durable COMMITTING (both outcomes in the log).
+    """
+    import signal
+
+    tc = TransactionCoordinator.open(tmp_path, 0, registry=None, end_timeout_ms=5_000)
+    txn = tc.new_transaction(timeout_ms=HOUR)
+    table, driver = tc._table, tc._driver
+    real = driver._writer
+    holding = threading.Event()
+
+    def hold_the_lock_and_interrupt() -> None:
+        with table.lock:
+            holding.set()
+            time.sleep(0.2)  # the committing thread now waits for the lock
+            main = threading.main_thread().ident
+            assert main is not None
+            signal.pthread_kill(main, signal.SIGINT)
+            time.sleep(0.2)
+
+    class WriteThenStall:
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+        def write(self, record: bytes, timeout_ms: int | None = None) -> Any:
+            pos = real.write(record, timeout_ms)  # the COMMITTING record is durable
+            driver._writer = real  # once
+            threading.Thread(target=hold_the_lock_and_interrupt).start()
+            holding.wait()
+            return pos
+
+    driver._writer = WriteThenStall()  # type: ignore[assignment]
+    with pytest.raises(KeyboardInterrupt):
+        tc.commit(txn)
+    with pytest.raises(TransactionAlreadyCommitted):
+        tc.abort(txn)  # in doubt: logged again, then refused
+    tc.close()
+    again = TransactionCoordinator.open(tmp_path, 0, registry=None)  # one outcome
+    try:
+        assert again.list_transactions() == []
+    finally:
+        again.close()

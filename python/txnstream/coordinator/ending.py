@@ -592,9 +592,6 @@ class EndDriver:
             return self._complete(meta, tid)
         finally:
             if meta.driver and not handed_off:  # not released by a successful _finish
-                if meta.deciding:  # claimed, never written (an error before the write)
-                    with self._table.lock:
-                        self._revert(meta)
                 self._release(meta)
 
     def _decide(
@@ -606,44 +603,60 @@ class EndDriver:
         (:class:`TransactionWriteFailed`; it stays OPEN and may abort).
         """
         table, clock = self._table, self._clock
-        if meta.adds:  # no ADD can start once the decision is pending: only wait if needed
-            if trace is not None:
-                trace.waited("records in flight")
-            self._await_adds(meta, tid, deadline)
-        target = meta.pending
-        assert target is not None
-        if meta.failed is not None and target is TxnStatus.COMMITTING and not meta.in_doubt:
-            with table.lock:
-                self._revert(meta)
-            raise write_failed(tid, meta.failed)
-        if trace is not None:
-            trace.waited("decision")
-        now = clock.wall_ms()
-        record = encode_txn_update(
-            table.tc_id, meta.seq, now, 0, int(target), meta.pending_timed_out
-        )
+        attempted = False  # the write was started: from then on the record may be durable
         try:
-            # Bounded by the end's deadline: a stalled disk must not hold the caller.
-            pos = self._writer.write(record, max(1, deadline - clock.monotonic_ms()))
-        except BaseException as exc:
-            with table.lock:
-                if definite(exc) and not meta.in_doubt:
+            if meta.adds:  # no ADD can start once the decision is pending: only wait if needed
+                if trace is not None:
+                    trace.waited("records in flight")
+                self._await_adds(meta, tid, deadline)
+            target = meta.pending
+            assert target is not None
+            if meta.failed is not None and target is TxnStatus.COMMITTING and not meta.in_doubt:
+                with table.lock:
                     self._revert(meta)
-                else:
-                    meta.in_doubt = True  # may be durable: decided; logged again later
-            if isinstance(exc, TimeoutError):
-                raise _pending_error(tid, None, _DECISION_SLOW) from exc
+                raise write_failed(tid, meta.failed)
+            if trace is not None:
+                trace.waited("decision")
+            now = clock.wall_ms()
+            record = encode_txn_update(
+                table.tc_id, meta.seq, now, 0, int(target), meta.pending_timed_out
+            )
+            attempted = True
+            try:
+                # Bounded by the end's deadline: a stalled disk must not hold the caller.
+                pos = self._writer.write(record, max(1, deadline - clock.monotonic_ms()))
+            except BaseException as exc:
+                with table.lock:
+                    if definite(exc) and not meta.in_doubt:
+                        self._revert(meta)
+                    else:
+                        meta.in_doubt = True  # may be durable: decided; logged again later
+                if isinstance(exc, TimeoutError):
+                    raise _pending_error(tid, None, _DECISION_SLOW) from exc
+                raise
+            with table.lock:
+                meta.status = target
+                meta.timed_out = meta.pending_timed_out
+                meta.pending = None
+                meta.in_doubt = False
+                meta.positions.append(pos)
+                meta.decided_at = clock.monotonic_ms()
+                meta.last_modified = now
+                if meta.done is not None:
+                    table.notify(meta)
+        except BaseException:
+            # Nothing may stay "deciding" once this driver stops: a claim never
+            # written is reverted (a bad trace, an interrupt while waiting for
+            # records); one written but not applied (an interrupt between the
+            # write and the lock) is in doubt, never reverted: it may be durable.
+            if meta.deciding:
+                with table.lock:
+                    if meta.deciding:
+                        if attempted:
+                            meta.in_doubt = True
+                        else:
+                            self._revert(meta)
             raise
-        with table.lock:
-            meta.status = target
-            meta.timed_out = meta.pending_timed_out
-            meta.pending = None
-            meta.in_doubt = False
-            meta.positions.append(pos)
-            meta.decided_at = clock.monotonic_ms()
-            meta.last_modified = now
-            if meta.done is not None:
-                table.notify(meta)
 
     def _await_adds(self, meta: TxnMeta, tid: TxnID, deadline: int) -> None:
         # ADD records still in flight finish (or fail) before the decision.
@@ -810,14 +823,21 @@ class EndDriver:
                 # Each is asked again, alone: its decision is logged again then.
                 return [_pending_error(table.tid(m.seq), None, why) for m in metas]
             mono = clock.monotonic_ms()
-            with table.lock:
-                for m, pos in zip(metas, positions, strict=True):
-                    assert m.pending is not None
-                    m.status, m.pending = m.pending, None
-                    m.positions.append(pos)
-                    m.decided_at = mono
-                    m.last_modified = now
-                    table.notify(m)
+            try:
+                with table.lock:
+                    for m, pos in zip(metas, positions, strict=True):
+                        assert m.pending is not None
+                        m.status, m.pending = m.pending, None
+                        m.positions.append(pos)
+                        m.decided_at = mono
+                        m.last_modified = now
+                        table.notify(m)
+            except BaseException:  # an interrupt before the lock: durable, not applied
+                with table.lock:
+                    for m in metas:
+                        if m.deciding:
+                            m.in_doubt = True
+                raise
             if traces is not None:
                 for t in traces:
                     if t is not None:

@@ -160,3 +160,33 @@ def test_mark_aborted_finds_a_transactions_messages_through_the_index() -> None:
     assert not d._producers["q"].window[0].aborted
     # An aborted message may be sent again (here by a non-transactional send).
     assert d.claim("p", [0, 1], None, lambda _t: ENDED) is None
+
+
+@pytest.mark.parametrize("refused_resend", [False, True])
+def test_a_refused_resend_of_a_forgotten_abort_keeps_it_sendable_after_a_restart(
+    refused_resend: bool,
+) -> None:
+    # Re-sending id 0 (its transaction aborted, its markers trimmed) is claimed,
+    # then refused before it is queued: failed() put the message back but not
+    # its "aborted and forgotten" mark, so snapshots past the newest 128 left
+    # it out, and after a restart every re-send of id 0 was a duplicate.
+    t1, t2 = (1, 1), (1, 2)
+
+    def ended(_t: TxnKey) -> str:
+        return ENDED  # the buffer forgot t1 (mark_aborted remembers it)
+
+    d = Deduplication()
+    d.placed("p", [0], t1, None, Position(3, 0))
+    for i in range(1, 200):  # more than SNAPSHOT_RECENT later messages
+        d.placed("p", [i], None, None, Position(3, i))
+    d.mark_aborted([t1])
+    if refused_resend:
+        assert d.claim("p", [0], t2, ended) is None
+        d.failed("p", [0])  # refused before it was queued (t2 had ended, say)
+    for i in range(200, 400):
+        d.placed("p", [i], None, None, Position(3, i))
+    snap = TransactionBufferSnapshot()
+    d.snapshot(Position(3, 1000), snap, keep=())
+    again = Deduplication()
+    again.restore(snap)
+    assert again.claim("p", [0], t2, ended) is None  # sendable, not a duplicate

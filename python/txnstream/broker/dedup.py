@@ -182,8 +182,10 @@ class Deduplication:
         # What the last claim that said "write it" changed, until :meth:`placed`
         # or :meth:`failed` (the caller holds the publish lock from claim to
         # those): the producer, its previous highest id, the messages it
-        # forgot. A failed write puts them back: its ids stay sendable.
-        self._undo: tuple[str, int, list[tuple[int, Sent]]] | None = None
+        # forgot, each with whether its transaction was marked aborted and
+        # forgotten (``_forgotten``: what keeps it in snapshots). A failed
+        # write puts them back: its ids stay sendable, after a restart too.
+        self._undo: tuple[str, int, list[tuple[int, Sent, bool]]] | None = None
 
     def _get(self, name: str) -> _Producer:
         p = self._producers.get(name)
@@ -334,8 +336,9 @@ class Deduplication:
         for seq in sequence_ids:
             old = p.window.get(seq)
             if old is not None:
+                forgotten = old.txn is not None and old.txn in self._forgotten
                 self._drop(producer, p, seq)
-                dropped.append((seq, old))
+                dropped.append((seq, old, forgotten))
         self._undo = (producer, p.last, dropped)
         p.last = max(p.last, sequence_ids[-1])
 
@@ -397,8 +400,10 @@ class Deduplication:
         p = self._get(producer)
         for seq in sequence_ids:
             self._drop(producer, p, seq)
-        for seq, old in dropped:
+        for seq, old, forgotten in dropped:
             self._put(producer, p, seq, old)
+            if forgotten and old.txn is not None:
+                self._forgotten.add(old.txn)
         p.last = last
 
     def replayed(

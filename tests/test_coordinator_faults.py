@@ -860,3 +860,40 @@ def test_an_interrupt_between_the_decision_write_and_its_apply_leaves_it_in_doub
         assert again.list_transactions() == []
     finally:
         again.close()
+
+
+def test_a_commit_is_bounded_when_the_disk_stalls_after_its_participants(tmp_path: Path) -> None:
+    """The outcome is visible once participants ended: the store write must not hold the caller.
+
+    With the terminated store on, the end's store write waited for a stalled
+    disk without a limit (the final record right after it was bounded).
+    """
+    tc = TransactionCoordinator.open(
+        tmp_path, 0, registry=None, end_timeout_ms=300, transaction_meta_persist_count=10
+    )
+    ml = testing.log_ledger(tc)
+    txn = tc.new_transaction(client_name="c")
+
+    def stall(step: str, _tid: TxnID) -> None:
+        if step == "participants_done":
+            testing.hold_fault(ml, "sync")  # the disk stalls now
+
+    testing.set_step_hook(tc, stall)
+    got: list[object] = []
+    t = threading.Thread(target=lambda: got.append(tc.commit(txn)), daemon=True)
+    t.start()
+    try:
+        t.join(10)
+        assert not t.is_alive(), "commit() waited for the stalled disk"
+        assert got == [TxnStatus.COMMITTED]
+    finally:
+        testing.set_step_hook(tc, None)
+        testing.release_fault(ml, "sync")
+    tc.close()
+    again = TransactionCoordinator.open(
+        tmp_path, 0, registry=None, transaction_meta_persist_count=10
+    )
+    try:
+        assert again.commit(txn) is TxnStatus.COMMITTED  # completed or finished at recovery
+    finally:
+        again.close()

@@ -95,3 +95,41 @@ def test_reader_in_read_only_mode_and_errors(tmp_path: Path) -> None:
     with pytest.raises(CorruptEntryError) as ei:
         CompactedTopic.open(tmp_path, "junk")
     assert ei.value.position == (p.ledger_id, p.entry_id)
+
+
+def test_a_put_with_a_deadline_times_out_and_compaction_waits_for_it(tmp_path: Path) -> None:
+    """``put_many(..., timeout_ms)`` stops waiting on a stalled disk; the put goes on.
+
+    It used to wait for the disk without a limit (a coordinator's end, whose
+    outcome was already visible, hung in its terminated-store write). The
+    abandoned put still lands and is read back, and a compaction started
+    meanwhile waits for it instead of swapping its record away.
+    """
+    from txnstream import testing
+
+    topic = CompactedTopic.open(str(tmp_path), "kv")
+    topic.put_many([("a", b"1")])
+    disk = ManagedLedger.open(str(tmp_path), "other")  # one journal per directory
+    testing.hold_fault(disk, "sync")
+    try:
+        with pytest.raises(TimeoutError):
+            topic.put_many([("b", b"2")], timeout_ms=100)
+        compacted = threading.Event()
+
+        def compact() -> None:
+            topic.compact()
+            compacted.set()
+
+        t = threading.Thread(target=compact)
+        t.start()
+        assert not compacted.wait(0.3)  # waits for the put in flight
+    finally:
+        testing.release_fault(disk, "sync")
+    t.join(10)
+    assert compacted.is_set()
+    assert topic.get("b") == b"2" and topic.get("a") == b"1"
+    topic.close()
+    disk.close()
+    again = CompactedTopic.open(str(tmp_path), "kv")
+    assert dict(again.items()) == {"a": b"1", "b": b"2"}
+    again.close()

@@ -34,7 +34,9 @@ class MemoryTopic:
         self.before_put: Callable[[Sequence[tuple[str, bytes | None]]], None] | None = None
         self.lock = threading.Lock()
 
-    def put_many(self, records: Sequence[tuple[str, bytes | None]]) -> None:
+    def put_many(
+        self, records: Sequence[tuple[str, bytes | None]], timeout_ms: float | None = None
+    ) -> None:
         if self.before_put is not None:
             self.before_put(records)
         with self.lock:

@@ -392,8 +392,10 @@ class InMemoryTerminatedPersistence:
         """Store or delete ``key``."""
         self.put_many([(key, value)])
 
-    def put_many(self, records: Sequence[tuple[str, bytes | None]]) -> None:
-        """Store or delete every key, in order (or fail as told)."""
+    def put_many(
+        self, records: Sequence[tuple[str, bytes | None]], timeout_ms: float | None = None
+    ) -> None:
+        """Store or delete every key, in order (or fail as told); never waits."""
         with self._lock:
             if self._fail:
                 self._fail -= 1

@@ -732,9 +732,15 @@ class EndDriver:
         assert final is not None
         assert decided.is_ending
         try:
-            # The decision's time orders the store, the same on every retry.
+            # The decision's time orders the store, the same on every retry. Bounded
+            # like the final record below: a stalled disk must not hold the caller.
             self._store.record(
-                tid, meta.client_name, final, timed_out=meta.timed_out, end_time=meta.last_modified
+                tid,
+                meta.client_name,
+                final,
+                timed_out=meta.timed_out,
+                end_time=meta.last_modified,
+                timeout_ms=self._config.end_timeout_ms,
             )
             self._hook("terminated_stored", tid)
             now = self._clock.wall_ms()
@@ -960,6 +966,7 @@ class EndDriver:
                     for m, final in zip(metas, finals, strict=True)
                 ],
                 end_times=[m.last_modified for m in metas],
+                timeout_ms=self._config.end_timeout_ms,  # a stalled disk: retried later
             )
             for m in metas:
                 self._hook("terminated_stored", table.tid(m.seq))
@@ -968,7 +975,7 @@ class EndDriver:
                 encode_txn_update(table.tc_id, m.seq, now, int(m.status), int(f), m.timed_out)
                 for m, f in zip(metas, finals, strict=True)
             ]
-            lasts = self._writer.write_many(finals_logged)
+            lasts = self._writer.write_many(finals_logged, self._config.end_timeout_ms)
             for m in metas:
                 self._hook("final_logged", table.tid(m.seq))
         except Exception:

@@ -54,8 +54,14 @@ COMPACT_SLACK = 1024
 class TerminatedPersistence(Protocol):
     """Durable key/value storage for the store (a compacted topic)."""
 
-    def put_many(self, records: Sequence[tuple[str, bytes | None]]) -> object:
-        """Store every ``(key, value)`` durably, in order; a ``None`` value deletes."""
+    def put_many(
+        self, records: Sequence[tuple[str, bytes | None]], timeout_ms: float | None = None
+    ) -> object:
+        """Store every ``(key, value)`` durably, in order; a ``None`` value deletes.
+
+        ``timeout_ms`` bounds the wait (the built-in ``TimeoutError``; the
+        records may still be written).
+        """
 
     def items(self) -> Iterable[tuple[str, bytes]]:
         """Every live key and its newest value."""
@@ -194,6 +200,7 @@ class TerminatedTxnStore:
         *,
         timed_out: bool = False,
         end_time: int | None = None,
+        timeout_ms: int | None = None,
     ) -> bool:
         """Remember that ``txn_id`` ended with ``status`` and persist it durably.
 
@@ -210,13 +217,15 @@ class TerminatedTxnStore:
         if not self.enabled or not client_name:
             return False
         times = None if end_time is None else [end_time]
-        return self.record_many([(txn_id, client_name, status, timed_out)], end_times=times) == 1
+        item = [(txn_id, client_name, status, timed_out)]
+        return self.record_many(item, end_times=times, timeout_ms=timeout_ms) == 1
 
     def record_many(
         self,
         items: Sequence[tuple[TxnID, str | None, TxnStatus, bool]],
         *,
         end_times: Sequence[int] | None = None,
+        timeout_ms: int | None = None,
     ) -> int:
         """:meth:`record` for many ``(txn_id, client_name, status, timed_out)`` at once.
 
@@ -257,7 +266,7 @@ class TerminatedTxnStore:
                     del entries[oldest]
                     del self._index[oldest]
                     writes.append((txn_key(oldest), None))
-        self._write(writes)
+        self._write(writes, timeout_ms)
         self._forget_if_gone(recorded)
         return len(recorded)
 
@@ -292,10 +301,10 @@ class TerminatedTxnStore:
             entries[tid] = r
         return True
 
-    def _write(self, writes: list[tuple[str, bytes | None]]) -> None:
+    def _write(self, writes: list[tuple[str, bytes | None]], timeout_ms: int | None = None) -> None:
         if self._persistence is None or not writes:
             return
-        self._persistence.put_many(writes)
+        self._persistence.put_many(writes, timeout_ms)
         with self._lock:
             self.puts += len(writes)
             self._entries += len(writes)

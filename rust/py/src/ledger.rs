@@ -14,7 +14,7 @@
 //! thread ([`crate::completion`]).
 
 use crate::ackset::PyAckSet;
-use crate::args::{bool_arg, i64_arg, path_arg, str_arg};
+use crate::args::{bool_arg, i64_arg, path_arg, str_arg, timeout_ms_arg};
 use crate::buffers::{bytes_list, record_bytes, with_slices};
 use crate::completion::{future_with_callback, object_list, Job};
 use crate::errors::BindResult;
@@ -712,7 +712,18 @@ impl PyCompactedTopic {
     }
 
     /// Write many ``(key, value | None)`` records in one group commit.
-    fn put_many(&self, py: Python<'_>, records: &Bound<'_, PyAny>) -> BindResult<Py<PyList>> {
+    ///
+    /// Waits (GIL released) until they are durable; ``timeout_ms`` (None: no
+    /// limit) bounds the wait with the built-in ``TimeoutError`` (the records
+    /// may still be written, and then read back).
+    #[pyo3(signature = (records, timeout_ms = None))]
+    fn put_many(
+        &self,
+        py: Python<'_>,
+        records: &Bound<'_, PyAny>,
+        timeout_ms: Option<&Bound<'_, PyAny>>,
+    ) -> BindResult<Py<PyList>> {
+        let timeout = timeout_ms_arg(timeout_ms)?;
         let bad = || {
             Error::invalid("records must be an iterable of (key: str, value: bytes | None) pairs")
         };
@@ -732,7 +743,16 @@ impl PyCompactedTopic {
             };
             out.push((key, value));
         }
-        let ps = py.detach(|| self.inner.put_many(out))?;
+        let ps = py.detach(|| {
+            let (tx, rx) = std::sync::mpsc::sync_channel(1);
+            self.inner.put_many_async(
+                out,
+                Box::new(move |r| {
+                    let _ = tx.send(r);
+                }),
+            );
+            crate::writer::wait_for(&rx, timeout)
+        })?;
         Ok(positions(py, &ps)?.unbind())
     }
 

@@ -25,7 +25,10 @@ fn positions_list<'py>(py: Python<'py>, ps: &[TxnPosition]) -> PyResult<Bound<'p
     object_list(py, ps.iter().copied().map(PyTxnPosition))
 }
 
-fn wait_for<T: Send>(rx: &Receiver<Result<T>>, timeout: Option<Duration>) -> BindResult<T> {
+pub(crate) fn wait_for<T: Send>(
+    rx: &Receiver<Result<T>>,
+    timeout: Option<Duration>,
+) -> BindResult<T> {
     match timeout {
         None => rx
             .recv()

@@ -7,7 +7,7 @@ use super::{LedgerOptions, ManagedLedger};
 use crate::error::{Error, Result};
 use crate::position::Position;
 use crate::proto::CompactedRecord;
-use crate::sync::{Mutex, RwLock};
+use crate::sync::{Condvar, Mutex, RwLock};
 use prost::Message;
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -28,16 +28,35 @@ pub struct CompactionStats {
 /// Newest record per key: its position, and its value (`None`: deleted).
 type Index = BTreeMap<String, (Position, Option<Vec<u8>>)>;
 
+/// Puts queued and not complete yet, and the condition compaction waits on.
+#[derive(Debug, Default)]
+struct InFlight {
+    count: Mutex<usize>,
+    idle: Condvar,
+}
+
+impl InFlight {
+    fn done(&self) {
+        let mut n = self.count.lock();
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            self.idle.notify_all();
+        }
+    }
+}
+
 /// A key-value view over a managed ledger with compaction.
 #[derive(Debug)]
 pub struct CompactedTopic {
     ml: Arc<ManagedLedger>,
-    index: Mutex<Index>,
+    index: Arc<Mutex<Index>>,
     /// No key index (see the module docs).
     write_only: bool,
-    /// Puts share it, compaction takes it alone: no put can land between
-    /// compaction's snapshot and the swap.
+    /// Puts share it while they queue, compaction takes it alone; compaction
+    /// then waits for the puts in flight ([`InFlight`]): no put can land
+    /// between compaction's snapshot and the swap.
     gate: RwLock<()>,
+    inflight: Arc<InFlight>,
 }
 
 fn decode(pos: Position, entry: &[u8]) -> Result<CompactedRecord> {
@@ -96,9 +115,10 @@ impl CompactedTopic {
         }
         let t = Self {
             ml,
-            index: Mutex::new(Index::new()),
+            index: Arc::new(Mutex::new(Index::new())),
             write_only,
             gate: RwLock::new(()),
+            inflight: Arc::new(InFlight::default()),
         };
         if !write_only {
             *t.index.lock() = t.read_index()?;
@@ -164,20 +184,47 @@ impl CompactedTopic {
 
     /// Writes many records in one group commit.
     pub fn put_many(&self, records: Vec<(String, Option<Vec<u8>>)>) -> Result<Vec<Position>> {
+        let (tx, rx) = std::sync::mpsc::sync_channel(1);
+        self.put_many_async(
+            records,
+            Box::new(move |r| {
+                let _ = tx.send(r);
+            }),
+        );
+        rx.recv()
+            .map_err(|_| Error::invalid("the ledger dropped a put without completing it"))?
+    }
+
+    /// Queues many records for one group commit; `done` runs once they are
+    /// durable (and readable through [`Self::get`]) or failed. A caller may
+    /// stop waiting for it (a deadline): the put completes anyway, and
+    /// compaction waits for it.
+    pub fn put_many_async(
+        &self,
+        records: Vec<(String, Option<Vec<u8>>)>,
+        done: Box<dyn FnOnce(Result<Vec<Position>>) + Send>,
+    ) {
         let _g = self.gate.read();
         let entries = records
             .iter()
             .map(|(k, v)| encode(k, v.as_deref()))
             .collect();
-        let positions = self.ml.append_many(entries)?;
-        if self.write_only {
-            return Ok(positions);
-        }
-        let mut index = self.index.lock();
-        for ((key, value), &pos) in records.into_iter().zip(&positions) {
-            apply(&mut index, pos, CompactedRecord { key, value });
-        }
-        Ok(positions)
+        *self.inflight.count.lock() += 1;
+        let inflight = Arc::clone(&self.inflight);
+        let index = (!self.write_only).then(|| Arc::clone(&self.index));
+        self.ml.append_many_async(
+            entries,
+            Box::new(move |res| {
+                if let (Ok(positions), Some(index)) = (&res, index) {
+                    let mut index = index.lock();
+                    for ((key, value), &pos) in records.into_iter().zip(positions) {
+                        apply(&mut index, pos, CompactedRecord { key, value });
+                    }
+                }
+                inflight.done();
+                done(res);
+            }),
+        );
     }
 
     /// Refuses reads of a write-only topic: it keeps no key index, so an
@@ -233,6 +280,14 @@ impl CompactedTopic {
     /// A write-only topic reads its log once here to find them.
     pub fn compact(&self) -> Result<CompactionStats> {
         let _g = self.gate.write();
+        {
+            // Puts queued before the gate closed land first: their records are
+            // in the snapshot below, never dropped by the swap.
+            let mut n = self.inflight.count.lock();
+            while *n > 0 {
+                self.inflight.idle.wait(&mut n);
+            }
+        }
         let entries_before = self.ml.entry_count();
         let live: Vec<(String, Vec<u8>)> = if self.write_only {
             self.read_index()?

@@ -123,6 +123,21 @@ def test_a_put_with_a_deadline_times_out_and_compaction_waits_for_it(tmp_path: P
         t = threading.Thread(target=compact)
         t.start()
         assert not compacted.wait(0.3)  # waits for the put in flight
+        # ... holding the topic meanwhile: a put with a deadline still keeps it
+        # (it waited at the compaction's gate without one).
+        late: list[BaseException] = []
+
+        def put_late() -> None:
+            try:
+                topic.put_many([("c", b"3")], timeout_ms=100)
+            except BaseException as e:  # reported below
+                late.append(e)
+
+        p = threading.Thread(target=put_late, daemon=True)
+        p.start()
+        p.join(5)
+        assert not p.is_alive(), "a put with a deadline waited at the compaction's gate"
+        assert isinstance(late[0], TimeoutError) and "nothing was written" in str(late[0])
     finally:
         testing.release_fault(disk, "sync")
     t.join(10)

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 import pytest
 
@@ -347,3 +348,18 @@ def test_out_of_order_ends_keep_exactly_the_newest_by_end_time(seed: int) -> Non
     # The sweep stops at the first young entry: the order held throughout.
     clock.advance(store.persist_time_ms + 1_000)
     assert store.sweep() == len(model)
+
+
+def test_a_persistence_without_timeout_ms_still_works() -> None:
+    # Written to the protocol before put_many took timeout_ms: every write
+    # failed with TypeError once the store passed it (memory and disk apart).
+    class OldStyle(MemoryTopic):
+        def put_many(self, records: Sequence[tuple[str, bytes | None]]) -> None:  # type: ignore[override]
+            super().put_many(records)
+
+    topic: Any = OldStyle()  # not the protocol's type any more: that is the point
+    store = TerminatedTxnStore(3, persistence=topic, clock=FakeClock())
+    assert store.record(t(1), "c", TxnStatus.COMMITTED, timeout_ms=100)
+    assert store.record_many([(t(2), "c", TxnStatus.ABORTED, False)]) == 1
+    again = TerminatedTxnStore(3, persistence=topic, clock=FakeClock())
+    assert again.restore() == 2

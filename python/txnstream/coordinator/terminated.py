@@ -33,6 +33,7 @@ loses no stored outcome.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -51,6 +52,15 @@ log = logging.getLogger(__name__)
 COMPACT_SLACK = 1024
 
 
+def _takes_timeout(put_many: Callable[..., object]) -> bool:
+    # Whether a persistence's put_many accepts ``timeout_ms`` (an older one may not).
+    try:
+        params = inspect.signature(put_many).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: try it
+        return True
+    return "timeout_ms" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
+
+
 class TerminatedPersistence(Protocol):
     """Durable key/value storage for the store (a compacted topic)."""
 
@@ -60,7 +70,8 @@ class TerminatedPersistence(Protocol):
         """Store every ``(key, value)`` durably, in order; a ``None`` value deletes.
 
         ``timeout_ms`` bounds the wait (the built-in ``TimeoutError``; the
-        records may still be written).
+        records may still be written). A persistence without the parameter
+        still works: its writes are not bounded.
         """
 
     def items(self) -> Iterable[tuple[str, bytes]]:
@@ -149,6 +160,8 @@ class TerminatedTxnStore:
         self.persist_time_ms = persist_time_ms
         self.schedule_compaction: Callable[[], None] | None = None
         self._persistence = persistence
+        # Persistences written before ``timeout_ms`` existed take the records only.
+        self._put_deadline = persistence is not None and _takes_timeout(persistence.put_many)
         self._clock = clock_arg(clock)
         self._lock = threading.Lock()
         # client -> {txn_id: (status, end_time, timed_out)} in end order (oldest first).
@@ -304,7 +317,10 @@ class TerminatedTxnStore:
     def _write(self, writes: list[tuple[str, bytes | None]], timeout_ms: int | None = None) -> None:
         if self._persistence is None or not writes:
             return
-        self._persistence.put_many(writes, timeout_ms)
+        if timeout_ms is not None and self._put_deadline:
+            self._persistence.put_many(writes, timeout_ms=timeout_ms)
+        else:
+            self._persistence.put_many(writes)
         with self._lock:
             self.puts += len(writes)
             self._entries += len(writes)

@@ -234,6 +234,26 @@ impl<T: ?Sized> RwLock<T> {
         self.0.read().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// Shared access by `deadline` (polling while a writer holds the lock;
+    /// `None`: wait as long as it takes); `None` if the deadline passed.
+    pub fn read_by(&self, deadline: Option<Instant>) -> Option<std::sync::RwLockReadGuard<'_, T>> {
+        let Some(deadline) = deadline else {
+            return Some(self.read());
+        };
+        loop {
+            match self.0.try_read() {
+                Ok(g) => return Some(g),
+                Err(std::sync::TryLockError::Poisoned(p)) => return Some(p.into_inner()),
+                Err(std::sync::TryLockError::WouldBlock) => {}
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            std::thread::sleep((deadline - now).min(Duration::from_millis(1)));
+        }
+    }
+
     /// Exclusive access, blocking while anyone holds the lock.
     pub fn write(&self) -> std::sync::RwLockWriteGuard<'_, T> {
         self.0.write().unwrap_or_else(PoisonError::into_inner)

@@ -19,6 +19,7 @@ use crate::buffers::{bytes_list, record_bytes, with_slices};
 use crate::completion::{future_with_callback, object_list, Job};
 use crate::errors::BindResult;
 use crate::position::{position_of, PyPosition, PyTxnPosition};
+use pyo3::exceptions::PyTimeoutError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use pyo3::IntoPyObjectExt;
@@ -744,13 +745,21 @@ impl PyCompactedTopic {
             out.push((key, value));
         }
         let ps = py.detach(|| {
+            let deadline = timeout.map(|t| std::time::Instant::now() + t);
             let (tx, rx) = std::sync::mpsc::sync_channel(1);
-            self.inner.put_many_async(
+            let queued = self.inner.put_many_async(
                 out,
+                deadline,
                 Box::new(move |r| {
                     let _ = tx.send(r);
                 }),
             );
+            if !queued {
+                return Err(PyTimeoutError::new_err(
+                    "a compaction held the topic past the deadline: nothing was written",
+                )
+                .into());
+            }
             crate::writer::wait_for(&rx, timeout)
         })?;
         Ok(positions(py, &ps)?.unbind())

@@ -12,6 +12,7 @@ use prost::Message;
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Instant;
 
 /// Entries decoded per read while rebuilding the key index.
 const REPLAY_CHUNK: u64 = 4096;
@@ -187,6 +188,7 @@ impl CompactedTopic {
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.put_many_async(
             records,
+            None, // no deadline: always queued
             Box::new(move |r| {
                 let _ = tx.send(r);
             }),
@@ -198,13 +200,18 @@ impl CompactedTopic {
     /// Queues many records for one group commit; `done` runs once they are
     /// durable (and readable through [`Self::get`]) or failed. A caller may
     /// stop waiting for it (a deadline): the put completes anyway, and
-    /// compaction waits for it.
+    /// compaction waits for it. While a compaction holds the topic (it waits
+    /// for such puts), queueing waits until `deadline` at most: then nothing
+    /// is queued, `done` is not called, and this returns false.
     pub fn put_many_async(
         &self,
         records: Vec<(String, Option<Vec<u8>>)>,
+        deadline: Option<Instant>,
         done: Box<dyn FnOnce(Result<Vec<Position>>) + Send>,
-    ) {
-        let _g = self.gate.read();
+    ) -> bool {
+        let Some(_g) = self.gate.read_by(deadline) else {
+            return false;
+        };
         let entries = records
             .iter()
             .map(|(k, v)| encode(k, v.as_deref()))
@@ -225,6 +232,7 @@ impl CompactedTopic {
                 done(res);
             }),
         );
+        true
     }
 
     /// Refuses reads of a write-only topic: it keeps no key index, so an

@@ -746,14 +746,8 @@ impl PyCompactedTopic {
         }
         let ps = py.detach(|| {
             let deadline = timeout.map(|t| std::time::Instant::now() + t);
-            let (tx, rx) = std::sync::mpsc::sync_channel(1);
-            let queued = self.inner.put_many_async(
-                out,
-                deadline,
-                Box::new(move |r| {
-                    let _ = tx.send(r);
-                }),
-            );
+            let (done, rx) = crate::writer::reply();
+            let queued = self.inner.put_many_async(out, deadline, done);
             if !queued {
                 return Err(PyTimeoutError::new_err(
                     "a compaction held the topic past the deadline: nothing was written",

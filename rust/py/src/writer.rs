@@ -25,6 +25,21 @@ fn positions_list<'py>(py: Python<'py>, ps: &[TxnPosition]) -> PyResult<Bound<'p
     object_list(py, ps.iter().copied().map(PyTxnPosition))
 }
 
+/// A completion callback and the receiver its one result arrives on (for
+/// [`wait_for`]).
+pub(crate) type Reply<T> = (Box<dyn FnOnce(Result<T>) + Send>, Receiver<Result<T>>);
+
+/// A fresh [`Reply`]: the callback sends its result, which [`wait_for`] awaits.
+pub(crate) fn reply<T: Send + 'static>() -> Reply<T> {
+    let (tx, rx) = mpsc::sync_channel(1);
+    (
+        Box::new(move |r| {
+            let _ = tx.send(r);
+        }),
+        rx,
+    )
+}
+
 pub(crate) fn wait_for<T: Send>(
     rx: &Receiver<Result<T>>,
     timeout: Option<Duration>,
@@ -148,13 +163,8 @@ impl PyBufferedWriter {
         let record = record_bytes(record, "record")?;
         let data = record.as_bytes();
         let p = py.detach(|| {
-            let (tx, rx) = mpsc::sync_channel(1);
-            self.writer.write(
-                data,
-                Box::new(move |r| {
-                    let _ = tx.send(r);
-                }),
-            )?;
+            let (done, rx) = reply();
+            self.writer.write(data, done)?;
             wait_for(&rx, timeout)
         })?;
         Ok(PyTxnPosition(p))
@@ -172,13 +182,8 @@ impl PyBufferedWriter {
         let objs = bytes_list(records, "records")?;
         let slices = with_slices(&objs)?;
         let ps = py.detach(|| {
-            let (tx, rx) = mpsc::sync_channel(1);
-            self.writer.write_many(
-                &slices,
-                Box::new(move |r| {
-                    let _ = tx.send(r);
-                }),
-            )?;
+            let (done, rx) = reply();
+            self.writer.write_many(&slices, done)?;
             wait_for(&rx, timeout)
         })?;
         Ok(positions_list(py, &ps)?.unbind())

@@ -897,3 +897,25 @@ def test_a_commit_is_bounded_when_the_disk_stalls_after_its_participants(tmp_pat
         assert again.commit(txn) is TxnStatus.COMMITTED  # completed or finished at recovery
     finally:
         again.close()
+
+
+def test_a_bulk_end_failing_before_its_write_leaves_nothing_claimed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An error while the bulk decisions are encoded left them claimed: "busy" for good."""
+    import txnstream.coordinator.ending as ending
+
+    tc = TransactionCoordinator.open(tmp_path, 0, registry=None, end_timeout_ms=500)
+    try:
+        txn = tc.new_transaction(timeout_ms=HOUR)
+
+        def broken(*_args: object) -> bytes:
+            raise RuntimeError("encoding failed")
+
+        monkeypatch.setattr(ending, "encode_txn_update", broken)
+        with pytest.raises(RuntimeError, match="encoding failed"):
+            tc.end_transactions([(txn, "commit")])
+        monkeypatch.undo()
+        assert tc.abort(txn) is TxnStatus.ABORTED
+    finally:
+        tc.close()

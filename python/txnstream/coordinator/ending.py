@@ -799,13 +799,20 @@ class EndDriver:
         handed: set[int] = set()
         try:
             now = clock.wall_ms()
-            with table.lock:
-                records = [
-                    encode_txn_update(
-                        table.tc_id, m.seq, now, int(TxnStatus.OPEN), int(m.pending or 0), False
-                    )
-                    for m in metas
-                ]
+            try:
+                with table.lock:
+                    records = [
+                        encode_txn_update(
+                            table.tc_id, m.seq, now, int(TxnStatus.OPEN), int(m.pending or 0), False
+                        )
+                        for m in metas
+                    ]
+            except BaseException:  # before the write: nothing was logged, nothing stays claimed
+                with table.lock:
+                    for m in metas:
+                        if m.deciding:
+                            self._revert(m)
+                raise
             try:
                 positions = writer.write_many(records, max(1, deadline - clock.monotonic_ms()))
             except BaseException as exc:
@@ -828,8 +835,8 @@ class EndDriver:
                     raise  # an interrupt: it goes on up (the decisions are in doubt)
                 # Each is asked again, alone: its decision is logged again then.
                 return [_pending_error(table.tid(m.seq), None, why) for m in metas]
-            mono = clock.monotonic_ms()
             try:
+                mono = clock.monotonic_ms()
                 with table.lock:
                     for m, pos in zip(metas, positions, strict=True):
                         assert m.pending is not None

@@ -1271,3 +1271,25 @@ def test_a_live_batch_switch_is_persisted_like_a_pulsar_dynamic_setting(tmp_path
         assert b.config.pending_ack_batched_write.enabled
         b.admin.set_transaction_log_batch_enabled(False)
     assert read_dynamic_config(tmp_path)["transactionLogBatchedWriteEnabled"] is False
+
+
+def test_open_creates_a_new_data_directory_durably(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Broker.open made the directory with os.makedirs before the storage ran,
+    # and the storage syncs only the parents of directories it creates: the
+    # new directories' entries stayed in the page cache, and a power cut could
+    # take the data directory, with everything acknowledged in it, away.
+    import txnstream.durable_file as durable_file
+
+    synced: list[Path] = []
+    real_fsync_dir = durable_file.fsync_dir
+
+    def recording_fsync_dir(path: Path) -> None:
+        synced.append(Path(path))
+        real_fsync_dir(path)
+
+    monkeypatch.setattr(durable_file, "fsync_dir", recording_fsync_dir)
+    data = tmp_path / "a" / "b" / "data"
+    Broker.open(data, registry=None).close()
+    assert {tmp_path, tmp_path / "a", tmp_path / "a" / "b"} <= set(synced)

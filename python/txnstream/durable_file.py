@@ -23,8 +23,13 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def _make_parents_durable(directory: Path) -> None:
-    """Create ``directory`` and its missing parents, each new one's parent fsynced."""
+def make_dirs_durably(directory: Path) -> None:
+    """Create ``directory`` and its missing parents, each new one's parent fsynced.
+
+    ``os.makedirs`` alone leaves new directories' entries in the page cache:
+    a power cut could take a data directory, with everything acknowledged in
+    it, away with them.
+    """
     missing: list[Path] = []
     at = directory
     while not at.exists():
@@ -44,7 +49,7 @@ def write_atomically(path: Path, data: bytes) -> None:
     ``O_EXCL | O_NOFOLLOW`` (no symlink is followed, no other writer's temp
     file is reused). Raises ``OSError``; the temp file is removed then.
     """
-    _make_parents_durable(path.parent)
+    make_dirs_durably(path.parent)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:

@@ -56,6 +56,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
 from prometheus_client.registry import REGISTRY, CollectorRegistry
@@ -78,6 +79,7 @@ from txnstream.coordinator import (
 from txnstream.coordinator.coordinator import directory_arg
 from txnstream.coordinator.ending import Participant
 from txnstream.coordinator.state import log_ids
+from txnstream.durable_file import make_dirs_durably
 from txnstream.errors import (
     AlreadyClosedError,
     ConfigError,
@@ -344,7 +346,7 @@ class Broker:
                 value=metrics_label,
             )
         _coordinator_config(config)  # its settings too, before anything is created
-        os.makedirs(directory, exist_ok=True)
+        make_dirs_durably(Path(directory))  # the storage finds it there: it syncs no parent
         broker = cls(directory, config, clock=clk, registry=registry, metrics_label=metrics_label)
         try:
             broker._start()

@@ -25,7 +25,7 @@ from prometheus_client.core import CounterMetricFamily
 from prometheus_client.registry import Collector
 
 from txnstream._native import Position, crc32c
-from txnstream.durable_file import write_atomically
+from txnstream.durable_file import make_dirs_durably, write_atomically
 from txnstream.errors import CorruptEntryError, InvalidArgumentError, StorageError
 
 #: Kinds of remote calls, as counted and exported.
@@ -151,7 +151,7 @@ class RemoteStorage:
             path = Path(text.removeprefix("file://"))
             self._root = str(path)
             try:
-                path.mkdir(parents=True, exist_ok=True)
+                make_dirs_durably(path)  # objects in it are durable only with it
             except (OSError, ValueError) as e:
                 raise StorageError(
                     f"remote location {text!r} is not a usable directory: {e}",

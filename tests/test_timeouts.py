@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 
 import pytest
 
@@ -142,3 +143,32 @@ def test_cancelling_a_timer_of_a_closed_scope_or_service_keeps_the_count() -> No
     timers.close()
     assert timers.cancel(other)
     assert len(timers) == 0
+
+
+def test_a_due_timer_cancelled_or_scope_closed_before_it_runs_never_runs() -> None:
+    # Timers due together are taken out of the heap together; one waiting
+    # behind a slow callback was already marked as run: cancel() said
+    # "already ran", its scope's close() returned, and it ran anyway.
+    svc = TimerService()
+    try:
+        slow, s2, s3 = svc.scope(), svc.scope(), svc.scope()
+        started, gate = threading.Event(), threading.Event()
+        ran: list[str] = []
+        due = svc.clock.monotonic_ms() + 100
+
+        def slow_callback() -> None:
+            started.set()
+            gate.wait(5)
+
+        slow.schedule(due, slow_callback)
+        cancelled = s2.schedule(due, lambda: ran.append("cancelled"))
+        s3.schedule(due, lambda: ran.append("closed scope"))
+        assert started.wait(5)
+        assert s2.cancel(cancelled)  # it has not run: the cancel takes
+        s3.close()
+        gate.set()
+        time.sleep(0.2)
+        assert ran == []
+        assert len(svc) == 0
+    finally:
+        svc.close()

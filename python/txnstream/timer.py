@@ -106,7 +106,7 @@ def timeout_ms_arg(value: object, argument: str = "timeout_ms") -> int | None:
 class TimerHandle:
     """A scheduled callback; cancel it through its service or scope."""
 
-    __slots__ = ("arg", "callback", "cancelled", "deadline", "scope")
+    __slots__ = ("arg", "callback", "cancelled", "deadline", "queued", "scope")
 
     def __init__(
         self,
@@ -121,6 +121,8 @@ class TimerHandle:
         self.arg = arg
         self.cancelled = False
         self.scope = scope
+        #: In the service's heap (False once taken out to run, or dropped).
+        self.queued = True
 
     def run(self, callback: Callable[..., None]) -> None:
         """Invoke ``callback`` (with ``arg`` when one was given)."""
@@ -231,8 +233,8 @@ class TimerService:
             handle.cancelled = True
             handle.callback = None
             scope = handle.scope
-            if self._closed or (scope is not None and scope.closed):
-                return True  # its entry left the heap when the service or scope closed
+            if not handle.queued or self._closed or (scope is not None and scope.closed):
+                return True  # not in the heap (taken out to run, or dropped at a close)
             self._dead += 1
             if self._dead > 64 and self._dead * 2 > len(self._heap):
                 self._purge(lambda h: h.cancelled)
@@ -264,34 +266,44 @@ class TimerService:
         with self._cond:
             self._cond.notify()
 
-    def _pop_due(self, now: int) -> list[tuple[TimerHandle, Callable[..., None]]]:
-        due: list[tuple[TimerHandle, Callable[..., None]]] = []
+    def _pop_due(self, now: int) -> list[TimerHandle]:
+        # Under the lock: take the due timers out of the heap. Each one is
+        # claimed only just before it runs (_run): until then a cancel or a
+        # scope's close still stops it.
+        due: list[TimerHandle] = []
         heap = self._heap
         while heap and heap[0][0] <= now:
             _, _, handle = heapq.heappop(heap)
+            handle.queued = False
             if handle.cancelled:
                 self._dead -= 1
                 continue
-            scope = handle.scope
-            if handle.callback is not None and not (scope is not None and scope.closed):
-                due.append((handle, handle.callback))
-                handle.callback = None
+            due.append(handle)
         return due
 
     def run_due(self) -> int:
         """Run every callback whose deadline has passed, in this thread; return how many."""
         with self._cond:
             due = self._pop_due(self.clock.monotonic_ms())
-        self._run(due)
-        return len(due)
+        return self._run(due)
 
-    @staticmethod
-    def _run(due: list[tuple[TimerHandle, Callable[..., None]]]) -> None:
-        for handle, cb in due:
+    def _run(self, due: list[TimerHandle]) -> int:
+        # One by one: a timer cancelled (or its scope or the service closed)
+        # while an earlier one ran does not run.
+        ran = 0
+        for handle in due:
+            with self._cond:
+                cb = handle.callback
+                scope = handle.scope
+                if cb is None or self._closed or (scope is not None and scope.closed):
+                    continue
+                handle.callback = None  # claimed: a cancel from now on says "ran"
+            ran += 1
             try:
                 handle.run(cb)
             except Exception:
                 log.exception("timer callback failed")
+        return ran
 
     def _loop(self) -> None:
         clock = self.clock

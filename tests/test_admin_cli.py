@@ -16,7 +16,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -602,3 +602,33 @@ def test_flush_triggers_inferred_from_files_match_the_writers_counters(tmp_path:
     assert inferred["max_size"] == counted["max_size"] == 0
     assert inferred["unbatched"] == 0
     assert files["total"]["records"] == writer["records"] == 25
+
+
+def test_data_directory_helpers_refuse_bad_arguments_typed(tmp_path: Path) -> None:
+    # Each raised AttributeError, ValueError or OSError (found in review).
+    from txnstream import datadir
+    from txnstream.errors import InvalidArgumentError, StorageError, TxnStreamError
+
+    with Broker.open(tmp_path / "d", registry=None) as b:
+        b.client().producer("t").send(b"x")
+    d = tmp_path / "d"
+    bad: Any = "not a ledger"
+    calls: list[Callable[[], object]] = [
+        lambda: datadir.histogram("abc", datadir.BATCH_RECORDS_BUCKETS),
+        lambda: datadir.histogram([1, 2], bad),
+        lambda: datadir.replay_partition(bad, "t"),
+        lambda: datadir.ledger_internal_stats(bad),
+    ]
+    for call in calls:
+        with pytest.raises(InvalidArgumentError):
+            call()
+    # A topic name is parsed (it was taken for a TopicName and failed).
+    got = datadir.snapshot_info(d, "persistent://public/default/t")
+    assert got is None or isinstance(got, dict)
+    with pytest.raises(TxnStreamError):
+        datadir.snapshot_info(d, "bad://x")
+    lock = tmp_path / "linked" / datadir.LOCK_FILE
+    lock.parent.mkdir()
+    lock.symlink_to(d / datadir.LOCK_FILE)  # refused (O_NOFOLLOW): typed, not ELOOP
+    with pytest.raises(StorageError, match="writer lock"):
+        datadir.is_live(lock.parent)

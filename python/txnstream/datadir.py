@@ -195,6 +195,8 @@ def is_live(directory: str | os.PathLike[str]) -> bool:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
         return False
+    except OSError as e:  # a symlink (refused: ELOOP), no permission, ...
+        raise StorageError(f"cannot probe the writer lock {path}: {e}", errno=e.errno) from e
     try:
         # struct flock: l_type, l_whence, l_start, l_len, l_pid (+ padding).
         probe = struct.pack("hhqqi4x", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
@@ -316,6 +318,7 @@ def ledger_internal_stats(ml: ManagedLedger) -> dict[str, Any]:
     ``individually_deleted`` ranges above it (``[from, to]``, as the cursor
     reports them).
     """
+    _ledger_arg(ml)
     cursors: dict[str, Any] = {}
     for c in ml.cursor_names():
         cur = ml.open_cursor(c)
@@ -691,6 +694,13 @@ def replay_partition(ml: ManagedLedger, partition: str) -> dict[str, Any]:
     READ_COMMITTED limit to the end), as :class:`TransactionBuffer` computes
     them for the broker. Positions are :class:`Position` objects here.
     """
+    _ledger_arg(ml)
+    if not isinstance(partition, str) or not partition:
+        raise InvalidArgumentError(
+            f"partition must be a non-empty str, not {partition!r:.80}",
+            argument="partition",
+            value=repr(partition)[:80],
+        )
     tb = TransactionBuffer(partition, ml, _NoOutcomes())
     counts = tb.recover()
     end = tb.uncommitted_limit  # just after the last durable entry
@@ -707,7 +717,7 @@ def replay_partition(ml: ManagedLedger, partition: str) -> dict[str, Any]:
 
 
 def snapshot_info(
-    directory: str | os.PathLike[str], partition: TopicName, *, now_ms: int | None = None
+    directory: str | os.PathLike[str], partition: TopicName | str, *, now_ms: int | None = None
 ) -> dict[str, Any] | None:
     """Return the partition's newest transaction-buffer snapshot, or None if it has none.
 
@@ -716,6 +726,8 @@ def snapshot_info(
     snapshot carries no time).
     """
     now = _now_ms(now_ms)
+    if not isinstance(partition, TopicName):
+        partition = TopicName.parse(partition)  # a name: parsed, or a typed error naming it
     raw = _compacted_get(
         _directory(directory), snapshot_topic(partition.namespace_name), partition.full
     )
@@ -886,6 +898,15 @@ def pending_ack_stats(
 # ------------------------------------------------------------- batch stats
 
 
+def _ledger_arg(ml: object) -> None:
+    if not isinstance(ml, ManagedLedger):
+        raise InvalidArgumentError(
+            f"ml must be a ManagedLedger, not {type(ml).__name__}",
+            argument="ml",
+            value=repr(ml)[:80],
+        )
+
+
 def histogram(values: npt.ArrayLike, bounds: Sequence[float]) -> dict[str, Any]:
     """Return a fixed-bucket histogram shaped like the writer's (Prometheus ``le`` bounds).
 
@@ -893,8 +914,19 @@ def histogram(values: npt.ArrayLike, bounds: Sequence[float]) -> dict[str, Any]:
     the last is ``+Inf``), ``count``, ``sum``, and ``min`` / ``mean`` /
     ``max`` (None when empty).
     """
-    v = np.asarray(values, dtype=np.float64)
-    idx = np.searchsorted(np.asarray(bounds, dtype=np.float64), v, side="left")
+    try:
+        v = np.asarray(values, dtype=np.float64)
+        edges = np.asarray(bounds, dtype=np.float64)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgumentError(
+            f"values and bounds must be sequences of numbers: {e}", argument="values"
+        ) from e
+    if v.ndim != 1 or edges.ndim != 1:
+        raise InvalidArgumentError(
+            f"values and bounds must be 1-D (got {v.ndim}-D and {edges.ndim}-D)",
+            argument="bounds" if edges.ndim != 1 else "values",
+        )
+    idx = np.searchsorted(edges, v, side="left")
     counts = (
         np.bincount(idx, minlength=len(bounds) + 1).tolist() if len(v) else [0] * (len(bounds) + 1)
     )

@@ -9,6 +9,7 @@ once the call returns, a power cut keeps the new one.
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 from pathlib import Path
@@ -40,6 +41,8 @@ def make_dirs_durably(directory: Path) -> None:
     for d in reversed(missing):
         d.mkdir(exist_ok=True)
         fsync_dir(d.parent)
+    if not directory.is_dir():  # it existed, as a file (mkdir would have said so)
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(directory))
 
 
 def write_atomically(path: Path, data: bytes) -> None:

@@ -113,8 +113,8 @@ if TYPE_CHECKING:
     from txnstream.client import Client
 
 # Forks seen by this process: a handle made before a fork compares its count with
-# this one. ``os.getpid()`` is a system call, and a hot one: every client call
-# checks (a sandboxed kernel made it ~8% of a consume-transform-produce unit).
+# this one. ``os.getpid()`` is a system call (180 ns here, ``python -m timeit``)
+# made on every client call, about ten per consume-transform-produce unit.
 _forks = 0
 
 

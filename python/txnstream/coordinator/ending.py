@@ -626,11 +626,8 @@ class EndDriver:
                 # Bounded by the end's deadline: a stalled disk must not hold the caller.
                 pos = self._writer.write(record, max(1, deadline - clock.monotonic_ms()))
             except BaseException as exc:
-                with table.lock:
-                    if definite(exc) and not meta.in_doubt:
-                        self._revert(meta)
-                    else:
-                        meta.in_doubt = True  # may be durable: decided; logged again later
+                # An in-doubt decision logged again stays in doubt if this fails too.
+                self._unclaim([meta], written=not definite(exc))
                 if isinstance(exc, TimeoutError):
                     raise _pending_error(tid, None, _DECISION_SLOW) from exc
                 raise
@@ -645,18 +642,23 @@ class EndDriver:
                 if meta.done is not None:
                     table.notify(meta)
         except BaseException:
-            # Nothing may stay "deciding" once this driver stops: a claim never
-            # written is reverted (a bad trace, an interrupt while waiting for
-            # records); one written but not applied (an interrupt between the
-            # write and the lock) is in doubt, never reverted: it may be durable.
-            if meta.deciding:
-                with table.lock:
-                    if meta.deciding:
-                        if attempted:
-                            meta.in_doubt = True
-                        else:
-                            self._revert(meta)
+            # A bad trace, an interrupt while waiting for records (never written),
+            # or one between the write and the lock (written, not applied).
+            self._unclaim([meta], written=attempted)
             raise
+
+    def _unclaim(self, metas: list[TxnMeta], *, written: bool) -> None:
+        # After an error: no claim may stay "deciding" once its driver stops. One
+        # whose write never started (or surely failed) is reverted: the transaction
+        # is OPEN again. One that may have been written is in doubt, never
+        # reverted: it is treated as made and logged again before use.
+        with self._table.lock:
+            for m in metas:
+                if m.deciding:
+                    if written:
+                        m.in_doubt = True
+                    else:
+                        self._revert(m)
 
     def _await_adds(self, meta: TxnMeta, tid: TxnID, deadline: int) -> None:
         # ADD records still in flight finish (or fail) before the decision.
@@ -807,11 +809,8 @@ class EndDriver:
                         )
                         for m in metas
                     ]
-            except BaseException:  # before the write: nothing was logged, nothing stays claimed
-                with table.lock:
-                    for m in metas:
-                        if m.deciding:
-                            self._revert(m)
+            except BaseException:  # before the write: nothing was logged
+                self._unclaim(metas, written=False)
                 raise
             try:
                 positions = writer.write_many(records, max(1, deadline - clock.monotonic_ms()))
@@ -822,12 +821,7 @@ class EndDriver:
                 # before anything builds on them; reverting them let an abort follow a
                 # durable commit (both outcomes in the log).
                 sure = definite(exc) and len(records) == 1
-                with table.lock:
-                    for m in metas:
-                        if sure:
-                            self._revert(m)
-                        else:
-                            m.in_doubt = True
+                self._unclaim(metas, written=not sure)
                 if sure:
                     raise
                 why = _DECISION_SLOW if isinstance(exc, TimeoutError) else _DECISION_FAILED
@@ -846,10 +840,7 @@ class EndDriver:
                         m.last_modified = now
                         table.notify(m)
             except BaseException:  # an interrupt before the lock: durable, not applied
-                with table.lock:
-                    for m in metas:
-                        if m.deciding:
-                            m.in_doubt = True
+                self._unclaim(metas, written=True)
                 raise
             if traces is not None:
                 for t in traces:

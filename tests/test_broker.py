@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -554,6 +555,41 @@ def test_redelivery_after_abort_and_commit_acks(broker: Broker) -> None:
             c.ack(m, txn=t2)
     c.redeliver_unacknowledged()
     assert drain(c) == []
+
+
+def test_an_abort_releasing_a_message_a_receiver_takes_meanwhile_delivers_it_once(
+    broker: Broker,
+) -> None:
+    # The abort releases the messages it held, then tells the subscription. A
+    # receive in between took a released message from the read-ahead buffer, and
+    # the subscription, finding it delivered, delivered it a second time. The
+    # release and the hook are now one step for receivers.
+    client = broker.client()
+    p = client.producer("t")
+    ids = [p.send(b"m%d" % i) for i in range(3)]
+    c = client.subscribe("t", "s")
+    assert c.receive(1000).value == b"m0"  # m1 and m2 wait in the read-ahead buffer
+    sub = c._subs[-1]
+    hook = sub.pending.on_end
+    assert hook is not None
+    in_hook = threading.Event()
+
+    def slow_hook(txn: Any, committed: bool, messages: Any, cumulative: Any) -> None:
+        if not committed:
+            in_hook.set()
+            time.sleep(0.3)  # a scheduling delay, widened
+        hook(txn, committed, messages, cumulative)
+
+    sub.pending.on_end = slow_hook
+    txn = client.transaction()
+    c.ack(ids[1], txn=txn)  # held by id before it was received
+    ender = threading.Thread(target=txn.abort)
+    ender.start()
+    assert in_hook.wait(10)
+    got = [(m.value, m.redelivery_count) for m in drain(c)]  # while the abort ends
+    ender.join(10)
+    got += [(m.value, m.redelivery_count) for m in drain(c)]
+    assert sorted(got) == [(b"m1", 0), (b"m2", 0)]
 
 
 def test_redelivery_after_consumer_closes_without_ack(broker: Broker) -> None:

@@ -294,3 +294,70 @@ def test_an_asyncio_send_cancelled_or_left_by_its_closed_loop_is_written_once(
         assert values == [b"warm", b"cancelled", b"left"]
         assert p.send(b"after").entry_id == 3  # the completion thread still runs
     assert not [r for r in caplog.records if "callback" in r.getMessage()]  # none raised
+
+
+def test_flush_waits_until_a_transactional_send_is_durable_then_its_id_can_be_acked(
+    tmp_path: Path,
+) -> None:
+    """A send in a transaction returns its id before the entry is durable.
+
+    ``flush()`` returned at once ("nothing to flush"), so acking that id in
+    another transaction right after was refused with a non-retriable
+    PositionNotFoundError. Now flush waits for durability (as pulsar-client's
+    does), and an ack of an id past the durable end is refused retriable.
+    """
+    import threading
+
+    from txnstream.config import BrokerConfig
+    from txnstream.errors import OperationTimeoutError, PositionNotFoundError
+
+    with Broker.open(tmp_path, BrokerConfig(end_timeout_ms=2_000), registry=None) as b:
+        client = b.client("c")
+        p = client.producer("t", name="p")
+        p.send(b"warm")
+        consumer = client.subscribe("t", "s")
+        assert consumer.receive(5_000) is not None
+        sent, acker = client.transaction(), client.transaction()
+        ml = b.topic("t").ml
+        testing.hold_fault(ml, "sync")  # every sync of the directory waits
+        try:
+            mid = p.send(b"m", txn=sent)  # its id: assigned, not durable
+            with pytest.raises(PositionNotFoundError, match="not durable yet") as refused:
+                consumer.ack(mid, txn=acker)
+            assert refused.value.retriable
+            with pytest.raises(OperationTimeoutError, match="flush of producer"):
+                p.flush()  # the disk does not answer: bounded, typed
+            flushed = threading.Event()
+            th = threading.Thread(target=lambda: (p.flush(), flushed.set()), daemon=True)
+            th.start()
+            assert not flushed.wait(0.3), "flush returned before the entry was durable"
+        finally:
+            testing.release_fault(ml, "sync")
+        assert flushed.wait(10)
+        consumer.ack(mid, txn=acker)  # durable now: accepted
+        sent.commit()
+        acker.commit()
+        consumer.redeliver_unacknowledged()
+        got = consumer.receive(300)
+        assert got is not None and got.value == b"warm"  # never acked
+        assert consumer.receive(300) is None  # the committed ack of m sticks
+
+
+def test_producer_close_waits_for_its_queued_sends_to_be_durable(tmp_path: Path) -> None:
+    """close() returned while send_async writes were still queued (pulsar-client's waits)."""
+    import threading
+
+    from txnstream.config import BrokerConfig
+
+    with Broker.open(tmp_path, BrokerConfig(end_timeout_ms=5_000), registry=None) as b:
+        p, ml = _stall_after_a_send(b)
+        try:
+            futs = [p.send_async(b"m%d" % i) for i in range(10)]
+            closed = threading.Event()
+            th = threading.Thread(target=lambda: (p.close(), closed.set()), daemon=True)
+            th.start()
+            assert not closed.wait(0.3), "close returned before its sends were durable"
+        finally:
+            testing.release_fault(ml, "sync")
+        assert closed.wait(10)
+        assert all(f.done() and f.exception() is None for f in futs)

@@ -138,6 +138,7 @@ class Subscription:
         self.delivered = 0
         self.auto_acked = 0
         pending.on_end = self._txn_ended
+        pending.end_guard = self.cond
 
     # ------------------------------------------------------------ consumers
 
@@ -517,12 +518,19 @@ class Subscription:
             if self.cursor.is_deleted(entry):  # trimmed: acknowledged already
                 return
         where = (
-            "it is empty" if last is None else f"its last entry is {last.ledger_id}:{last.entry_id}"
+            "it is empty"
+            if last is None
+            else f"its last durable entry is {last.ledger_id}:{last.entry_id}"
         )
-        raise PositionNotFoundError(
-            f"no message at {entry.ledger_id}:{entry.entry_id} on {self.partition} ({where})",
-            position=(entry.ledger_id, entry.entry_id),
-        )
+        message = f"no message at {entry.ledger_id}:{entry.entry_id} on {self.partition} ({where})"
+        # Past the durable end it may be a message still being written (a send in a
+        # transaction returns its id before the entry is durable): retriable.
+        ahead = last is None or entry > last
+        if ahead:
+            message += ": if it was just sent, it is not durable yet (retry, or flush the producer)"
+        err = PositionNotFoundError(message, position=(entry.ledger_id, entry.entry_id))
+        err.retriable = ahead
+        raise err
 
     def ack_in_transaction(
         self, txn: TxnID, positions: list[TxnPosition], cumulative: bool

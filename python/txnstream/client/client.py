@@ -339,6 +339,9 @@ class Producer:
         self._partitions = partitions
         self._lock = threading.Lock()
         self._closed = False
+        # Per partition index, the durability of the last entry queued there
+        # (entries of one partition become durable in order): what flush() waits for.
+        self._last_written: dict[int, Future[Position]] = {}
         last = -1
         for tn in self._partitions:
             last = max(last, client.broker.topic(tn).last_sequence_id(name))
@@ -432,7 +435,9 @@ class Producer:
                 seqs = list(range(seq, seq + count))
                 txn_id = None if txn is None else txn.txn_id
                 published = topic.publish(self.name, seqs, entry, txn_id, batched=count > 1)
-            written = published.durable
+                written = published.durable
+                if written is not None:
+                    self._last_written[index] = written
         finally:
             if txn is not None:
                 txn._joined(written)
@@ -602,17 +607,52 @@ class Producer:
         return ids
 
     def flush(self) -> None:
-        """Nothing to flush: every send is queued at once (pulsar-client's name, for symmetry)."""
+        """Wait until every message sent so far through this producer is durable.
+
+        As pulsar-client's ``flush``. It matters for ``send_async`` and for
+        sends in a transaction, which return their ``MessageId`` before the
+        message is durable (the commit waits for it): after ``flush()`` such
+        an id can be acked in another transaction. A send that failed
+        reports its failure to its own caller; ``flush`` only waits. Raises
+        :class:`~txnstream.errors.OperationTimeoutError` if the disk does not
+        answer within the client's ``end_timeout_ms``.
+        """
         self._check()
+        with self._lock:
+            waiting = list(self._last_written.items())
+        timeout_ms = self.client.end_timeout_ms
+        deadline = time.monotonic() + timeout_ms / 1000.0
+        for _, fut in waiting:
+            try:
+                fut.exception(max(0.0, deadline - time.monotonic()))
+            except TimeoutError:
+                raise send_timed_out(f"flush of producer {self.name!r}", timeout_ms) from None
+        with self._lock:
+            for index, fut in waiting:
+                if self._last_written.get(index) is fut:
+                    del self._last_written[index]
 
     def close(self) -> None:
-        """Refuse further sends (queued ones complete); the name is free again."""
+        """Refuse further sends, wait for queued ones to be durable; the name is free again.
+
+        The wait is bounded by the client's ``end_timeout_ms`` (a stalled
+        disk: the sends complete later, or fail, on their own).
+        """
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-        self._broker.release_producer_name(self._partitions, self.name)
-        self.client._forget(self)
+            waiting = list(self._last_written.values())
+            self._last_written.clear()
+        deadline = time.monotonic() + self.client.end_timeout_ms / 1000.0
+        try:
+            for fut in waiting:
+                fut.exception(max(0.0, deadline - time.monotonic()))
+        except TimeoutError:
+            pass
+        finally:
+            self._broker.release_producer_name(self._partitions, self.name)
+            self.client._forget(self)
 
     def __enter__(self) -> Producer:
         return self

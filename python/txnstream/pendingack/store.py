@@ -45,12 +45,14 @@ reconciled with its coordinator like the transaction buffer does.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Sequence
 from concurrent.futures import Future
-from typing import Final
+from contextlib import AbstractContextManager
+from typing import Any, Final
 
 from txnstream._native import AckSet, BufferedWriter, Cursor, ManagedLedger, Position, TxnPosition
 from txnstream.buffer import TxnOutcomes, resolve_outcome
@@ -298,6 +300,9 @@ class PendingAckStore:
         self._log_cursor: Cursor = log_ml.open_cursor(LOG_CURSOR)
         self._outcomes = outcomes
         self.on_end = on_end
+        #: Held around an abort's release and its ``on_end`` call: the lock the
+        #: subscription dispatches under (taken before this store's own lock).
+        self.end_guard: AbstractContextManager[Any] = contextlib.nullcontext()
         self._lock = threading.Lock()
         self._txns: dict[TxnID, TxnAcks] = {}
         # entry -> holder: a TxnID (whole entry) or {txn: acked ack set} (batch indexes)
@@ -599,20 +604,25 @@ class PendingAckStore:
             # Still held: the subscription forgets them (its read-ahead buffer
             # too) before a release could let them be dispatched again.
             self.on_end(txn, commit, messages, acks.cumulative)
-        with self._lock:
-            self._ending.pop(txn, None)
-            self._release(txn)
-            self._remember_ended(txn)
-            records = [*acks.records, fut.result()]
-            if commit:
-                self._trim_after_flush.extend(records)
-                self.counts["commits"] += 1
-            else:
-                self._trim_now.extend(records)
-                self.counts["aborts"] += 1
-        if not commit and self.on_end is not None:
-            # Released first: the subscription delivers them again.
-            self.on_end(txn, commit, messages, acks.cumulative)
+        # An abort's release and the hook are one step for the subscription
+        # (``end_guard``): between them a receiver could take a released message
+        # from the read-ahead buffer, and the hook, finding it delivered, would
+        # deliver it again.
+        with self.end_guard if not commit else contextlib.nullcontext():
+            with self._lock:
+                self._ending.pop(txn, None)
+                self._release(txn)
+                self._remember_ended(txn)
+                records = [*acks.records, fut.result()]
+                if commit:
+                    self._trim_after_flush.extend(records)
+                    self.counts["commits"] += 1
+                else:
+                    self._trim_now.extend(records)
+                    self.counts["aborts"] += 1
+            if not commit and self.on_end is not None:
+                # Released first: the subscription delivers them again.
+                self.on_end(txn, commit, messages, acks.cumulative)
 
     def _release(self, txn: TxnID) -> TxnAcks:
         # Under the lock: forget what ``txn`` holds.

@@ -292,3 +292,62 @@ def test_a_forked_child_fails_fast_on_the_parents_transaction(broker: Broker, ap
     assert os.waitstatus_to_exitcode(status) == 0
     txn.abort()
     asyncio.run(atxn.abort())
+
+
+def _fingerprint(root: Path) -> dict[str, tuple[int, int]]:
+    # Every file's size and modification time (ns) under ``root``.
+    return {
+        str(p.relative_to(root)): (p.stat().st_size, p.stat().st_mtime_ns)
+        for p in sorted(root.rglob("*"))
+        if p.is_file()
+    }
+
+
+def test_closing_a_broker_in_a_forked_child_neither_hangs_nor_writes(tmp_path: Path) -> None:
+    """A child leaving ``with Broker.open(...)`` ran the whole shutdown on the parent's handles.
+
+    It hung on a lock a parent thread held at fork() (here a producer's), and
+    once the parent had closed, it took the directory again and wrote its
+    stale transaction-buffer snapshot into it.
+    """
+    import os
+
+    data = tmp_path / "data"
+    b = Broker.open(data, registry=None)
+    p = b.client("c").producer("t")
+    p.send(b"m0")
+    r, w = os.pipe()
+    with p._lock:  # a parent thread is inside a send at fork()
+        pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 3
+        try:
+            os.read(r, 1)  # the parent has sent more and closed
+            started = time.monotonic()
+            b.close()
+            code = 0 if time.monotonic() - started < 5 else 2
+        except BaseException:
+            code = 4
+        os._exit(code)
+    for i in range(1, 4):
+        p.send(b"m%d" % i)
+    b.close()
+    before = _fingerprint(data)
+    os.write(w, b"x")
+    deadline = time.monotonic() + DEADLINE_S
+    status = None
+    while status is None and time.monotonic() < deadline:
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = st
+        else:
+            time.sleep(0.05)
+    if status is None:  # pragma: no cover - the old hang
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the child's Broker.close() hung")
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert _fingerprint(data) == before, "the child wrote into the parent's directory"
+    with Broker.open(data, registry=None) as again:
+        c = again.client("r").subscribe("t", "s", initial_position="earliest")
+        assert [c.receive(2_000).value for _ in range(4)] == [b"m0", b"m1", b"m2", b"m3"]

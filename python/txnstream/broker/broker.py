@@ -494,6 +494,10 @@ class Broker:
             raise AlreadyClosedError(f"the broker on {self.path} is closed", what="broker")
         self.check_process()
 
+    def forked(self) -> bool:
+        """Tell whether this is a child forked after the broker opened (see :meth:`close`)."""
+        return _forks != self._forks
+
     def check_process(self) -> None:
         """Raise :class:`AlreadyClosedError` in a child forked after the broker opened.
 
@@ -1086,7 +1090,16 @@ class Broker:
             return iter(list(self._clients.values()))
 
     def close(self) -> None:
-        """Close clients, coordinators (ends in flight finish), topics and logs, then timers."""
+        """Close clients, coordinators (ends in flight finish), topics and logs, then timers.
+
+        In a child forked after the broker opened it only marks the broker
+        closed: the handles are the parent's (its threads are not here, a
+        lock one of them held stays held), and writing with them would put
+        the child's stale state into the parent's directory.
+        """
+        if self.forked():
+            self._closed = True
+            return
         with self._lock:
             if self._closed:
                 return

@@ -298,7 +298,14 @@ class Client:
     # ------------------------------------------------------------ close
 
     def close(self) -> None:
-        """Close every producer and consumer (unacked messages go back for redelivery)."""
+        """Close every producer and consumer (unacked messages go back for redelivery).
+
+        In a child forked after the broker opened it only marks the client
+        closed (see :meth:`Broker.close <txnstream.Broker.close>`).
+        """
+        if self.broker.forked():
+            self._closed = True
+            return
         with self._lock:
             if self._closed:
                 return

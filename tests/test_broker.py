@@ -1329,3 +1329,35 @@ def test_open_creates_a_new_data_directory_durably(
     data = tmp_path / "a" / "b" / "data"
     Broker.open(data, registry=None).close()
     assert {tmp_path, tmp_path / "a", tmp_path / "a" / "b"} <= set(synced)
+
+
+def test_a_subscription_opening_while_its_topic_closes_is_closed_and_frees_the_directory(
+    tmp_path: Path,
+) -> None:
+    """Topic.close() closed the subscriptions registered when it began.
+
+    One still opening registered afterwards: its pending-ack log stayed open
+    after Broker.close(), and no other process could open the directory.
+    """
+    data = tmp_path / "data"
+    b = Broker.open(data, registry=None)
+    b.client("c").producer("t").send(b"x")
+    topic = b.topic("t")
+    opened: list[Any] = []
+    real_open = topic._open_subscription
+
+    def open_then_close_topic(*args: Any) -> Any:
+        sub = real_open(*args)
+        opened.append(sub)
+        topic.close()  # the broker closes its topics meanwhile
+        return sub
+
+    topic._open_subscription = open_then_close_topic  # type: ignore[method-assign]
+    with pytest.raises(ts.errors.AlreadyClosedError, match="closed while subscription"):
+        topic.subscription("late")
+    assert opened and opened[0].pending.log_ml.closed
+    assert "late" not in topic.subscriptions()
+    b.close()
+    probe = "import sys, txnstream as ts; ts.Broker.open(sys.argv[1], registry=None).close()"
+    done = subprocess.run([sys.executable, "-c", probe, str(data)], capture_output=True, timeout=60)
+    assert done.returncode == 0, done.stderr.decode()[-500:]

@@ -336,8 +336,19 @@ class Topic:
             opening.set_exception(exc)
             raise
         with self._subs_lock:
-            self._subs[name] = sub
             del self._sub_opening[name]
+            closed = self._closed
+            if not closed:
+                self._subs[name] = sub
+        if closed:
+            # The topic closed while this opened: close() did not see it, so it
+            # is closed here (its pending-ack log would keep the directory busy).
+            self._close_subscription(sub)
+            err = AlreadyClosedError(
+                f"topic {self.full} closed while subscription {name!r} opened", what="topic"
+            )
+            opening.set_exception(err)
+            raise err
         opening.set_result(sub)
         return sub
 
@@ -468,18 +479,22 @@ class Topic:
         with self.lock:
             pass  # publishes queued before this point are on the ledger's queue
         for sub in subs:
-            sub.close()
-            try:
-                sub.pending.trim()
-            except Exception:
-                log.debug("%s/%s: final trim failed", self.full, sub.name, exc_info=True)
-            try:
-                sub.pending.close()
-                self._ctx.release_writer(sub.pending.log_ml.name, sub.pending.writer)
-                sub.pending.log_ml.close()
-            except Exception:
-                log.exception("closing the pending-ack log of %s/%s", self.full, sub.name)
+            self._close_subscription(sub)
         self.ml.close()
+
+    def _close_subscription(self, sub: Subscription) -> None:
+        # Receivers wake; the pending-ack log is trimmed, flushed and closed.
+        sub.close()
+        try:
+            sub.pending.trim()
+        except Exception:
+            log.debug("%s/%s: final trim failed", self.full, sub.name, exc_info=True)
+        try:
+            sub.pending.close()
+            self._ctx.release_writer(sub.pending.log_ml.name, sub.pending.writer)
+            sub.pending.log_ml.close()
+        except Exception:
+            log.exception("closing the pending-ack log of %s/%s", self.full, sub.name)
 
 
 __all__ = ["EARLIEST", "LATEST", "Publish", "Topic", "TopicContext"]

@@ -1361,3 +1361,17 @@ def test_a_subscription_opening_while_its_topic_closes_is_closed_and_frees_the_d
     probe = "import sys, txnstream as ts; ts.Broker.open(sys.argv[1], registry=None).close()"
     done = subprocess.run([sys.executable, "-c", probe, str(data)], capture_output=True, timeout=60)
     assert done.returncode == 0, done.stderr.decode()[-500:]
+
+
+def test_a_partitioned_topic_whose_partitions_could_not_be_subscribed_is_refused(
+    broker: Broker,
+) -> None:
+    """The length check covered the base name: with -partition-N no subscription could open."""
+    name = "a" * 161
+    with pytest.raises(ts.errors.InvalidTopicNameError, match="too long to store with 2"):
+        broker.admin.create_topic(name, 2)
+    assert broker.admin.create_topic(name, 0) == 0  # alone it fits
+    broker.client("c").subscribe(name, "s").close()
+    shorter = "b" * 140
+    assert broker.admin.create_topic(shorter, 2) == 2
+    broker.client("c").subscribe(shorter, "s").close()

@@ -626,6 +626,13 @@ class Broker:
                     argument="topic",
                     value=str(name),
                 )
+            if not topic.storable_with(partitions):
+                raise InvalidTopicNameError(
+                    f"topic name {topic.full} is too long to store with {partitions} "
+                    "partitions (its partitions' log names would exceed the limit)",
+                    argument="topic",
+                    value=str(name),
+                )
             reg.put(topic.full, str(partitions).encode())
         return partitions
 

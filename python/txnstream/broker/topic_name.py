@@ -159,6 +159,15 @@ class TopicName:
         """True if it names one partition of a partitioned topic."""
         return self.partition >= 0
 
+    def storable_with(self, partitions: int) -> bool:
+        """Tell whether every partition's logs (0: the topic's) have names short enough to store.
+
+        A name fits alone but not with ``-partition-N`` appended: producers
+        could write, and no subscription could ever open.
+        """
+        last = self if partitions <= 0 else self.partition_name(partitions - 1)
+        return escaped_len(last.pending_ack_ledger("x")) <= MAX_LEDGER_NAME
+
     def partition_name(self, index: int) -> TopicName:
         """Partition ``index`` of this (base) topic."""
         return TopicName(self.tenant, self.namespace, self.local, index)

@@ -756,3 +756,32 @@ def test_retry_after_kill_9_is_not_written_twice_when_acked_ledgers_were_trimmab
         again = p.send(b"p3", sequence_id=3)
         assert (again.ledger_id, again.entry_id) == (ledger_id, entry_id)
         assert ml.last_position == end  # nothing written
+
+
+def test_a_partition_failing_because_the_broker_closes_under_it_counts_as_skipped() -> None:
+    """The broker closed the snapshot readers before cancelling the wave.
+
+    A partition mid-recovery then failed on the closed readers and was
+    reported failed (with a warning) instead of skipped. The broker now marks
+    the wave stopping first, as here.
+    """
+    import threading
+
+    from txnstream.broker.recovery import TopicRecovery
+    from txnstream.errors import AlreadyClosedError
+
+    started, readers_closed = threading.Event(), threading.Event()
+
+    def open_partition(name: str) -> None:
+        started.set()
+        readers_closed.wait(10)
+        raise AlreadyClosedError("the broker is closed", what="broker")
+
+    wave = TopicRecovery(["t0"], open_partition, 1)
+    wave.start()
+    assert started.wait(10)
+    wave.stopping()  # Broker._shutdown: before closing the readers
+    readers_closed.set()
+    wave.cancel(10_000)
+    st = wave.status()
+    assert st["failed"] == 0 and st["skipped"] == 1 and st["errors"] == {}

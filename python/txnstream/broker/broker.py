@@ -1116,7 +1116,9 @@ class Broker:
     def _shutdown(self) -> None:
         self._closed = True
         if self._topic_recovery is not None:
-            # Recovery in progress stops: reads between chunks, the rest skipped.
+            # Recovery in progress stops: reads between chunks, the rest skipped
+            # (marked first, so a read the closing readers fail counts as skipped).
+            self._topic_recovery.stopping()
             self.snapshot_readers.close()
             self._topic_recovery.cancel(self.config.end_timeout_ms)
         for c in list(self.iter_clients()):

@@ -49,6 +49,7 @@ class TopicRecovery:
         self._skipped = 0
         self._errors: dict[str, str] = {}
         self._cancelled = False
+        self._shut = False  # cancel() ran
         self._started = time.monotonic()
         self._finished_at: float | None = None
         self._all_done = threading.Event()
@@ -127,10 +128,20 @@ class TopicRecovery:
         """Wait up to ``timeout_ms`` for the wave to finish; True if it has."""
         return self._all_done.wait(timeout_ms / 1000.0)
 
+    def stopping(self) -> None:
+        """Mark the wave cancelled, without waiting (:meth:`cancel` finishes the stop).
+
+        A partition failing from here on (the broker closes under it) counts
+        as skipped, not failed.
+        """
+        with self._lock:
+            self._cancelled = True
+
     def cancel(self, timeout_ms: int) -> None:
         """Stop: partitions not started are skipped; waits up to ``timeout_ms`` for running ones."""
         with self._lock:
-            again, self._cancelled = self._cancelled, True
+            again, self._shut = self._shut, True
+            self._cancelled = True
         pool = None if again else self._pool
         if pool is not None:
             pool.shutdown(wait=False, cancel_futures=True)

@@ -785,3 +785,44 @@ def test_a_partition_failing_because_the_broker_closes_under_it_counts_as_skippe
     wave.cancel(10_000)
     st = wave.status()
     assert st["failed"] == 0 and st["skipped"] == 1 and st["errors"] == {}
+
+
+def test_a_missing_snapshot_topic_is_looked_for_again_only_after_the_writer_wrote(
+    tmp_path: Path,
+) -> None:
+    """Each partition's first open looked for the namespace's snapshot topic again.
+
+    With no snapshot written yet, every try failed (ENOENT) after a look at
+    the directory: a new partitioned topic's first use was quadratic in its
+    partition count (39.7 s for 5,000 partitions).
+    """
+    from txnstream.buffer.snapshot_reader import SnapshotReaders
+    from txnstream.testing import ManualClock
+    from txnstream.timer import TimerService
+
+    ns = "public/default"
+    opens = [0]
+
+    def open_ro(name: str) -> ManagedLedger:
+        opens[0] += 1
+        return ManagedLedger.open(tmp_path, name, read_only=True)
+
+    written = [0]
+    clock = ManualClock()
+    timers = TimerService(clock, start=False)
+    readers = SnapshotReaders(open_ro, timers.scope(), clock, generation=lambda: written[0])
+    reader = readers.acquire(ns)
+    try:
+        for i in range(50):
+            assert reader.read(f"persistent://public/default/big-partition-{i}") is None
+        assert opens[0] == 1
+        writer = CompactedTopic.open(tmp_path, snapshot_topic(ns), write_only=True)
+        writer.put("persistent://public/default/a", b"")
+        writer.close()
+        written[0] += 1  # the broker's writer wrote: look again
+        assert reader.read("persistent://public/default/a") is not None
+        assert opens[0] == 2
+    finally:
+        reader.release()
+        readers.close()
+        timers.close()

@@ -75,6 +75,8 @@ class SharedSnapshotReader:
         self._idle_timer: TimerHandle | None = None
         self._stats: dict[str, int] = {}
         self._refreshed_at: int | None = None
+        # The writer's generation when the snapshot topic was found missing.
+        self._missing_at: int | None = None
 
     def read(self, topic: str) -> TransactionBufferSnapshot | None:
         """Return ``topic``'s newest snapshot (None: it has none); one answer per topic.
@@ -93,12 +95,21 @@ class SharedSnapshotReader:
                     f"snapshot reader of {self.namespace} was released", what="snapshot reader"
                 )
             if self._demux is None or self._ml is None:
+                gen = self._owner.generation
+                seen = None if gen is None else gen()
+                if seen is not None and seen == self._missing_at:
+                    return None  # still no snapshot topic: nothing was written since
                 try:
                     self._ml = self._owner.open_ledger(snapshot_topic(self.namespace))
                 except StorageError as e:
                     if e.errno != errno.ENOENT:
                         raise
-                    return None  # no snapshot written in this namespace yet
+                    # No snapshot written in this namespace yet. Remembered until the
+                    # writer writes again: each try costs a look at the directory, and
+                    # every partition of a new partitioned topic asks (quadratic).
+                    self._missing_at = seen
+                    return None
+                self._missing_at = None
                 self._demux = SnapshotDemux()
                 self.opened += 1
             if self._ml.read_only:

@@ -137,8 +137,8 @@ impl Done {
             return;
         };
         match reply {
-            Reply::Callback(cb) => cb(first_position(r)),
-            Reply::Batch(cb) => cb(r),
+            Reply::Callback(cb) => guarded(|| cb(first_position(r))),
+            Reply::Batch(cb) => guarded(|| cb(r)),
             Reply::Waiter(tx) => {
                 // The waiter may have gone away; nothing to tell then.
                 let _ = tx.send(r);
@@ -147,9 +147,10 @@ impl Done {
                 let first = first_position(r);
                 if let Some(at) = at {
                     // Failed before it was positioned.
-                    at(first.clone());
+                    let first = first.clone();
+                    guarded(|| at(first));
                 }
-                durable(first);
+                guarded(|| durable(first));
             }
         }
     }
@@ -158,10 +159,18 @@ impl Done {
     fn positioned_at(&mut self, positions: &[Position]) {
         if let Some(Reply::Positioned(at, _)) = &mut self.0 {
             if let (Some(cb), Some(&p)) = (at.take(), positions.first()) {
-                cb(Ok(p));
+                guarded(|| cb(Ok(p)));
             }
         }
     }
+}
+
+/// Runs a caller's callback on a storage thread. A panic in it is that
+/// caller's bug (the panic hook has printed it): it must not pass for a
+/// storage thread's panic, which stops the directory and tells the other
+/// callers of the group that their durable writes "may not be durable".
+fn guarded(callback: impl FnOnce()) {
+    let _ = std::panic::catch_unwind(AssertUnwindSafe(callback));
 }
 
 impl Drop for Done {

@@ -659,6 +659,12 @@ impl MlState {
                 let Some(next_id) = head.a.checked_add(1) else {
                     return Err(bad(format!("ledger id {} opened", head.a)));
                 };
+                if m.replace.as_ref().is_some_and(|r| r.0 == head.a) {
+                    // A ledger opened under the id of a compaction never committed
+                    // (a directory written before aborted compactions kept their
+                    // ids): the compaction was abandoned; what follows is the ledger's.
+                    m.replace = None;
+                }
                 let mut ledgers = self.ledgers.write();
                 if ledgers.contains_key(&head.a) || head.a < m.next_ledger_id {
                     return Ok(out);
@@ -751,7 +757,11 @@ impl MlState {
     /// a new ledger). Fails if a sealed ledger lacks entries.
     pub fn finish_recovery(&self) -> Result<()> {
         let mut m = self.meta.lock();
-        m.replace = None;
+        if let Some((id, _, _)) = m.replace.take() {
+            // A compaction a crash cut before its commit: its id is never used
+            // again, or the next replay would give that ledger's entries to it.
+            m.next_ledger_id = m.next_ledger_id.max(id.saturating_add(1));
+        }
         m.active = None;
         let mut ledgers = self.ledgers.write();
         for (&id, l) in ledgers.iter_mut() {

@@ -970,6 +970,16 @@ impl Store {
 
     /// Queues a command and waits until it is durable.
     pub fn submit_wait(&self, cmd: Command) -> Result<Vec<Position>> {
+        if group_commit::on_storage_thread() {
+            // A completion callback waiting for storage would wait on the thread
+            // it runs on: every ledger of the directory would hang for good.
+            let e = Error::invalid(
+                "a blocking storage call from a completion callback (on a storage thread) \
+                 would wait on itself; use the asynchronous call there",
+            );
+            cmd.fail(&e);
+            return Err(e);
+        }
         let (tx, rx) = crossbeam_channel::bounded(1);
         let cmd = match cmd {
             Command::Append {

@@ -61,6 +61,14 @@ impl WriterConfig {
                 reason: format!("must be in 1..={limit} bytes"),
             });
         }
+        // The same bound as `delay_from_millis`: `Instant + max_delay` must not overflow.
+        if self.max_delay > Duration::from_secs(86_400) {
+            return Err(Error::Config {
+                key: "max_delay_ms".into(),
+                value: self.max_delay.as_millis().to_string(),
+                reason: "must be at most 86400000 ms (a day)".into(),
+            });
+        }
         Ok(())
     }
 

@@ -1375,3 +1375,32 @@ def test_a_partitioned_topic_whose_partitions_could_not_be_subscribed_is_refused
     shorter = "b" * 140
     assert broker.admin.create_topic(shorter, 2) == 2
     broker.client("c").subscribe(shorter, "s").close()
+
+
+def test_acking_a_batch_by_message_ids_decodes_its_entry_once(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each ack by MessageId checked the id's batch size by decoding the whole entry.
+
+    Acking a batch of B messages by id cost O(B^2): 4,000 acks took 18.8 s.
+    """
+    import txnstream.broker.subscription as subscription
+
+    decodes = [0]
+    real = subscription.decode_topic_entry
+
+    def counting(entry: Any) -> Any:
+        decodes[0] += 1
+        return real(entry)
+
+    monkeypatch.setattr(subscription, "decode_topic_entry", counting)
+    client = broker.client()
+    client.producer("t").send_many([b"x"] * 200)
+    c = client.subscribe("t", "s")
+    msgs = c.receive_many(200, 2_000)
+    assert len(msgs) == 200
+    for m in msgs:
+        c.ack(m.message_id)
+    assert decodes[0] == 1
+    c.redeliver_unacknowledged()
+    assert drain(c) == []  # every ack applied

@@ -76,6 +76,8 @@ Key = tuple[int, int, int]
 READ_BATCH = 64
 #: Closed ledgers whose entry counts a subscription remembers (``check_exists``).
 MAX_CACHED_LEDGERS = 4096
+#: Entries whose batch size a subscription remembers (acks by MessageId check it).
+MAX_CACHED_BATCH_SIZES = 1024
 #: A receive reads at least this long (s) past entries it cannot deliver (aborted,
 #: acked) before its deadline stops it, so ``receive(0)`` still finds a message
 #: behind a short run of them; a long run ends at the deadline.
@@ -134,6 +136,7 @@ class Subscription:
         self._consumers: set[int] = set()
         self._wakers: set[Waker] = set()
         self._closed_ledgers: dict[int, int] = {}  # ledger id -> entries (check_exists)
+        self._batch_sizes: dict[Position, int] = {}  # entry -> its batch size (check_batch_size)
         self._closed = False
         self.delivered = 0
         self.auto_acked = 0
@@ -471,13 +474,22 @@ class Subscription:
         An unbatched id of a batched entry would acknowledge the whole batch.
         A position with no entry passes (the ack itself reports it).
         """
-        try:
-            entry = self.ml.read(position.position)
-        except PositionNotFoundError:
-            return
-        if position.batch_size <= 1 and not is_batched(entry):
-            return  # the usual case: no decoding
-        size = decode_topic_entry(entry)["batch_size"]
+        where = position.position
+        size = self._batch_sizes.get(where)
+        if size is None:
+            try:
+                entry = self.ml.read(where)
+            except PositionNotFoundError:
+                return
+            if position.batch_size <= 1 and not is_batched(entry):
+                return  # the usual case: no decoding
+            size = decode_topic_entry(entry)["batch_size"]
+            # Acking a batch by ids checks each id: decode its entry once, not
+            # once per message (4,000 acks of one batch took 18.8 s).
+            with self.cond:
+                if len(self._batch_sizes) >= MAX_CACHED_BATCH_SIZES:
+                    self._batch_sizes.pop(next(iter(self._batch_sizes)))
+                self._batch_sizes[where] = size
         if size != position.batch_size and not (size <= 1 and position.batch_size <= 1):
             raise InvalidArgumentError(
                 f"message id {position.ledger_id}:{position.entry_id} (batch index "

@@ -314,8 +314,9 @@ class Client:
             producers, self._producers = list(self._producers.values()), {}
         for c in consumers:
             c.close()
+        deadline = time.monotonic() + self.end_timeout_ms / 1000.0
         for p in producers:
-            p.close()
+            p._close(deadline)
         if self._aio is not None:
             self._aio.close()
         self.broker.forget_client(self)
@@ -645,13 +646,17 @@ class Producer:
         The wait is bounded by the client's ``end_timeout_ms`` (a stalled
         disk: the sends complete later, or fail, on their own).
         """
+        self._close(time.monotonic() + self.client.end_timeout_ms / 1000.0)
+
+    def _close(self, deadline: float) -> None:
+        # close(), waiting for queued sends until the monotonic ``deadline`` (a
+        # client closing its producers gives them one deadline together).
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             waiting = list(self._last_written.values())
             self._last_written.clear()
-        deadline = time.monotonic() + self.client.end_timeout_ms / 1000.0
         try:
             for fut in waiting:
                 fut.exception(max(0.0, deadline - time.monotonic()))

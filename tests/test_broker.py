@@ -568,7 +568,8 @@ def test_an_abort_releasing_a_message_a_receiver_takes_meanwhile_delivers_it_onc
     p = client.producer("t")
     ids = [p.send(b"m%d" % i) for i in range(3)]
     c = client.subscribe("t", "s")
-    assert c.receive(1000).value == b"m0"  # m1 and m2 wait in the read-ahead buffer
+    first = c.receive(1000)
+    assert first is not None and first.value == b"m0"  # m1 and m2 wait in the read-ahead buffer
     sub = c._subs[-1]
     hook = sub.pending.on_end
     assert hook is not None
@@ -1352,7 +1353,7 @@ def test_a_subscription_opening_while_its_topic_closes_is_closed_and_frees_the_d
         topic.close()  # the broker closes its topics meanwhile
         return sub
 
-    topic._open_subscription = open_then_close_topic  # type: ignore[method-assign]
+    topic._open_subscription = open_then_close_topic  # type: ignore[method-assign,assignment]
     with pytest.raises(ts.errors.AlreadyClosedError, match="closed while subscription"):
         topic.subscription("late")
     assert opened and opened[0].pending.log_ml.closed
@@ -1387,7 +1388,7 @@ def test_acking_a_batch_by_message_ids_decodes_its_entry_once(
     import txnstream.broker.subscription as subscription
 
     decodes = [0]
-    real = subscription.decode_topic_entry
+    real = subscription.decode_topic_entry  # type: ignore[attr-defined]
 
     def counting(entry: Any) -> Any:
         decodes[0] += 1

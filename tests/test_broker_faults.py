@@ -328,7 +328,12 @@ def test_flush_waits_until_a_transactional_send_is_durable_then_its_id_can_be_ac
             with pytest.raises(OperationTimeoutError, match="flush of producer"):
                 p.flush()  # the disk does not answer: bounded, typed
             flushed = threading.Event()
-            th = threading.Thread(target=lambda: (p.flush(), flushed.set()), daemon=True)
+
+            def flush() -> None:
+                p.flush()
+                flushed.set()
+
+            th = threading.Thread(target=flush, daemon=True)
             th.start()
             assert not flushed.wait(0.3), "flush returned before the entry was durable"
         finally:
@@ -354,7 +359,12 @@ def test_producer_close_waits_for_its_queued_sends_to_be_durable(tmp_path: Path)
         try:
             futs = [p.send_async(b"m%d" % i) for i in range(10)]
             closed = threading.Event()
-            th = threading.Thread(target=lambda: (p.close(), closed.set()), daemon=True)
+
+            def close() -> None:
+                p.close()
+                closed.set()
+
+            th = threading.Thread(target=close, daemon=True)
             th.start()
             assert not closed.wait(0.3), "close returned before its sends were durable"
         finally:

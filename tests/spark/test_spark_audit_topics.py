@@ -492,3 +492,53 @@ def test_a_committed_transaction_trimmed_from_the_coordinator_log_is_not_in_flig
         broker.topic(_HandCtp.IN).ml.open_cursor("sub").flush()
     r = run_audit(data, tmp_path / "a", spark=spark)
     assert r.verdict == "PASS", violation_rows(r, spark)
+
+
+def test_transactions_begun_and_committed_between_the_reads_give_no_violation(
+    spark: SparkSession, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live directory: a whole consume-transform-produce unit between every two reads.
+
+    One begun after the coordinator read (so absent from it) and committed
+    before the topic read had its outputs counted but its input left out:
+    ``untraceable_output``; one committed after the topic read but before
+    the cursors were read had its input counted consumed (its cursor) and
+    its output never read: ``lost_input``. Both on a clean directory.
+    """
+    from txnstream.spark import audit
+
+    with Broker.open(tmp_path / "data", BrokerConfig(), registry=None) as broker:
+        ctp = _HandCtp(broker, 12)
+        for _ in range(3):
+            ctp.process().commit()
+        done: list[str] = []
+
+        def unit(where: str) -> None:
+            ctp.process().commit()
+            broker.topic(_HandCtp.IN).ml.open_cursor("sub").flush()
+            done.append(where)
+
+        load, load_topic, cursor_ranges = audit._load, audit._load_topic, audit._cursor_ranges
+
+        def load_after(*args: Any) -> Any:
+            if args[3] == "pending_ack":
+                unit("after the coordinator logs")
+            return load(*args)
+
+        def load_topic_then(*args: Any, **kw: Any) -> Any:
+            found = load_topic(*args, **kw)
+            unit(f"after {args[3]}")
+            return found
+
+        def cursor_ranges_then(*args: Any) -> Any:
+            found = cursor_ranges(*args)
+            unit("after the cursors")
+            return found
+
+        monkeypatch.setattr(audit, "_load", load_after)
+        monkeypatch.setattr(audit, "_load_topic", load_topic_then)
+        monkeypatch.setattr(audit, "_cursor_ranges", cursor_ranges_then)
+        r = run_audit(tmp_path / "data", tmp_path / "a", spark=spark)
+        assert len(done) == 5
+        assert r.verdict == "PASS", violation_rows(r, spark)
+        assert r.summary["exactly_once"]["verdict"] == "PASS"

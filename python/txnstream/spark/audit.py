@@ -2,12 +2,16 @@
 
 On Spark, from the files of a data directory (read-only, live or closed):
 
-1. reads every coordinator log, then every pending-ack log, then every user
-   topic partition (messages READ_UNCOMMITTED and READ_COMMITTED, markers)
-   and the cursors of subscriptions that ack in transactions (in that order:
-   a coordinator logs COMMITTED only after every participant's end is
-   durable, so a COMMITTED seen first guarantees its pending-ack COMMIT and
-   its markers are in the later reads even while a broker keeps running);
+1. reads every coordinator log, then every pending-ack log, then the
+   cursors of subscriptions that ack in transactions, then every user topic
+   partition (messages READ_UNCOMMITTED and READ_COMMITTED, markers), in
+   that order: a coordinator logs COMMITTED only after every participant's
+   end is durable, so a COMMITTED seen first guarantees its pending-ack
+   COMMIT and its markers are in the later reads even while a broker keeps
+   running; the cursors before the topics, so an input committed after the
+   topic read is not counted consumed while its outputs were not read. A
+   transaction undecided at the coordinator read, or begun after it, is
+   left out of the exactly-once count (its outputs and inputs both);
 2. reconstructs each transaction's final state (:mod:`.transactions`);
 3. runs the checks (:data:`CHECKS`), each reporting violations with the
    transaction and the positions involved;
@@ -937,7 +941,9 @@ class ExactlyOnce:
     Output topics default to those whose READ_COMMITTED messages carry the
     property; input topics to the other topics holding a message keyed by a
     value the outputs name. Outputs of transactions still OPEN or
-    COMMITTING at the coordinator read (a live directory) are left out.
+    COMMITTING at the coordinator read, or begun after it (a live
+    directory), are left out (``outputs_after_cut``), and so are the input
+    ids they name, inputs and other outputs alike.
     The verdict and its counts go to ``ctx.results["exactly_once"]``.
     """
 
@@ -992,8 +998,35 @@ class ExactlyOnce:
             )
             return none
 
+        txns = ctx.table("transactions")
+        outs = outs.join(txns.select(*TXN_KEY, "status"), TXN_KEY, "left").join(
+            _highest_seen(txns), "txnid_most_bits", "left"
+        )
+        # After the cut: undecided at the coordinator read, or begun after it
+        # (absent from the read with an id above every id it showed), as
+        # ``_consumed`` leaves out their inputs.
+        begun_later = (
+            F.col("txnid_most_bits").isNotNull()
+            & F.col("status").isNull()
+            & (F.col("seen").isNull() | (F.col("txnid_least_bits") > F.col("seen")))
+        )
+        undecided = F.col("status").isin("OPEN", "COMMITTING")
+        in_flight = F.coalesce(undecided, F.lit(False)) | F.coalesce(begun_later, F.lit(False))
+        after_cut = outs.filter(in_flight).count()
+        # An input id such an output names is left out on both sides: its
+        # input may show consumed (its cursor) without its acks having been
+        # read, and a committed output of an earlier attempt is no violation.
+        late_ids = outs.filter(in_flight & F.col("sid").isNotNull()).select(
+            F.col("sid").alias("id")
+        )
+        outs = (
+            outs.filter(~in_flight)
+            .drop("seen")
+            .join(late_ids.withColumnRenamed("id", "sid"), "sid", "left_anti")
+        )
+
         ins = committed.filter(F.col("topic").isin(*inputs_t))
-        consumed = _consumed(ctx, ins)
+        consumed = _consumed(ctx, ins).join(late_ids, "id", "left_anti")
         consumed = _save(consumed, ctx.out_dir, "ctp_inputs")
         in_pos = _msg_position("input")
         expected = consumed.groupBy("id").agg(
@@ -1010,11 +1043,6 @@ class ExactlyOnce:
         topics = spark.createDataFrame([(t,) for t in outputs_t], "topic string")
         expected = topics.crossJoin(expected)
 
-        status = ctx.table("transactions").select(*TXN_KEY, "status")
-        outs = outs.join(status, TXN_KEY, "left")
-        in_flight = F.coalesce(F.col("status").isin("OPEN", "COMMITTING"), F.lit(False))
-        after_cut = outs.filter(in_flight).count()
-        outs = outs.filter(~in_flight)
         out_item = F.struct(
             F.struct("publish_time", "ledger_id", "entry_id", "batch_index").alias("k"),
             _msg_position("output").alias("p"),
@@ -1141,6 +1169,11 @@ def _acked_by(ctx: AuditContext, ins: DataFrame, txns: DataFrame) -> DataFrame:
     ).select("ledger", "ledger_id", "entry_id", "batch_index", "ack_most", "ack_least")
 
 
+def _highest_seen(txns: DataFrame) -> DataFrame:
+    """Per coordinator (``txnid_most_bits``), the highest id its log showed (``seen``)."""
+    return txns.groupBy("txnid_most_bits").agg(F.max("txnid_least_bits").alias("seen"))
+
+
 def _consumed(ctx: AuditContext, ins: DataFrame) -> DataFrame:
     """Input messages consumed and committed: one row each, ``via`` ack or cursor.
 
@@ -1156,7 +1189,7 @@ def _consumed(ctx: AuditContext, ins: DataFrame) -> DataFrame:
     # every id its coordinator's log showed). One the logs no longer hold
     # with a lower id was decided and trimmed before the cut: not in flight.
     undecided = txns.filter(F.col("status").isin("OPEN", "COMMITTING", "ABORTING"))
-    highest = txns.groupBy("txnid_most_bits").agg(F.max("txnid_least_bits").alias("seen"))
+    highest = _highest_seen(txns)
     acked_txns = (
         ctx.table("pending_ack_records").filter(F.col("op") == "ACK").select(*TXN_KEY).distinct()
     )
@@ -1722,15 +1755,19 @@ def _load_topics(ctx: AuditContext, partitions: Sequence[str], pending_logs: Seq
         out,
         "pending_ack_logs",
     )
+    # The cursors before the topic tables: an input they show consumed was
+    # published before, so it is in the topic tables; one consumed by a
+    # transaction committing after this read is not taken for consumed while
+    # its outputs are after the topic read.
+    ctx.tables["cursor_deleted"] = _save(
+        spark.createDataFrame(_cursor_ranges(data, owners), _CURSOR_SCHEMA), out, "cursor_deleted"
+    )
     ctx.tables["topic_markers"] = _load_topic(spark, data, out, "topic_markers", mode="markers")
     ctx.tables["topic_messages"] = _load_topic(
         spark, data, out, "topic_messages", isolation="read_uncommitted"
     )
     ctx.tables["topic_committed"] = _load_topic(
         spark, data, out, "topic_committed", isolation="read_committed"
-    )
-    ctx.tables["cursor_deleted"] = _save(
-        spark.createDataFrame(_cursor_ranges(data, owners), _CURSOR_SCHEMA), out, "cursor_deleted"
     )
 
 

@@ -26,6 +26,7 @@ from click.testing import CliRunner
 
 from txnstream import Broker, BrokerConfig, CompactedTopic
 from txnstream._native import Position
+from txnstream.broker.broker import PENDING_ACK_OWNERS as BROKER_PENDING_ACK_OWNERS
 from txnstream.broker.broker import TOPICS_REGISTRY as BROKER_TOPICS_REGISTRY
 from txnstream.broker.topic import SNAPSHOT_HOLD
 from txnstream.buffer.snapshot_reader import snapshot_topic
@@ -123,7 +124,10 @@ def workload(tmp_path: Path) -> Iterator[Workload]:
 
 
 def test_topics_registry_name_matches_the_broker() -> None:
+    from txnstream.datadir import PENDING_ACK_OWNERS
+
     assert TOPICS_REGISTRY == BROKER_TOPICS_REGISTRY
+    assert PENDING_ACK_OWNERS == BROKER_PENDING_ACK_OWNERS
 
 
 def test_every_read_command_on_a_live_directory_matches_broker_admin(workload: Workload) -> None:
@@ -632,3 +636,28 @@ def test_data_directory_helpers_refuse_bad_arguments_typed(tmp_path: Path) -> No
     lock.symlink_to(d / datadir.LOCK_FILE)  # refused (O_NOFOLLOW): typed, not ELOOP
     with pytest.raises(StorageError, match="writer lock"):
         datadir.is_live(lock.parent)
+
+
+def test_pending_ack_stats_use_the_recorded_owner_of_a_colliding_log_name(tmp_path: Path) -> None:
+    """Topic ``in`` with subscription ``x-etl`` and topic ``in-x``: one log name, ``in-x-etl``.
+
+    ``pending-ack-stats -t in-x -s etl`` reported ``in``/``x-etl``'s acks as
+    its own (exit 0); the broker's owner record says whose the log is.
+    """
+    data = tmp_path / "data"
+    with Broker.open(data, registry=None) as broker:
+        client = broker.client("c")
+        client.producer("in").send(b"a")
+        client.producer("in-x").send(b"b")
+        cons = client.subscribe("in", "x-etl")
+        t = client.transaction(timeout_ms=600_000)
+        cons.ack(take(cons), txn=t)
+        assert t.wait_durable()
+    [pa] = cli(data, "pending-ack-stats", "-t", "in", "-s", "x-etl")
+    assert (pa["topic"], pa["subscription"], pa["ongoing"]) == (
+        "persistent://public/default/in",
+        "x-etl",
+        1,
+    )
+    code, out = fail(data, "pending-ack-stats", "-t", "in-x", "-s", "etl")
+    assert code == 2 and "'etl' not found" in out

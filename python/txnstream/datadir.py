@@ -87,6 +87,7 @@ __all__ = [
     "CATALOG_FILE",
     "LOCK_FILE",
     "LOG_KINDS",
+    "PENDING_ACK_OWNERS",
     "batch_stats",
     "check_data_dir",
     "coordinator_ids",
@@ -100,6 +101,7 @@ __all__ = [
     "log_kind",
     "low_water_marks",
     "open_transactions",
+    "pending_ack_owner_map",
     "pending_ack_stats",
     "position_str",
     "replay_partition",
@@ -117,6 +119,9 @@ CATALOG_FILE: Final = "CATALOG"
 #: The compacted topic of topic metadata: base topic name -> partition count
 #: (``txnstream.broker.broker.TOPICS_REGISTRY``, a layer above this module).
 TOPICS_REGISTRY: Final = "__txnstream_topics"
+#: The compacted topic of pending-ack log owners: log name -> ``topic\nsubscription``
+#: (``txnstream.broker.broker.PENDING_ACK_OWNERS``; Pulsar's log names can collide).
+PENDING_ACK_OWNERS: Final = "__txnstream_pending_ack_owners"
 
 #: The two kinds of batched log, by their CLI name.
 LOG_KINDS: Final = ("coordinator", "pending-ack")
@@ -354,6 +359,28 @@ def _partition_count(path: Path, topic: str) -> int | None:
             position=None,
             offset=0,
         ) from None
+
+
+def pending_ack_owner_map(directory: str | os.PathLike[str]) -> dict[str, tuple[str, str]]:
+    r"""Return ``{log: (partition, subscription)}``: the owner of each pending-ack log, read-only.
+
+    From the broker's own record (:data:`PENDING_ACK_OWNERS`, written
+    before a subscription's log is opened), not from the log's name: topic
+    ``a`` with subscription ``b-c`` and topic ``a-b`` with subscription
+    ``c`` have the same log name. A value that is not ``topic\nsubscription``
+    is a :class:`CorruptEntryError` naming the log.
+    """
+    owners = {}
+    for log, raw in _compacted_items(_directory(directory), PENDING_ACK_OWNERS):
+        topic, sep, sub = raw.decode("utf-8", "replace").partition("\n")
+        if not sep or not topic or not sub:
+            raise CorruptEntryError(
+                f"{PENDING_ACK_OWNERS}: the owner of {log} is {raw!r}, not 'topic\\nsubscription'",
+                position=None,
+                offset=0,
+            )
+        owners[log] = (topic, sub)
+    return owners
 
 
 def _partitions(path: Path, topic: str, names: set[str]) -> list[TopicName]:
@@ -848,14 +875,24 @@ def pending_ack_stats(
     ``batch_index``), ``committed_in_log`` / ``aborted_in_log``
     (ended transactions whose records are not trimmed yet) and ``log``
     (``name``, ``records`` live, ``entries`` stored).
+
+    A partition counts only when the broker recorded ``subscription`` on it
+    as its pending-ack log's owner (:func:`pending_ack_owner_map`); none:
+    :class:`InvalidArgumentError`.
     """
     path = _directory(directory)
     names = set(_names(path))
     partitions = _partitions(path, topic, names)
+    owners = pending_ack_owner_map(path)
     out = []
     found = False
     for tn in partitions:
         sub = subscription_arg(subscription, tn)
+        log_ml_name = tn.pending_ack_ledger(sub)
+        if owners.get(log_ml_name) != (tn.full, sub):
+            # Not this subscription's log (another pair with the same log
+            # name owns it) or a subscription the broker never opened here.
+            continue
         with _ledger(path, tn.full) as ml:
             has_cursor = ml is not None and sub in ml.cursor_names()
             mark = (
@@ -863,9 +900,6 @@ def pending_ack_stats(
                 if ml is not None and has_cursor
                 else None
             )
-        log_ml_name = tn.pending_ack_ledger(sub)
-        if not has_cursor and log_ml_name not in names:
-            continue
         found = True
         fold = LogFold()
         entries = 0

@@ -542,3 +542,41 @@ def test_transactions_begun_and_committed_between_the_reads_give_no_violation(
         assert len(done) == 5
         assert r.verdict == "PASS", violation_rows(r, spark)
         assert r.summary["exactly_once"]["verdict"] == "PASS"
+
+
+def test_pending_ack_log_goes_to_its_recorded_owner_not_a_name_prefix(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Topic ``in`` with subscription ``x-etl`` next to a topic ``in-x``.
+
+    Its log ``in-x-etl__transaction_pending_ack`` was given to ``in-x`` /
+    ``etl`` (the longest topic name prefixing it): no input consumed, every
+    output ``untraceable_output``.
+    """
+    data = tmp_path / "data"
+    with Broker.open(data, BrokerConfig(), registry=None) as broker:
+        c = broker.client("etl")
+        src = c.producer("in")
+        for i in range(4):
+            src.send(b"v%d" % i, key=f"in-{i}")
+        c.producer("in-x").send(b"other", key="zzz")
+        out = c.producer("out")
+        cons = c.subscribe("in", "x-etl")
+        for _ in range(4):
+            m = cons.receive(timeout_ms=2000)
+            assert m is not None
+            with c.transaction() as t:
+                out.send(m.value, properties={"source": m.key or ""}, txn=t)
+                cons.ack(m, txn=t)
+    r = run_audit(data, tmp_path / "a", spark=spark)
+    assert r.verdict == "PASS", violation_rows(r, spark)
+    ex = r.summary["exactly_once"]
+    assert (ex["inputs_consumed_committed"], ex["outputs"]) == (4, 4)
+    owners = spark.read.parquet(str(r.out_dir / "pending_ack_logs")).collect()
+    assert [tuple(o) for o in owners] == [
+        (
+            "persistent://public/default/in-x-etl__transaction_pending_ack",
+            "persistent://public/default/in",
+            "x-etl",
+        )
+    ]

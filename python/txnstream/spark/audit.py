@@ -42,7 +42,7 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -60,6 +60,7 @@ from pyspark.sql.types import (
 
 from txnstream._native import ManagedLedger
 from txnstream.broker.topic_name import TopicName
+from txnstream.datadir import pending_ack_owner_map
 from txnstream.errors import InvalidArgumentError, InvalidTopicNameError
 from txnstream.spark.log_source import (
     COORDINATOR_LOG_PREFIX,
@@ -593,7 +594,7 @@ class DoubleAck:
 #   returns (the data source's own rules: ABORT markers, the read limit);
 # - ``topic_markers``: one row per COMMIT/ABORT marker (mode ``markers``);
 # - ``pending_ack_logs``: which partition and subscription each pending-ack
-#   log belongs to;
+#   log belongs to (the broker's owner record, not the log's name);
 # - ``cursor_deleted``: per (partition, subscription with a pending-ack log),
 #   the entry ranges its cursor deleted (mark-delete and individually deleted
 #   runs): acks that were applied, even once their pending-ack records are
@@ -643,24 +644,24 @@ def _load_topic(spark: SparkSession, data: str, out: Path, name: str, **options:
 
 
 def pending_ack_owners(
-    pending_logs: Sequence[str], partitions: Sequence[str]
+    pending_logs: Sequence[str],
+    partitions: Sequence[str],
+    owner_map: Mapping[str, tuple[str, str]],
 ) -> list[tuple[str, str, str]]:
     """Return ``(log, partition, subscription)`` for each pending-ack log of one of ``partitions``.
 
-    A log is named ``<partition>-<subscription>__transaction_pending_ack``;
-    when two partition names could both prefix it, the longer one wins.
+    The owner comes from ``owner_map`` (the broker's record,
+    :func:`txnstream.datadir.pending_ack_owner_map`), never from the log's
+    name (``<partition>-<subscription>__transaction_pending_ack`` is the
+    same for topic ``a`` with subscription ``b-c`` and topic ``a-b`` with
+    subscription ``c``). A log the map does not name is left out.
     """
+    stored = set(partitions)
     out = []
     for log in pending_logs:
-        if not log.endswith(PENDING_ACK_LOG_SUFFIX):
-            continue
-        owners = [p for p in partitions if log.startswith(p + "-")]
-        if not owners:
-            continue
-        p = max(owners, key=len)
-        sub = log[len(p) + 1 : -len(PENDING_ACK_LOG_SUFFIX)]
-        if sub:
-            out.append((log, p, sub))
+        owner = owner_map.get(log)
+        if owner is not None and owner[0] in stored:
+            out.append((log, owner[0], owner[1]))
     return out
 
 
@@ -1749,7 +1750,7 @@ def _checked_topics(opts: AuditOptions, partitions: Sequence[str]) -> AuditOptio
 def _load_topics(ctx: AuditContext, partitions: Sequence[str], pending_logs: Sequence[str]) -> None:
     """Read the topic tables of ``ctx`` (see the topics section)."""
     spark, data, out = ctx.spark, ctx.data_dir, ctx.out_dir
-    owners = pending_ack_owners(pending_logs, partitions)
+    owners = pending_ack_owners(pending_logs, partitions, pending_ack_owner_map(data))
     ctx.tables["pending_ack_logs"] = _save(
         spark.createDataFrame(owners, "log string, ledger string, subscription string"),
         out,

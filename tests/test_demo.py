@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,6 +26,50 @@ def test_refuses_to_delete_a_foreign_directory(tmp_path: Path) -> None:
     (tmp_path / "precious.txt").write_text("keep me")
     assert demo.main(str(tmp_path), inputs=10) == 2
     assert (tmp_path / "precious.txt").read_text() == "keep me"
+
+
+def test_a_data_path_that_is_a_file_is_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    f = tmp_path / "afile"
+    f.write_text("keep me")
+    assert demo.main(str(f), inputs=10) == 2
+    assert "is not a directory" in capsys.readouterr().out
+    assert f.read_text() == "keep me"
+
+
+def test_a_foreign_audit_directory_is_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``<data>-audit`` holding files an audit did not write: refused up front, not after a run."""
+    pytest.importorskip("pyspark")
+    (tmp_path / "data-audit").mkdir()
+    (tmp_path / "data-audit" / "precious.txt").write_text("keep me")
+    assert demo.main(str(tmp_path / "data"), inputs=10) == 2
+    out = capsys.readouterr().out
+    assert "data-audit" in out and "an audit did not write" in out
+    assert not (tmp_path / "data").exists()
+    assert (tmp_path / "data-audit" / "precious.txt").read_text() == "keep me"
+
+
+def test_an_audit_that_fails_is_a_failure_of_the_run_and_the_report_still_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The steps before the audit are stubbed: only the audit step's failure is under test."""
+    from txnstream.errors import StorageError
+
+    def broken(*_args: Any, **_kw: Any) -> None:
+        raise StorageError("disk on fire [/x]")
+
+    for step in ("seed", "recover", "verify"):
+        monkeypatch.setattr(demo, step, lambda *_a: None)
+    monkeypatch.setattr(demo, "_child", lambda *_a: None)
+    monkeypatch.setattr(demo, "_follow", lambda *_a: None)
+    monkeypatch.setattr(demo, "audit", broken)
+    assert demo.main(str(tmp_path / "data"), inputs=10) == 1
+    out = capsys.readouterr().out
+    assert "the audit failed: StorageError: disk on fire [/x]" in out
+    assert "exactly-once verdict: FAIL" in out
 
 
 def test_verifier_detects_a_duplicate_and_a_missing_output(tmp_path: Path) -> None:

@@ -44,10 +44,12 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from txnstream.broker import Broker
+from txnstream.errors import TxnStreamError
 from txnstream.workload import INPUT, OUTPUTS, SUBSCRIPTION, broker_config
 
 __all__ = ["INPUT", "OUTPUTS", "SUBSCRIPTION", "Run", "main", "recover", "seed", "verify"]
@@ -80,14 +82,42 @@ class Run:
     audit: dict[str, Any] | None = None
 
 
-def _prepare(data: Path) -> bool:
-    if data.exists():
+def _audit_module() -> Any:
+    """Return :mod:`txnstream.spark.audit`, or None without the Spark extra."""
+    try:
+        # Imported by name: the Spark extra is optional.
+        return importlib.import_module("txnstream.spark.audit")
+    except ImportError:
+        return None
+
+
+def _audit_dir(data: Path) -> Path:
+    """Where the audit of ``data`` goes: ``<data>-audit`` next to it, as ``txnstream audit``."""
+    return data.resolve().with_name(data.name + "-audit")
+
+
+def _refusal(data: Path) -> str | None:
+    """Why the job cannot use ``data`` (and its audit output), before any work; None: it can."""
+    if data.exists() or data.is_symlink():
+        if not data.is_dir():
+            return f"{data} exists and is not a directory"
         if not (data / MARKER).exists() and any(data.iterdir()):
-            return False
+            return f"{data} exists and was not created by txnstream demo: not touching it"
+    spark_audit = _audit_module()
+    if spark_audit is not None:
+        try:
+            spark_audit.check_output_dir(_audit_dir(data), data)
+        except TxnStreamError as e:
+            return f"cannot audit {data}: {e}"
+    return None
+
+
+def _prepare(data: Path) -> None:
+    """Replace ``data`` (checked by :func:`_refusal`) by a fresh directory the job owns."""
+    if data.exists():
         shutil.rmtree(data)
     data.mkdir(parents=True)
     (data / MARKER).write_text("created by txnstream demo; deleted by the next run\n")
-    return True
 
 
 def seed(data: Path, inputs: int) -> None:
@@ -226,13 +256,11 @@ def audit(data: Path, run: Run, console: Console) -> None:
     The report goes next to the data directory (``<data>-audit``), as
     ``txnstream audit`` puts it.
     """
-    try:
-        # Imported by name: the Spark extra is optional.
-        spark_audit: Any = importlib.import_module("txnstream.spark.audit")
-    except ImportError as e:
-        console.print(f"[yellow]Spark extra not installed ({e}): audit skipped[/]")
+    spark_audit = _audit_module()
+    if spark_audit is None:
+        console.print("[yellow]Spark extra not installed: audit skipped[/]")
         return
-    out = data.resolve().with_name(data.name + "-audit")
+    out = _audit_dir(data)
     with console.status("audit on Spark: starting") as status:
         result = spark_audit.run_audit(
             data, out, progress=lambda step: status.update(f"audit on Spark: {step}")
@@ -286,7 +314,7 @@ def report(run: Run, console: Console, seconds: float) -> None:
     if max(run.waits, default=0) > 3:
         run.failures.append(f"a commit made {max(run.waits)} durable waits (bound 3)")
     for f in run.failures:
-        console.print(f"[red]FAIL[/] {f}")
+        console.print(f"[red]FAIL[/] {escape(f)}")
     verdict = "PASS" if not run.failures else "FAIL"
     console.print(f"exactly-once verdict: {verdict}")
 
@@ -295,11 +323,11 @@ def main(data: str, inputs: int = 2_000, kill_fraction: float = 0.4) -> int:
     """Run the main job; return 0 when every check passed, 1 when one failed, 2 on bad use."""
     console = Console()
     path = Path(data)
-    if not _prepare(path):
-        console.print(
-            f"[red]{path} exists and was not created by txnstream demo: not touching it[/]"
-        )
+    refused = _refusal(path)
+    if refused is not None:
+        console.print(f"[red]{escape(refused)}[/]")
         return 2
+    _prepare(path)
     started = time.perf_counter()
     run = Run(inputs)
     columns = (
@@ -321,7 +349,10 @@ def main(data: str, inputs: int = 2_000, kill_fraction: float = 0.4) -> int:
         t_ver = progress.add_task("verify exactly-once", total=1)
         verify(path, run)
         progress.update(t_ver, completed=1)
-    audit(path, run, console)
+    try:
+        audit(path, run, console)
+    except Exception as e:  # the run failed; its report and verdict still print
+        run.failures.append(f"the audit failed: {type(e).__name__}: {e}")
     report(run, console, time.perf_counter() - started)
     return 0 if not run.failures else 1
 

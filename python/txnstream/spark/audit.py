@@ -86,6 +86,7 @@ __all__ = [
     "AuditOptions",
     "AuditResult",
     "Check",
+    "check_output_dir",
     "pending_ack_owners",
     "run_audit",
     "violation_rows",
@@ -1542,12 +1543,13 @@ def _save(df: DataFrame, out: Path, name: str) -> DataFrame:
 AUDIT_MARKER = ".txnstream-audit"
 
 
-def _replaceable_output(out: Path, data_dir: Path) -> None:
+def check_output_dir(out: Path, data_dir: Path) -> None:
     """Refuse an output directory whose replacement would delete what it must not.
 
     The audit replaces ``out`` whole: it must not be, hold or lie inside the
     data directory, and an existing one must be empty or an earlier audit's
-    output (its marker, or the report an audit writes).
+    output (its marker, or the report an audit writes); otherwise an
+    :class:`InvalidArgumentError` naming it.
     """
     o, d = out.resolve(), data_dir.resolve()
     if o == d or d in o.parents or o in d.parents:
@@ -1599,7 +1601,7 @@ def run_audit(
     names = ManagedLedger.names(data)  # before Spark starts: not a data directory fails fast
     partitions = topic_partitions(names)
     opts = _checked_topics(opts, partitions)
-    _replaceable_output(out, Path(data_dir))
+    check_output_dir(out, Path(data_dir))
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)

@@ -661,3 +661,20 @@ def test_pending_ack_stats_use_the_recorded_owner_of_a_colliding_log_name(tmp_pa
     )
     code, out = fail(data, "pending-ack-stats", "-t", "in-x", "-s", "etl")
     assert code == 2 and "'etl' not found" in out
+
+
+def test_batched_log_stats_refuse_a_damaged_coordinator_log(tmp_path: Path) -> None:
+    """Bytes flipped in a coordinator ledger file: the unreadable entries were counted, exit 0."""
+    data = tmp_path / "data"
+    with Broker.open(data, registry=None) as broker:
+        client = broker.client("many")
+        for _ in range(300):
+            client.transaction(timeout_ms=600_000).commit()
+    [log] = sorted((data / "ledgers").glob("__transaction_log_0@*.log"))
+    raw = bytearray(log.read_bytes())
+    at = len(raw) // 2
+    raw[at : at + 40] = bytes(b ^ 0xFF for b in raw[at : at + 40])
+    log.write_bytes(bytes(raw))
+    code, out = fail(data, "batched-log", "stats", "--log", "coordinator")
+    assert code == 1, out
+    assert "CorruptEntryError" in out and "cannot be read" in out and "Traceback" not in out

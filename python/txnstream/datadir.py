@@ -37,7 +37,7 @@ import fcntl
 import os
 import struct
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Final
@@ -976,8 +976,36 @@ def histogram(values: npt.ArrayLike, bounds: Sequence[float]) -> dict[str, Any]:
     }
 
 
+def _refuse_damage(ml: ManagedLedger, d: Mapping[str, Any]) -> None:
+    """Raise :class:`CorruptEntryError` at the first row of scan ``d`` that could not be read.
+
+    Its entry or record is damaged: counting it would give wrong figures,
+    skipping it would hide the damage.
+    """
+    bad = np.flatnonzero(np.asarray(d["status"]) != 0)
+    if not len(bad):
+        return
+    i = int(bad[0])
+    lid, eid = int(d["at_ledger_id"][i]), int(d["at_entry_id"][i])
+    offsets = d["error_offsets"]
+    reason = bytes(d["error_data"][int(offsets[i]) : int(offsets[i + 1])]).decode(
+        "utf-8", "replace"
+    )
+    raise CorruptEntryError(
+        f"{ml.name}: entry {lid}:{eid} cannot be read ({reason or 'damaged'}): the first of"
+        f" {len(bad)} unreadable row(s) among entries {lid}:{int(d['at_entry_id'][0])}-"
+        f"{int(d['at_entry_id'][-1])} scanned",
+        position=(lid, eid),
+        offset=0,
+    )
+
+
 def _scan_entries(ml: ManagedLedger, kind: str) -> dict[str, npt.NDArray[Any]]:
-    """Per stored entry of ``ml``: records, bytes, batched, and the record time spread (ms)."""
+    """Per stored entry of ``ml``: records, bytes, batched, and the record time spread (ms).
+
+    An entry or record that cannot be read is a :class:`CorruptEntryError`
+    naming its position, never counted or skipped.
+    """
     records: list[npt.NDArray[Any]] = []
     sizes: list[npt.NDArray[Any]] = []
     batched: list[npt.NDArray[Any]] = []
@@ -990,6 +1018,7 @@ def _scan_entries(ml: ManagedLedger, kind: str) -> dict[str, npt.NDArray[Any]]:
             eids = np.asarray(d["at_entry_id"], dtype=np.int64)
             if not len(eids):
                 continue
+            _refuse_damage(ml, d)
             # Rows of one entry are contiguous: cut where the entry changes.
             starts = np.flatnonzero(np.r_[True, eids[1:] != eids[:-1]])
             counts = np.diff(np.r_[starts, len(eids)])
@@ -1070,7 +1099,8 @@ def batch_stats(
     written with batching off. The oldest record's delay is not stored: for
     coordinator logs it is bounded below by the spread of the record times
     inside each batched entry (pending-ack records carry no time: None).
-    Entries trimmed after their transactions ended are not counted.
+    Entries trimmed after their transactions ended are not counted; an entry
+    that cannot be read is a :class:`CorruptEntryError` naming its position.
     """
     if log not in LOG_KINDS:
         raise InvalidArgumentError(

@@ -72,7 +72,7 @@ class _AuditError(click.ClickException):
     "--max-records",
     default=None,
     type=click.IntRange(min=1),
-    help="The writers' max_records, to tell flush triggers apart (default: largest batch seen).",
+    help="The writers' max_records, to tell flush triggers apart (default: the broker's, 512).",
 )
 @click.option(
     "--input-topic",

@@ -28,6 +28,7 @@ from txnstream._native import (
 )
 from txnstream.cli import main
 from txnstream.coordinator import TxnID
+from txnstream.datadir import batch_stats
 from txnstream.errors import InvalidArgumentError
 from txnstream.spark.audit import AuditOptions, AuditResult, run_audit, violation_rows
 
@@ -407,3 +408,40 @@ def test_trimmed_registrations_are_no_violation_and_late_open_ones_are_stuck(
     r = run_audit(data, tmp_path / "a", spark=spark)
     assert r.verdict == "PASS", violation_rows(r, spark)
     assert r.summary["stuck"]["count"] == 1
+
+
+def test_batch_size_buckets_do_not_overlap() -> None:
+    from txnstream.spark.audit import _bucket_label
+
+    labels = {n: _bucket_label(n) for n in (1, 2, 9, 10, 49, 50, 999, 1000, 5000)}
+    assert labels == {
+        1: "1",
+        2: "2-9",
+        9: "2-9",
+        10: "10-49",
+        49: "10-49",
+        50: "50-99",
+        999: "500-999",
+        1000: "1000+",
+        5000: "1000+",
+    }
+
+
+def test_flush_triggers_assume_the_broker_default_max_records(planted: Planted) -> None:
+    """Without ``max_records``, the largest batch seen was taken for the limit.
+
+    Its batches (16 records here, the writers' limit) always counted as
+    flushed by ``max_records``; with the broker's default (512), which no
+    batch here reaches, none does, as ``admin batched-log stats`` says.
+    """
+    batching = planted.result.summary["batching"]
+    assert batching
+    for b in batching:
+        assert b["max_records_assumed"] == 512
+        assert b["flush_triggers_inferred"]["max_records"] == 0, b
+        assert "1-9" not in b["batch_size_histogram"]
+    coordinator = next(b for b in batching if b["log"] == "__transaction_log_0")
+    files = batch_stats(planted.data, "coordinator")["total"]
+    assert coordinator["flush_triggers_inferred"]["max_records"] == 0
+    assert files["flush_triggers"]["max_records"] == 0
+    assert coordinator["max_batch"] > 1

@@ -60,6 +60,7 @@ from pyspark.sql.types import (
 
 from txnstream._native import ManagedLedger
 from txnstream.broker.topic_name import TopicName
+from txnstream.config import BatchedWriteConfig
 from txnstream.datadir import pending_ack_owner_map
 from txnstream.errors import InvalidArgumentError, InvalidTopicNameError
 from txnstream.spark.log_source import (
@@ -132,7 +133,7 @@ class AuditOptions:
     #: time in the logs, if later: a clock behind the writer's).
     now_ms: int | None = None
     #: The writers' ``max_records``, to tell flush triggers apart; default the
-    #: largest batch seen per log.
+    #: broker's default (:class:`~txnstream.config.BatchedWriteConfig`, 512).
     max_records: int | None = None
     #: Input topics of the exactly-once check (any form of topic name);
     #: default: the topics holding a message keyed by a value the outputs name.
@@ -1396,10 +1397,13 @@ _SIZE_BUCKETS = (1, 10, 50, 100, 200, 500, 1000)
 
 
 def _bucket_label(size: int) -> str:
-    lower = [b for b in _SIZE_BUCKETS if b <= size]
-    lo = lower[-1] if lower else 1
+    """Return the batch-size bucket of ``size`` records: ``1``, ``2-9``, ``10-49`` ... ``1000+``."""
+    if size <= 1:
+        return "1"
+    lo = max(b for b in _SIZE_BUCKETS if b <= size)
     higher = [b for b in _SIZE_BUCKETS if b > size]
-    return f"{lo}" if lo == 1 and size == 1 else (f"{lo}-{higher[0] - 1}" if higher else f"{lo}+")
+    first = max(lo, 2)
+    return f"{first}-{higher[0] - 1}" if higher else f"{first}+"
 
 
 def _batching(ctx: AuditContext, entries: DataFrame) -> list[dict[str, Any]]:
@@ -1419,7 +1423,11 @@ def _batching(ctx: AuditContext, entries: DataFrame) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     for name in sorted(logs):
         row = logs[name]
-        cap = ctx.options.max_records or (row["max_batch"] if row["max_batch"] > 1 else None)
+        cap = (
+            ctx.options.max_records
+            if ctx.options.max_records is not None
+            else BatchedWriteConfig().max_records
+        )
         histogram: dict[str, int] = {}
         triggers = {"max_records": 0, "max_delay_or_max_size": 0, "unbatched": 0}
         for s in sizes:
@@ -1429,7 +1437,7 @@ def _batching(ctx: AuditContext, entries: DataFrame) -> list[dict[str, Any]]:
             histogram[label] = histogram.get(label, 0) + int(s["count"])
             if not s["batched"]:
                 triggers["unbatched"] += int(s["count"])
-            elif cap is not None and s["records"] >= cap:
+            elif s["records"] >= cap:
                 triggers["max_records"] += int(s["count"])
             else:
                 triggers["max_delay_or_max_size"] += int(s["count"])

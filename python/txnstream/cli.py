@@ -66,7 +66,8 @@ class _AuditError(click.ClickException):
     "--now-ms",
     default=None,
     type=click.IntRange(min=0),
-    help="Reference time (ms since the epoch). Default: the latest time in the logs.",
+    help="Reference time (ms since the epoch). Default: now, or the latest time in the logs"
+    " if later.",
 )
 @click.option(
     "--max-records",

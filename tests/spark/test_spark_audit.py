@@ -445,3 +445,20 @@ def test_flush_triggers_assume_the_broker_default_max_records(planted: Planted) 
     assert coordinator["flush_triggers_inferred"]["max_records"] == 0
     assert files["flush_triggers"]["max_records"] == 0
     assert coordinator["max_batch"] > 1
+
+
+def test_now_ms_zero_is_used_and_the_help_says_what_the_default_is(tmp_path: Path) -> None:
+    """``--now-ms 0`` was taken for "not given" (the default, now, was used instead)."""
+    data = tmp_path / "data"
+    parts = Participants(data)
+    tc = open_coordinator(data, parts)
+    workload(tc, parts, 3)
+    tc.close()
+    parts.close()
+    res = CliRunner().invoke(
+        main, ["audit", str(data), "--out", str(tmp_path / "a"), "--now-ms", "0", "--json"]
+    )
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.stdout)["reference_time_ms"] == 0
+    text = CliRunner().invoke(main, ["audit", "--help"], terminal_width=200).output
+    assert "Default: now, or the latest time in the logs if later." in text

@@ -1642,7 +1642,9 @@ def run_audit(
     # Now, unless given: a closed directory audited later still shows the
     # transactions left open past their timeout as stuck (the latest time in
     # the logs would hide those whose timeout ends after the last record).
-    ctx.reference_time_ms = int(opts.now_ms or max(latest or 0, int(time.time() * 1000)))
+    ctx.reference_time_ms = (
+        opts.now_ms if opts.now_ms is not None else max(latest or 0, int(time.time() * 1000))
+    )
 
     step("running checks")
     ran: list[dict[str, str]] = []

@@ -462,3 +462,26 @@ def test_now_ms_zero_is_used_and_the_help_says_what_the_default_is(tmp_path: Pat
     assert json.loads(res.stdout)["reference_time_ms"] == 0
     text = CliRunner().invoke(main, ["audit", "--help"], terminal_width=200).output
     assert "Default: now, or the latest time in the logs if later." in text
+
+
+@pytest.mark.parametrize("name", ["out[1]", "a:b", "x{y}"])
+def test_an_output_path_spark_would_glob_or_parse_is_refused_up_front(
+    tmp_path: Path, name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Hadoop read ``out[1]`` as a glob and (relative) ``a:b`` as a URI on the Parquet read-back."""
+    monkeypatch.chdir(tmp_path)
+    data = tmp_path / "data"
+    parts = Participants(data)
+    tc = open_coordinator(data, parts)
+    workload(tc, parts, 2)
+    tc.close()
+    parts.close()
+    out = Path(name)
+    res = CliRunner().invoke(main, ["audit", str(data), "--out", str(out)])
+    assert res.exit_code == 2, res.output
+    assert name in res.output and "(--out)" in res.output
+    assert not out.exists()
+    with pytest.raises(InvalidArgumentError, match="choose another output directory") as e:
+        run_audit(data, out, master="local[1]")
+    assert e.value.details["value"] == str(out)
+    assert not out.exists()

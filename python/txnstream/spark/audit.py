@@ -1551,15 +1551,29 @@ def _save(df: DataFrame, out: Path, name: str) -> DataFrame:
 AUDIT_MARKER = ".txnstream-audit"
 
 
+#: Characters Hadoop's paths glob (``*?[]{}\\``) or parse (``:``) in an audit output path.
+_UNSAFE_PATH_CHARS = "*?[]{}\\:"
+
+
 def check_output_dir(out: Path, data_dir: Path) -> None:
     """Refuse an output directory whose replacement would delete what it must not.
 
     The audit replaces ``out`` whole: it must not be, hold or lie inside the
     data directory, and an existing one must be empty or an earlier audit's
     output (its marker, or the report an audit writes); otherwise an
-    :class:`InvalidArgumentError` naming it.
+    :class:`InvalidArgumentError` naming it. Its absolute path must not
+    hold a character Spark's file paths glob or parse (:data:`_UNSAFE_PATH_CHARS`:
+    Hadoop reads ``[1]`` as a pattern and ``:`` as a URI scheme's end).
     """
     o, d = out.resolve(), data_dir.resolve()
+    unsafe = sorted(set(str(o)) & set(_UNSAFE_PATH_CHARS))
+    if unsafe:
+        raise InvalidArgumentError(
+            f"audit output {str(o)!r} holds {''.join(unsafe)!r}, which Spark's file paths"
+            " read as a glob pattern or URI; choose another output directory (--out)",
+            argument="out_dir",
+            value=str(out),
+        )
     if o == d or d in o.parents or o in d.parents:
         raise InvalidArgumentError(
             f"audit output {str(out)!r} must neither be, hold nor lie inside the data "

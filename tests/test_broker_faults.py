@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -296,6 +296,24 @@ def test_an_asyncio_send_cancelled_or_left_by_its_closed_loop_is_written_once(
     assert not [r for r in caplog.records if "callback" in r.getMessage()]  # none raised
 
 
+def _waits_until_released(call: Callable[[], object], ml: ManagedLedger, why: str) -> None:
+    """Run ``call`` while syncs wait: still waiting 0.3 s in, and returning once released."""
+    import threading
+
+    returned = threading.Event()
+
+    def run() -> None:
+        call()
+        returned.set()
+
+    try:
+        threading.Thread(target=run, daemon=True).start()
+        assert not returned.wait(0.3), why
+    finally:
+        testing.release_fault(ml, "sync")
+    assert returned.wait(10)
+
+
 def test_flush_waits_until_a_transactional_send_is_durable_then_its_id_can_be_acked(
     tmp_path: Path,
 ) -> None:
@@ -306,7 +324,6 @@ def test_flush_waits_until_a_transactional_send_is_durable_then_its_id_can_be_ac
     PositionNotFoundError. Now flush waits for durability (as pulsar-client's
     does), and an ack of an id past the durable end is refused retriable.
     """
-    import threading
 
     from txnstream.config import BrokerConfig
     from txnstream.errors import OperationTimeoutError, PositionNotFoundError
@@ -327,18 +344,10 @@ def test_flush_waits_until_a_transactional_send_is_durable_then_its_id_can_be_ac
             assert refused.value.retriable
             with pytest.raises(OperationTimeoutError, match="flush of producer"):
                 p.flush()  # the disk does not answer: bounded, typed
-            flushed = threading.Event()
-
-            def flush() -> None:
-                p.flush()
-                flushed.set()
-
-            th = threading.Thread(target=flush, daemon=True)
-            th.start()
-            assert not flushed.wait(0.3), "flush returned before the entry was durable"
-        finally:
+        except BaseException:
             testing.release_fault(ml, "sync")
-        assert flushed.wait(10)
+            raise
+        _waits_until_released(p.flush, ml, "flush returned before the entry was durable")
         consumer.ack(mid, txn=acker)  # durable now: accepted
         sent.commit()
         acker.commit()
@@ -350,24 +359,11 @@ def test_flush_waits_until_a_transactional_send_is_durable_then_its_id_can_be_ac
 
 def test_producer_close_waits_for_its_queued_sends_to_be_durable(tmp_path: Path) -> None:
     """close() returned while send_async writes were still queued (pulsar-client's waits)."""
-    import threading
 
     from txnstream.config import BrokerConfig
 
     with Broker.open(tmp_path, BrokerConfig(end_timeout_ms=5_000), registry=None) as b:
         p, ml = _stall_after_a_send(b)
-        try:
-            futs = [p.send_async(b"m%d" % i) for i in range(10)]
-            closed = threading.Event()
-
-            def close() -> None:
-                p.close()
-                closed.set()
-
-            th = threading.Thread(target=close, daemon=True)
-            th.start()
-            assert not closed.wait(0.3), "close returned before its sends were durable"
-        finally:
-            testing.release_fault(ml, "sync")
-        assert closed.wait(10)
+        futs = [p.send_async(b"m%d" % i) for i in range(10)]
+        _waits_until_released(p.close, ml, "close returned before its sends were durable")
         assert all(f.done() and f.exception() is None for f in futs)

@@ -447,14 +447,19 @@ def test_flush_triggers_assume_the_broker_default_max_records(planted: Planted) 
     assert coordinator["max_batch"] > 1
 
 
-def test_now_ms_zero_is_used_and_the_help_says_what_the_default_is(tmp_path: Path) -> None:
-    """``--now-ms 0`` was taken for "not given" (the default, now, was used instead)."""
-    data = tmp_path / "data"
+def _closed_log(data: Path, n: int) -> Path:
+    """A closed data directory with ``n`` workload transactions."""
     parts = Participants(data)
     tc = open_coordinator(data, parts)
-    workload(tc, parts, 3)
+    workload(tc, parts, n)
     tc.close()
     parts.close()
+    return data
+
+
+def test_now_ms_zero_is_used_and_the_help_says_what_the_default_is(tmp_path: Path) -> None:
+    """``--now-ms 0`` was taken for "not given" (the default, now, was used instead)."""
+    data = _closed_log(tmp_path / "data", 3)
     res = CliRunner().invoke(
         main, ["audit", str(data), "--out", str(tmp_path / "a"), "--now-ms", "0", "--json"]
     )
@@ -470,12 +475,7 @@ def test_an_output_path_spark_would_glob_or_parse_is_refused_up_front(
 ) -> None:
     """Hadoop read ``out[1]`` as a glob and (relative) ``a:b`` as a URI on the Parquet read-back."""
     monkeypatch.chdir(tmp_path)
-    data = tmp_path / "data"
-    parts = Participants(data)
-    tc = open_coordinator(data, parts)
-    workload(tc, parts, 2)
-    tc.close()
-    parts.close()
+    data = _closed_log(tmp_path / "data", 2)
     out = Path(name)
     res = CliRunner().invoke(main, ["audit", str(data), "--out", str(out)])
     assert res.exit_code == 2, res.output

@@ -33,18 +33,21 @@ fn sim_opts(fs: &Arc<SimFs>) -> LedgerOptions {
     }
 }
 
-#[test]
-fn a_compaction_cut_before_its_commit_never_takes_the_next_ledgers_entries() {
-    use txnstream_core::ledger::journal::{decode_head, segment_path, Kind, SEGMENT_HEADER_LEN};
-    let fs = Arc::new(SimFs::new());
+type Compaction = std::thread::JoinHandle<txnstream_core::Result<Vec<Position>>>;
+
+/// Ledger "c" with one entry (its position) and a compaction of 16 entries
+/// written to the journal, held at its sync (release with `inj.clear()`).
+fn compaction_held_at_its_sync(
+    fs: &Arc<SimFs>,
+) -> (Arc<ManagedLedger>, Position, Arc<FaultInjector>, Compaction) {
     let inj = Arc::new(FaultInjector::new());
     let o = LedgerOptions {
         fault_injector: Some(Arc::clone(&inj)),
         storage_threads: 2,
         preallocate_bytes: 0,
-        ..sim_opts(&fs)
+        ..sim_opts(fs)
     };
-    let ml = ManagedLedger::open(Path::new(DATA), "c", o.clone()).unwrap();
+    let ml = ManagedLedger::open(Path::new(DATA), "c", o).unwrap();
     let first = ml.append(b"before").unwrap();
     inj.hold(FaultKind::Sync);
     let m2 = Arc::clone(&ml);
@@ -53,6 +56,14 @@ fn a_compaction_cut_before_its_commit_never_takes_the_next_ledgers_entries() {
         m2.replace_all(entries)
     });
     assert!(inj.wait_held(FaultKind::Sync, Duration::from_secs(10)));
+    (ml, first, inj, t)
+}
+
+#[test]
+fn a_compaction_cut_before_its_commit_never_takes_the_next_ledgers_entries() {
+    use txnstream_core::ledger::journal::{decode_head, segment_path, Kind, SEGMENT_HEADER_LEN};
+    let fs = Arc::new(SimFs::new());
+    let (ml, first, inj, t) = compaction_held_at_its_sync(&fs);
     let seg = segment_path(Path::new(DATA), 0);
     let live = fs.file_bytes(&seg).unwrap();
     // Find the ReplaceBegin record.
@@ -119,22 +130,7 @@ fn power_cuts_during_a_compaction_lose_no_acknowledged_entry() {
     let mut tried = 0;
     for seed in 0..30u64 {
         let fs = Arc::new(SimFs::new());
-        let inj = Arc::new(FaultInjector::new());
-        let o = LedgerOptions {
-            fault_injector: Some(Arc::clone(&inj)),
-            storage_threads: 2,
-            preallocate_bytes: 0,
-            ..sim_opts(&fs)
-        };
-        let ml = ManagedLedger::open(Path::new(DATA), "c", o.clone()).unwrap();
-        ml.append(b"before").unwrap();
-        inj.hold(FaultKind::Sync);
-        let m2 = Arc::clone(&ml);
-        let t = std::thread::spawn(move || {
-            let entries: Vec<Vec<u8>> = (0..16u8).map(|i| vec![i; 700]).collect();
-            m2.replace_all(entries)
-        });
-        assert!(inj.wait_held(FaultKind::Sync, Duration::from_secs(10)));
+        let (ml, _, inj, t) = compaction_held_at_its_sync(&fs);
         // Power cut while the compaction group is written but not synced.
         let image = Arc::new(fs.power_cut(seed));
         inj.clear();

@@ -758,33 +758,53 @@ def test_retry_after_kill_9_is_not_written_twice_when_acked_ledgers_were_trimmab
         assert ml.last_position == end  # nothing written
 
 
-def test_a_partition_failing_because_the_broker_closes_under_it_counts_as_skipped() -> None:
-    """The broker closed the snapshot readers before cancelling the wave.
+def test_a_partition_failing_because_the_broker_closes_under_it_counts_as_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The broker closed the snapshot readers before cancelling the recovery wave.
 
     A partition mid-recovery then failed on the closed readers and was
-    reported failed (with a warning) instead of skipped. The broker now marks
-    the wave stopping first, as here.
+    reported failed (with a warning) instead of skipped. Here the partition
+    being recovered waits until the readers close, then fails.
     """
     import threading
 
-    from txnstream.broker.recovery import TopicRecovery
-    from txnstream.errors import AlreadyClosedError
+    from txnstream.buffer.snapshot_reader import SnapshotReaders
 
-    started, readers_closed = threading.Event(), threading.Event()
+    _many_topics(tmp_path, 3, namespaces=1, snapshots=False)
+    inside, readers_closed = threading.Event(), threading.Event()
+    real_close, real_topic = SnapshotReaders.close, Broker.topic
 
-    def open_partition(name: str) -> None:
-        started.set()
-        readers_closed.wait(10)
-        raise AlreadyClosedError("the broker is closed", what="broker")
+    opened: list[Broker] = []
 
-    wave = TopicRecovery(["t0"], open_partition, 1)
-    wave.start()
-    assert started.wait(10)
-    wave.stopping()  # Broker._shutdown: before closing the readers
-    readers_closed.set()
-    wave.cancel(10_000)
-    st = wave.status()
-    assert st["failed"] == 0 and st["skipped"] == 1 and st["errors"] == {}
+    def close_readers(self: SnapshotReaders) -> None:
+        real_close(self)
+        readers_closed.set()
+        # The partition fails on the closed readers and is counted before the
+        # close goes on (as when the recovery thread runs first).
+        deadline = time.monotonic() + 10
+        while opened and time.monotonic() < deadline:
+            st = opened[0].recovery_status()
+            if st["total"] - st["pending"] >= 1:
+                break
+            time.sleep(0.005)
+
+    def topic(self: Broker, name: Any, *args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name.startswith("txnstream-recovery"):
+            inside.set()
+            readers_closed.wait(10)  # the close comes meanwhile
+        return real_topic(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(SnapshotReaders, "close", close_readers)
+    monkeypatch.setattr(Broker, "topic", topic)
+    cfg = BrokerConfig(topic_recovery="eager", topic_recovery_threads=1)
+    b = Broker.open(tmp_path, cfg, registry=None)
+    opened.append(b)
+    assert inside.wait(10)
+    b.close()
+    st = b.recovery_status()
+    assert st["failed"] == 0 and st["errors"] == {}, st["errors"]
+    assert st["skipped"] == 3
 
 
 def test_a_missing_snapshot_topic_is_looked_for_again_only_after_the_writer_wrote(

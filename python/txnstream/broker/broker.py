@@ -504,7 +504,7 @@ class Broker:
         The child has none of the broker's threads: its handles fail fast
         (SPEC §4.1), and nothing waits for work the parent had in flight.
         """
-        if _forks != self._forks:
+        if self.forked():
             raise AlreadyClosedError(
                 f"the broker on {self.path} was opened before fork(): open it again in this "
                 "process",

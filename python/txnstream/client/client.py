@@ -60,7 +60,12 @@ from txnstream.broker.topic import EARLIEST, LATEST, Publish, Topic
 from txnstream.broker.topic_name import TopicName, subscription_arg
 from txnstream.client.message import Message, MessageId
 from txnstream.client.transaction import Transaction
-from txnstream.errors import AlreadyClosedError, InvalidArgumentError, send_timed_out
+from txnstream.errors import (
+    AlreadyClosedError,
+    InvalidArgumentError,
+    OperationTimeoutError,
+    send_timed_out,
+)
 from txnstream.metrics import CommitTally
 from txnstream.timer import timeout_ms_arg
 
@@ -634,7 +639,13 @@ class Producer:
             try:
                 fut.exception(max(0.0, deadline - time.monotonic()))
             except TimeoutError:
-                raise send_timed_out(f"flush of producer {self.name!r}", timeout_ms) from None
+                # Not send_timed_out: its advice (retry the send) is not this caller's.
+                raise OperationTimeoutError(
+                    f"flush of producer {self.name!r} on {self.topic}: its sends were not "
+                    f"durable within {timeout_ms} ms (end_timeout_ms); they may still be; "
+                    "flush again to wait more",
+                    what="flush",
+                ) from None
         with self._lock:
             for index, fut in waiting:
                 if self._last_written.get(index) is fut:

@@ -4,7 +4,8 @@
 //!   next ledger took it, and the next replay gave that ledger's acknowledged
 //!   entries to the dead compaction (lost silently, or the directory refused);
 //! - a blocking storage call from a completion callback (a storage thread)
-//!   waited on itself: every ledger of the directory hung for good;
+//!   (a ledger append, a compacted topic's put) waited on itself: every ledger of
+//!   the directory hung for good;
 //! - a writer config with a huge `max_delay` panicked at its first write;
 //! - a panic in one caller's completion callback stopped the whole directory and
 //!   reported the other callers' durable writes as failed.
@@ -252,4 +253,34 @@ fn a_panicking_completion_callback_does_not_stop_the_directory() {
     a.append(b"after").unwrap();
     a.close().unwrap();
     b.close().unwrap();
+}
+
+#[test]
+fn a_blocking_put_from_a_compacted_topics_callback_fails_at_once() {
+    use txnstream_core::ledger::CompactedTopic;
+    let dir = tempfile::tempdir().unwrap();
+    let t = Arc::new(CompactedTopic::open(dir.path(), "ns/kv", LedgerOptions::default()).unwrap());
+    let t2 = Arc::clone(&t);
+    let (tx, rx) = std::sync::mpsc::channel();
+    assert!(t.put_many_async(
+        vec![("a".to_owned(), Some(b"1".to_vec()))],
+        None,
+        Box::new(move |r| {
+            assert!(r.is_ok());
+            let one = t2.put("b", Some(b"2")).map_err(|e| e.to_string());
+            let many = t2
+                .put_many(vec![("c".to_owned(), None)])
+                .map_err(|e| e.to_string());
+            let _ = tx.send((one, many));
+        }),
+    ));
+    let (one, many) = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the callback's put hung");
+    for got in [one.map(|_| ()), many.map(|_| ())] {
+        let err = got.expect_err("a blocking put on a storage thread");
+        assert!(err.contains("completion callback"), "{err}");
+    }
+    t.put("b", Some(b"2")).unwrap(); // the topic goes on
+    assert_eq!(t.get("a").unwrap().as_deref(), Some(&b"1"[..]));
 }

@@ -60,6 +60,20 @@ pub struct CompactedTopic {
     inflight: Arc<InFlight>,
 }
 
+/// A blocking put refuses to run on a storage thread (a completion callback),
+/// as every blocking storage call does (`Store::submit_wait`): its completion
+/// needs the thread it would block, and a compaction holding the gate would
+/// block it before that.
+fn not_on_storage_thread() -> Result<()> {
+    if super::group_commit::on_storage_thread() {
+        return Err(Error::invalid(
+            "a blocking put from a completion callback (on a storage thread) would wait on \
+             itself; use put_many_async there",
+        ));
+    }
+    Ok(())
+}
+
 fn decode(pos: Position, entry: &[u8]) -> Result<CompactedRecord> {
     CompactedRecord::decode(entry).map_err(|e| Error::CorruptEntry {
         position: Some(pos),
@@ -170,6 +184,7 @@ impl CompactedTopic {
 
     /// Writes `key = value` durably (`None` deletes the key).
     pub fn put(&self, key: &str, value: Option<&[u8]>) -> Result<Position> {
+        not_on_storage_thread()?;
         let _g = self.gate.read();
         let pos = self.ml.append(&encode(key, value))?;
         if self.write_only {
@@ -185,6 +200,7 @@ impl CompactedTopic {
 
     /// Writes many records in one group commit.
     pub fn put_many(&self, records: Vec<(String, Option<Vec<u8>>)>) -> Result<Vec<Position>> {
+        not_on_storage_thread()?;
         let (tx, rx) = std::sync::mpsc::sync_channel(1);
         self.put_many_async(
             records,

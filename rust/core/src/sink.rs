@@ -7,6 +7,25 @@
 
 use crate::error::Result;
 use crate::position::Position;
+use std::cell::Cell;
+
+thread_local! {
+    /// Set on threads that serve many sinks (the writers' timer): an append
+    /// there never waits for room, or one full directory would hold up the
+    /// others. They look at [`EntrySink::has_room`] first, so at most the
+    /// entry that raced another caller for the last room goes over the limit.
+    static NEVER_WAITS_FOR_ROOM: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the current thread as one whose appends never wait for room.
+pub(crate) fn never_wait_for_room() {
+    NEVER_WAITS_FOR_ROOM.with(|c| c.set(true));
+}
+
+/// False on a thread marked by [`never_wait_for_room`].
+pub(crate) fn may_wait_for_room() -> bool {
+    !NEVER_WAITS_FOR_ROOM.with(Cell::get)
+}
 
 /// Called once an appended entry is durable (fsynced) or has failed.
 pub type AppendCallback = Box<dyn FnOnce(Result<Position>) + Send + 'static>;

@@ -8,7 +8,11 @@
 //!   the directory hung for good;
 //! - a writer config with a huge `max_delay` panicked at its first write;
 //! - a panic in one caller's completion callback stopped the whole directory and
-//!   reported the other callers' durable writes as failed.
+//!   reported the other callers' durable writes as failed;
+//! - (stop 25) the last handle closed in a completion callback shut the store
+//!   down on its own storage thread: it waited on itself, for good;
+//! - (stop 25) the process-wide writer timer waited in one full directory's
+//!   backpressure, holding up every other directory's due batches.
 #![cfg(feature = "testing")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -283,4 +287,111 @@ fn a_blocking_put_from_a_compacted_topics_callback_fails_at_once() {
     }
     t.put("b", Some(b"2")).unwrap(); // the topic goes on
     assert_eq!(t.get("a").unwrap().as_deref(), Some(&b"1"[..]));
+}
+
+#[test]
+fn the_last_handle_dropped_in_a_completion_callback_closes_the_directory_without_a_hang() {
+    let dir = tempfile::tempdir().unwrap();
+    let ml = ManagedLedger::open(dir.path(), "last", LedgerOptions::default()).unwrap();
+    let cursor = ml.open_cursor("sub").unwrap();
+    let first = ml.append(b"first").unwrap();
+    cursor.mark_delete(first).unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let held = Arc::clone(&ml);
+    drop(ml);
+    // The callback owns the only handle, so the store closes on the storage thread.
+    held.clone().append_many_async(
+        vec![b"second".to_vec()],
+        Box::new(move |r| {
+            drop(held);
+            let _ = tx.send(r.map_err(|e| e.to_string()));
+        }),
+    );
+    let got = rx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the callback never ran");
+    assert!(got.is_ok(), "{got:?}");
+    // The directory is released: it opens again (waiting for the close to
+    // finish), with both entries and the cursor's mark-delete.
+    let (otx, orx) = std::sync::mpsc::channel();
+    let path = dir.path().to_path_buf();
+    std::thread::spawn(move || {
+        let _ = otx.send(ManagedLedger::open(&path, "last", LedgerOptions::default()));
+    });
+    let again = orx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the directory's close hung: reopening waited for it")
+        .unwrap();
+    let c = again.open_cursor("sub").unwrap();
+    assert_eq!(c.mark_delete_position(), Some(first));
+    assert_eq!(again.entry_count(), 2);
+    again.close().unwrap();
+}
+
+#[test]
+fn one_directorys_backpressure_does_not_hold_other_directories_batches() {
+    let (dir_a, dir_b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let inj = Arc::new(FaultInjector::new());
+    let full = LedgerOptions {
+        fault_injector: Some(Arc::clone(&inj)),
+        max_pending_bytes: 1 << 20,
+        append_timeout: Duration::from_secs(60),
+        ..LedgerOptions::default()
+    };
+    let a = ManagedLedger::open(dir_a.path(), "a", full).unwrap();
+    // Released however the test ends (a failed assert would otherwise hang
+    // in A's close, waiting for its held sync).
+    struct Release(Arc<FaultInjector>);
+    impl Drop for Release {
+        fn drop(&mut self) {
+            self.0.clear();
+        }
+    }
+    let _release = Release(Arc::clone(&inj));
+    // Directory A's journal is stuck at a sync with 2 MiB queued: no room.
+    inj.hold(FaultKind::Sync);
+    a.append_many_async(vec![vec![7u8; 2 << 20]], Box::new(|_| {}));
+    assert!(inj.wait_held(FaultKind::Sync, Duration::from_secs(10)));
+    let cfg = WriterConfig {
+        max_delay: Duration::from_millis(1),
+        ..WriterConfig::default()
+    };
+    let wa = BufferedWriter::new(Arc::clone(&a) as Arc<dyn EntrySink>, cfg, None).unwrap();
+    let (atx, arx) = std::sync::mpsc::channel();
+    wa.write(
+        b"a",
+        Box::new(move |r| {
+            let _ = atx.send(r.is_ok());
+        }),
+    )
+    .unwrap();
+    // A's batch is due: the process-wide timer thread reaches it first.
+    std::thread::sleep(Duration::from_millis(50));
+    let b = ManagedLedger::open(dir_b.path(), "b", LedgerOptions::default()).unwrap();
+    let wb = BufferedWriter::new(Arc::clone(&b) as Arc<dyn EntrySink>, cfg, None).unwrap();
+    let (btx, brx) = std::sync::mpsc::channel();
+    wb.write(
+        b"b",
+        Box::new(move |r| {
+            let _ = btx.send(r.is_ok());
+        }),
+    )
+    .unwrap();
+    let b_written = brx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("B's batch waited behind directory A's backpressure");
+    assert!(b_written);
+    assert!(
+        arx.try_recv().is_err(),
+        "A's record written while A was full"
+    );
+    // Once A has room again, its batch is written too.
+    inj.clear();
+    assert!(arx
+        .recv_timeout(Duration::from_secs(10))
+        .expect("A's batch never written once A had room"));
+    wa.close();
+    wb.close();
+    a.close().unwrap();
+    b.close().unwrap();
 }

@@ -65,13 +65,7 @@ pub struct CompactedTopic {
 /// needs the thread it would block, and a compaction holding the gate would
 /// block it before that.
 fn not_on_storage_thread() -> Result<()> {
-    if super::group_commit::on_storage_thread() {
-        return Err(Error::invalid(
-            "a blocking put from a completion callback (on a storage thread) would wait on \
-             itself; use put_many_async there",
-        ));
-    }
-    Ok(())
+    super::group_commit::not_on_storage_thread("put (use put_many_async there)")
 }
 
 fn decode(pos: Position, entry: &[u8]) -> Result<CompactedRecord> {

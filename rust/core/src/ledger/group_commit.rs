@@ -72,6 +72,19 @@ pub(crate) fn on_storage_thread() -> bool {
     STORAGE_THREAD.with(Cell::get)
 }
 
+/// Refuses a blocking `what` on a storage thread (in a completion callback):
+/// it would wait for a completion that needs the thread it blocks, and every
+/// ledger of the directory would hang for good.
+pub(crate) fn not_on_storage_thread(what: &str) -> Result<()> {
+    if on_storage_thread() {
+        return Err(Error::invalid(format!(
+            "a blocking {what} from a completion callback (on a storage thread) would \
+             wait on itself; use the asynchronous call there"
+        )));
+    }
+    Ok(())
+}
+
 pub(crate) fn mark_storage_thread() {
     STORAGE_THREAD.with(|c| c.set(true));
 }

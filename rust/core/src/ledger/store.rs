@@ -337,15 +337,41 @@ impl Store {
             Some(c)
         });
         let Some(c) = last else { return Ok(()) };
+        if group_commit::on_storage_thread() {
+            // The last handle went in a completion callback. Shutting down
+            // waits for the journal's Close and joins the storage threads: on
+            // one of them it would wait on itself. A thread of its own closes
+            // the store; an open of the same directory waits for it meanwhile.
+            let store = Arc::clone(self);
+            let closing = Arc::clone(&c);
+            let spawned = std::thread::Builder::new()
+                .name("txnstream-close".into())
+                .spawn(move || {
+                    let _ = store.shutdown();
+                    store.closed(&closing);
+                });
+            return match spawned {
+                Ok(_) => Ok(()),
+                Err(e) => {
+                    self.closed(&c);
+                    Err(io_err("starting the thread that closes the store", &e))
+                }
+            };
+        }
         let result = self.shutdown();
+        self.closed(&c);
+        result
+    }
+
+    /// The close registered as `c` has finished: an open waiting for it goes on.
+    fn closed(&self, c: &Arc<(Mutex<bool>, Condvar)>) {
         with_registry(|r| {
-            if r.closing.get(&self.key).is_some_and(|x| Arc::ptr_eq(x, &c)) {
+            if r.closing.get(&self.key).is_some_and(|x| Arc::ptr_eq(x, c)) {
                 r.closing.remove(&self.key);
             }
         });
         *c.0.lock() = true;
         c.1.notify_all();
-        result
     }
 
     pub(super) fn new_io(fs: Arc<dyn Fs>, data_dir: &Path, opts: &LedgerOptions) -> Arc<StoreIo> {
@@ -737,7 +763,10 @@ impl Store {
         // later append).
         let has_cursors = !ml.cursors.lock().is_empty();
         let r = if has_cursors {
-            self.persist_cursors(ml, true)
+            // On a storage thread (a handle closed in a completion callback) the
+            // states are queued, not waited for: the store's shutdown, queued
+            // after them, makes them durable before it releases the directory.
+            self.persist_cursors(ml, !group_commit::on_storage_thread())
         } else {
             Ok(())
         };
@@ -755,6 +784,9 @@ impl Store {
     pub fn persist_cursors(&self, ml: &Arc<MlState>, wait: bool) -> Result<()> {
         if self.io.read_only {
             return Ok(());
+        }
+        if wait {
+            group_commit::not_on_storage_thread("cursor flush")?;
         }
         let order = ml.cursor_journal.lock();
         ml.cursors_dirty.store(false, Ordering::Release);
@@ -911,10 +943,11 @@ impl Store {
         *p == 0 || *p + bytes <= self.opts.max_pending_bytes
     }
 
-    /// Waits for queue space for `bytes` (never on a storage thread).
+    /// Waits for queue space for `bytes` (never on a storage thread, nor on
+    /// a thread serving other directories too: see `sink::may_wait_for_room`).
     fn admit(&self, bytes: u64) -> Result<()> {
         let mut p = self.signals.pending.lock();
-        if bytes > 0 && !group_commit::on_storage_thread() {
+        if bytes > 0 && !group_commit::on_storage_thread() && crate::sink::may_wait_for_room() {
             let limit = self.opts.max_pending_bytes;
             let deadline = Instant::now() + self.opts.append_timeout;
             while *p > 0 && *p + bytes > limit {
@@ -970,13 +1003,7 @@ impl Store {
 
     /// Queues a command and waits until it is durable.
     pub fn submit_wait(&self, cmd: Command) -> Result<Vec<Position>> {
-        if group_commit::on_storage_thread() {
-            // A completion callback waiting for storage would wait on the thread
-            // it runs on: every ledger of the directory would hang for good.
-            let e = Error::invalid(
-                "a blocking storage call from a completion callback (on a storage thread) \
-                 would wait on itself; use the asynchronous call there",
-            );
+        if let Err(e) = group_commit::not_on_storage_thread("storage call") {
             cmd.fail(&e);
             return Err(e);
         }

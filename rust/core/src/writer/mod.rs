@@ -338,6 +338,11 @@ impl Inner {
     }
 }
 
+/// How soon a due batch whose sink has no room is looked at again, at least
+/// and at most (its `max_delay` between the two).
+const FULL_SINK_RETRY_MIN: Duration = Duration::from_millis(1);
+const FULL_SINK_RETRY_MAX: Duration = Duration::from_millis(10);
+
 impl Timed for Inner {
     fn on_timer(&self) {
         let Some(me) = self.me.upgrade() else {
@@ -357,6 +362,20 @@ impl Timed for Inner {
             return;
         };
         if first + st.cfg.max_delay <= now {
+            if !me.sink.has_room(st.batch.entry.len()) {
+                // The sink's directory is full (backpressure). Waiting for room
+                // here would hold up every other writer's deadline on this
+                // process-wide thread: look again shortly. A write that fills
+                // the batch meanwhile flushes it, and waits, on its own thread.
+                let again = now
+                    + st.cfg
+                        .max_delay
+                        .clamp(FULL_SINK_RETRY_MIN, FULL_SINK_RETRY_MAX);
+                st.timer_at = Some(again);
+                let target: Weak<dyn Timed> = me.me.clone();
+                me.scheduler.schedule(again, target);
+                return;
+            }
             me.flush_locked(&mut st, FlushTrigger::MaxDelay);
         } else {
             // The deadline was an older batch's; this one is due later.

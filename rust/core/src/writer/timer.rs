@@ -78,7 +78,10 @@ pub(crate) fn scheduler() -> Result<&'static Scheduler> {
     }));
     thread::Builder::new()
         .name("txnstream-writer-timer".into())
-        .spawn(move || s.run())
+        .spawn(move || {
+            crate::sink::never_wait_for_room();
+            s.run();
+        })
         .map_err(|e| Error::io("starting the buffered-writer timer thread", &e))?;
     *cur = Some((gen, s));
     Ok(s)

@@ -273,3 +273,30 @@ def test_pulsars_offload_seconds_key_is_read_and_near_misses_of_ours_are_warned(
     assert "did you mean 'coordinators'" in caplog.text
     assert not [k for k in stock_pulsar if k in caplog.text]
     assert set(cfg.extra) == {"transactionLogBatchedWriteEnable", *stock_pulsar}
+
+
+def test_a_setting_given_twice_under_two_names_with_two_values_is_refused() -> None:
+    # A Pulsar key and its attribute name: the last one used to win silently.
+    with pytest.raises(ConfigError) as e:
+        BrokerConfig.from_dict({"transactionCoordinatorCount": 4, "coordinators": 2})
+    assert e.value.key == "coordinators"
+    assert "transactionCoordinatorCount=4" in str(e.value)
+    # A section table and its flat Pulsar key.
+    with pytest.raises(ConfigError) as e:
+        BrokerConfig.from_dict(
+            {
+                "transactionLogBatchedWriteMaxRecords": 64,
+                "transaction_log_batched_write": {"max_records": 128},
+            }
+        )
+    assert "transactionLogBatchedWriteMaxRecords=64" in str(e.value)
+    # The same value under both names is one setting, given twice.
+    cfg = BrokerConfig.from_dict({"transactionCoordinatorCount": "4", "coordinators": 4})
+    assert cfg.coordinators == 4
+    cfg = BrokerConfig.from_dict(
+        {
+            "transactionLogBatchedWriteMaxRecords": 64,
+            "transaction_log_batched_write": {"max_records": "64"},
+        }
+    )
+    assert cfg.transaction_log_batched_write.max_records == 64

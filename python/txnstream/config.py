@@ -466,7 +466,20 @@ class BrokerConfig:
         extra: dict[str, Any] = {}
         flat: dict[str, Any] = {}
         offload_seconds: int | None = None
+        # Where each setting was given: one given twice, under two names (a
+        # Pulsar key and its attribute, or a section table and its flat key),
+        # with two values is refused rather than letting the last one win.
+        given: dict[tuple[str, str], tuple[str, object]] = {}
+
+        def once(slot: tuple[str, str], key: str, value: object) -> None:
+            first = given.setdefault(slot, (key, value))
+            if first[1] != value:
+                raise _error(
+                    key, value, f"also given as {first[0]}={first[1]!r}; give one of the two"
+                )
+
         for key, value in settings.items():
+            named = key
             if key in _SETTING_KEY:  # the attribute name of a broker setting
                 key = _SETTING_KEY[key]
             if key == OFFLOAD_SECONDS_KEY:  # Pulsar's offload-by-age key, in seconds
@@ -480,6 +493,7 @@ class BrokerConfig:
                     continue
                 attr, coerce, _, _ = BROKER_SETTINGS[key]
                 flat[attr] = coerce(key, value)
+                once(("", attr), named, flat[attr])
             elif key in _SECTIONS and not isinstance(value, Mapping):
                 raise _error(key, value, "expected a table of settings")
             elif key in _SECTIONS:
@@ -489,11 +503,13 @@ class BrokerConfig:
                     if name not in _COERCE:
                         raise _error(f"{key}.{name}", v, f"unknown setting; use {list(_COERCE)}")
                     values[key][name] = _COERCE[name](f"{prefix}{_FIELD_SUFFIX[name]}", v)
+                    once((key, name), f"{key}.{name}", values[key][name])
             elif key in _PULSAR_KEYS:
                 section, name = _PULSAR_KEYS[key]
                 if isinstance(value, str) and value.strip() == "":
                     continue  # Pulsar treats an empty value as "use the default"
                 values[section][name] = _COERCE[name](key, value)
+                once((section, name), key, values[section][name])
             else:
                 extra[key] = value
         if offload_seconds is not None:

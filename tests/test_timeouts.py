@@ -172,3 +172,34 @@ def test_a_due_timer_cancelled_or_scope_closed_before_it_runs_never_runs() -> No
         assert len(svc) == 0
     finally:
         svc.close()
+
+
+def test_close_does_not_wait_forever_for_a_stuck_callback(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import txnstream.timer
+
+    monkeypatch.setattr(txnstream.timer, "CLOSE_JOIN_S", 0.2)
+    service = TimerService(SYSTEM_CLOCK, name="stuck-timer")
+    running, release = threading.Event(), threading.Event()
+
+    def stuck() -> None:
+        running.set()
+        release.wait(60)
+
+    service.schedule(SYSTEM_CLOCK.monotonic_ms(), stuck)
+    assert running.wait(10)
+    done = threading.Event()
+
+    def close() -> None:
+        service.close()
+        done.set()
+
+    closer = threading.Thread(target=close)
+    closer.start()
+    try:
+        assert done.wait(10), "close() waited for the stuck callback"
+        assert "still runs a callback" in caplog.text
+    finally:
+        release.set()
+        closer.join(10)

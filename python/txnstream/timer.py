@@ -31,6 +31,10 @@ from typing import Protocol, runtime_checkable
 
 log = logging.getLogger(__name__)
 
+#: Longest :meth:`TimerService.close` waits for a callback still running (s);
+#: past it, close returns and the callback finishes (or fails) on its own.
+CLOSE_JOIN_S = 30.0
+
 _NO_ARG = object()
 
 
@@ -322,14 +326,25 @@ class TimerService:
             self._run(due)
 
     def close(self) -> None:
-        """Stop the thread; pending callbacks never run."""
+        """Stop the thread; pending callbacks never run.
+
+        Waits for a callback already running, for at most :data:`CLOSE_JOIN_S`
+        (a callback stuck in a call without a deadline must not hang close).
+        """
         with self._cond:
             self._closed = True
             self._heap.clear()
             self._dead = 0
             self._cond.notify_all()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(CLOSE_JOIN_S)
+            if thread.is_alive():
+                log.warning(
+                    "timer thread %s still runs a callback after %.0f s; closing without it",
+                    thread.name,
+                    CLOSE_JOIN_S,
+                )
 
 
 class TimerScope:

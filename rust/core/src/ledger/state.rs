@@ -701,6 +701,11 @@ impl MlState {
                 let name = std::str::from_utf8(body)
                     .map_err(|_| bad("cursor name is not UTF-8".to_owned()))?;
                 m.persisted_cursors.remove(name);
+                // And the open cursor, here rather than after the deleting
+                // caller wakes: a checkpoint whose journal position covers
+                // this record must not snapshot the cursor (a power cut
+                // would then bring it back).
+                self.cursors.lock().remove(name);
             }
             Kind::Trim => {
                 if body.len() % 8 != 0 {

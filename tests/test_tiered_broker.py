@@ -22,7 +22,7 @@ from txnstream.errors import (
     StorageError,
 )
 from txnstream.tiered import SegmentInfo, object_name
-from txnstream.tiered.offload import HOLD_CURSOR, LEGACY_HOLD_CURSOR
+from txnstream.tiered.offload import HOLD_CURSOR, LEGACY_HOLD_CURSOR, release_trimming
 
 TOPIC = "persistent://public/default/tiered"
 
@@ -539,3 +539,96 @@ def test_aborted_txn_indexes_of_trimmed_ledgers_are_deleted_without_a_policy(
         assert aborted
         closed = [lid for lid, n, sealed in b.topic(TOPIC).ml.ledgers() if sealed and n]
         _consume_then_check_indexes_pruned(b, closed)
+
+
+def test_an_abort_whose_marker_follows_an_on_demand_offload_stays_hidden(tmp_path: Path) -> None:
+    """No policy: L1 offloaded while its transaction is open; the ABORT lands in L2.
+
+    L1's remote index cannot hold the abort (it had not happened). Found in
+    review: without a policy nothing held L2, so once consumed it was trimmed
+    without a remote copy, the transaction buffer forgot the abort and
+    READ_COMMITTED returned the aborted message (after a restart too). From
+    the first upload on, a later ledger stays local until it is offloaded.
+    """
+    cfg = BrokerConfig(max_entries_per_ledger=4, transaction_timeout_ms=60_000)
+    data = tmp_path / "data"
+
+    def rounds(b: Broker) -> None:  # what would trim the consumed ledgers
+        ml = b.topic(TOPIC).ml
+        for _ in range(5):
+            b.write_snapshots(due_only=False)
+            b.maintain_now()
+            ml.checkpoint()
+
+    def read(b: Broker) -> tuple[list[bytes], list[bytes]]:
+        topic = b.topic(TOPIC)
+        by_broker = [m.payload for m in b.tiered.read_committed(topic)]
+        by_ledger = [  # the ledger's own ABORT markers, no aborted set given
+            m.payload
+            for m in b.tiered.reader().read_committed(
+                topic.full, topic.ml, max_read_position=topic.ml.last_position
+            )
+        ]
+        return by_broker, by_ledger
+
+    with Broker.open(data, cfg, registry=None) as b:
+        c = b.client("c")
+        consumer = c.subscribe(TOPIC, "s")
+        p = c.producer(TOPIC)
+        ml = b.topic(TOPIC).ml
+        a = c.transaction()
+        p.send(b"aborted-a", txn=a)  # L1:0
+        a.wait_durable(10_000)
+        while (last := ml.last_position) is None or last.entry_id != 3:
+            p.send(b"plain")
+        p.send(b"plain")  # starts L2: L1 is closed, A still open
+        segs = b.admin.offload(TOPIC)
+        assert [s.ledger_id for s in segs] == [1] and segs[0].txn_idx_empty
+        before = ml.entry_count()
+        a.abort()  # its ABORT marker goes to L2
+        deadline = time.monotonic() + 20
+        while ml.entry_count() == before:
+            assert time.monotonic() < deadline, "no ABORT marker"
+            time.sleep(0.005)
+        while (last := ml.last_position) is None or last.entry_id != 3:
+            p.send(b"plain")
+        p.send(b"tail")  # L3
+        while (m := consumer.receive(timeout_ms=200)) is not None:
+            consumer.ack(m)
+        rounds(b)
+        want = [b"plain"] * 6 + [b"tail"]
+        assert read(b) == (want, want)
+        assert 2 in [lid for lid, _, _ in ml.ledgers()]  # L2 waits for its upload
+        assert 2 in [s.ledger_id for s in b.admin.offload(TOPIC)]
+        _wait_trimmed_past(b, 2)  # uploaded: trimming goes on
+        b.maintain_now()  # the buffer forgets the abort (its marker is remote now)
+        assert not b.topic(TOPIC).tb.aborted
+        assert read(b) == (want, want)
+    with Broker.open(data, cfg, registry=None) as b:
+        assert read(b) == (want, want)
+
+
+def test_the_offload_hold_of_a_topic_with_remote_segments_stays(tmp_path: Path) -> None:
+    """Releasing it is refused (naming the topic); a topic offloaded without it gets it back.
+
+    An older version offloaded on demand without the hold; the next
+    maintenance round puts it back, policy or not.
+    """
+    data = tmp_path / "data"
+    with Broker.open(data, _config(), registry=None) as b:
+        p = b.client("c").producer(TOPIC)
+        for i in range(25):
+            p.send(b"m%d" % i)
+        assert b.admin.offload(TOPIC)
+        ml = b.topic(TOPIC).ml
+        assert HOLD_CURSOR in ml.cursor_names()
+        with pytest.raises(InvalidArgumentError, match=r"tiered has remote segments") as e:
+            b.admin.release_offload_hold(TOPIC)
+        assert e.value.details["value"] == TOPIC
+        assert HOLD_CURSOR in ml.cursor_names()
+        release_trimming(ml)  # as an older version left it
+    with Broker.open(data, _config(), registry=None) as b:
+        ml = b.topic(TOPIC).ml
+        assert HOLD_CURSOR not in ml.cursor_names()
+        b.maintain_now()
+        assert HOLD_CURSOR in ml.cursor_names()

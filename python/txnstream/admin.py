@@ -345,9 +345,12 @@ class Admin:
         """Offload every closed ledger of ``topic``'s partitions now (on demand).
 
         Returns the uploaded segments' metadata (ledgers offloaded before
-        included). With an offload policy set, the partitions' ledgers then
-        stay local until offloaded; without one, trimming follows the
-        subscriptions alone, as before the call. See SPEC §4.8 and
+        included). From a partition's first upload on, policy or not, its
+        later ledgers stay local until they are offloaded too (Kafka's rule:
+        the hold cursor ``__hold.tiered``, put in place before the first
+        upload): an ABORT marker written after an upload lands in a later
+        ledger, and a READ_COMMITTED read of the remote part needs it. Each
+        call lets trimming go on through what it uploaded. See SPEC §4.8 and
         :mod:`txnstream.tiered.offload`.
         """
         partitions = self._partitions(topic)  # an unknown topic is an error, not created
@@ -355,30 +358,50 @@ class Admin:
         out: list[SegmentInfo] = []
         for tn in partitions:
             ml = self._broker.topic(tn).ml
+            # Before the first upload: no ledger after it is trimmed un-uploaded.
+            tiered.offloader.hold_trimming(ml)
             for lid, n, sealed in ml.ledgers():
                 if sealed and n:
                     out.append(tiered.offloader.offload(ml, lid))
-            if self._broker.offload_policy_on():
-                # Trimming waits for the policy's next offloads too.
-                tiered.offloader.hold_trimming(ml)
+            tiered.offloader.hold_trimming(ml)  # up to what is uploaded now
         return out
 
     def release_offload_hold(self, topic: str) -> int:
         """Let trimming of ``topic``'s partitions follow their subscriptions alone.
 
-        Drops the hold that keeps ledgers until offloaded (left by a run
-        with an offload policy; without one nothing offloads them, so they
-        would stay forever). Returns how many partitions had one. With a
-        policy set, maintenance puts the hold back.
+        Drops the hold that keeps ledgers until offloaded, left by a run
+        with an offload policy whose partitions have no remote segment (no
+        policy any more: nothing would offload them, so they would stay
+        forever). Returns how many partitions had one. With a policy set,
+        the next topic open puts the hold back.
+
+        A partition with remote segments keeps its hold: raises
+        :class:`InvalidArgumentError` naming it, and releases nothing
+        (:meth:`offload` its ledgers instead, which lets trimming go on).
+        Trimming a ledger after its remote ones before it is uploaded would
+        lose the ABORT markers READ_COMMITTED reads of them need.
         """
-        n = 0
+        held = []
         for tn in self._partitions(topic):
             ml = self._broker.topic(tn).ml
             names = ml.cursor_names()
             if HOLD_CURSOR in names or LEGACY_HOLD_CURSOR in names:
-                release_trimming(ml)
-                n += 1
-        return n
+                held.append((tn, ml))
+        if held:
+            metadata = self._broker.tiered.metadata
+            for tn, _ in held:
+                if metadata.offloaded_ledgers(tn.full):
+                    raise InvalidArgumentError(
+                        f"{tn.full} has remote segments: its later ledgers stay local until "
+                        "offloaded (READ_COMMITTED reads of the remote ones need their ABORT "
+                        f"markers); offload them (admin.offload({topic!r})) to let trimming "
+                        "go on",
+                        argument="topic",
+                        value=topic,
+                    )
+        for _, ml in held:
+            release_trimming(ml)
+        return len(held)
 
     def offloaded_segments(self, topic: str) -> dict[str, list[SegmentInfo]]:
         """Per partition of ``topic``: its readable remote segments, in ledger order."""

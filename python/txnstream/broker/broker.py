@@ -285,6 +285,8 @@ class Broker:
         #: Aborted-transaction indexes of topic ledgers, written as aborts happen.
         self.txn_indexes = TopicTxnIndexes(path)
         self._tiered: Tiered | None = None
+        #: The directory held remote segment metadata at open (tiered storage was used).
+        self._had_remote_metadata = False
         self._tiered_lock = threading.Lock()
         self.snapshot_writer = SnapshotWriter(self._open_snapshot_topic)
         # The broker holds the directory's writer lock: its own writer is the
@@ -387,6 +389,7 @@ class Broker:
         cfg = self.config
         tc_config = _coordinator_config(cfg)
         self._check_coordinator_count()
+        self._had_remote_metadata = METADATA_LEDGER in ManagedLedger.names(self.path)
         opened: list[TransactionCoordinator] = []
         try:
             for tc_id in range(cfg.coordinators):
@@ -734,10 +737,9 @@ class Broker:
             elif HOLD_CURSOR in ml.cursor_names() or LEGACY_HOLD_CURSOR in ml.cursor_names():
                 # Kept: dropping it here would let a broker opened without the
                 # policy (a one-off admin run) trim ledgers never offloaded.
-                log.warning(
-                    "%s keeps its ledgers until offloaded, but no offload policy is set: "
-                    "they are never trimmed; admin.release_offload_hold(topic) lets trimming "
-                    "follow the subscriptions alone",
+                log.info(
+                    "%s keeps its ledgers until offloaded and no offload policy is set: "
+                    "admin.offload(topic) lets trimming go on",
                     tn.full,
                 )
         except BaseException:
@@ -862,10 +864,13 @@ class Broker:
     def _offload_by_policy(self) -> None:
         """Offload what the policy selects, topic by topic (one topic's failure is logged).
 
-        Then, policy or not, delete the local aborted-transaction indexes of
-        trimmed ledgers (an index is written whenever a transaction aborts).
+        Policy or not, a loaded topic with remote segments keeps its ledgers
+        after them until they are offloaded (the hold is put back on a topic
+        offloaded by a version that did not keep it). Then delete the local
+        aborted-transaction indexes of trimmed ledgers (an index is written
+        whenever a transaction aborts).
         """
-        if self.offload_policy_on():
+        if self.offload_policy_on() or self._tiered_in_use():
             self._offload_loaded()
         firsts: dict[str, int] = {}
         for t in self.loaded_topics():
@@ -878,19 +883,28 @@ class Broker:
             if not self._closed:
                 log.exception("pruning aborted-transaction indexes")
 
+    def _tiered_in_use(self) -> bool:
+        """Tell whether tiered storage is in use (here, or by an earlier run of the directory)."""
+        return self._tiered is not None or self._had_remote_metadata
+
     def _offload_loaded(self) -> None:
         cfg = self.config
+        policy = self.offload_policy_on()
         tiered = self.tiered
         for t in self.loaded_topics():
             try:
-                tiered.offloader.offload_by_policy(
-                    t.ml,
-                    threshold_bytes=None
-                    if cfg.offload_threshold_bytes < 0
-                    else cfg.offload_threshold_bytes,
-                    min_age_ms=None if cfg.offload_threshold_ms < 0 else cfg.offload_threshold_ms,
-                )
-                tiered.offloader.hold_trimming(t.ml)
+                if policy:
+                    tiered.offloader.offload_by_policy(
+                        t.ml,
+                        threshold_bytes=None
+                        if cfg.offload_threshold_bytes < 0
+                        else cfg.offload_threshold_bytes,
+                        min_age_ms=None
+                        if cfg.offload_threshold_ms < 0
+                        else cfg.offload_threshold_ms,
+                    )
+                if policy or tiered.metadata.offloaded_ledgers(t.full):
+                    tiered.offloader.hold_trimming(t.ml)
             except Exception:
                 if self._closed:
                     return

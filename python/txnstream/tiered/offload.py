@@ -16,6 +16,13 @@ no metadata pointing at a partial upload; :meth:`Offloader.clean_up`
 deleted. Offload is by policy (:meth:`Offloader.offload_by_policy`: the
 topic's closed ledgers beyond a local size threshold, or older than an age)
 or on demand (:meth:`Offloader.offload`).
+
+Kafka's rule holds from a topic's first upload on, policy or not: no ledger
+after an offloaded one is deleted locally before it is uploaded too
+(:meth:`Offloader.hold_trimming`). A ledger holding a transaction still open
+may be uploaded; that transaction's ABORT marker lands in a later ledger,
+whose aborted-transaction index (remote once uploaded, else the local
+markers) is where a READ_COMMITTED read of the earlier one finds it.
 """
 
 from __future__ import annotations
@@ -188,7 +195,12 @@ class Offloader:
         removes a ledger that has no remote copy, so a READ_COMMITTED read
         over remote and local data has no gap. Being a hold, it never trims
         a topic that no subscription consumed (subscriptions read local
-        ledgers only). The broker holds while an offload policy is set.
+        ledgers only). The broker holds from a topic's first upload on, on
+        demand or by policy (:meth:`txnstream.admin.Admin.offload` calls this
+        before it uploads anything), and from a topic's open while a policy
+        is set: an ABORT marker written after an upload is in a later ledger,
+        and reads of the remote part need it from that ledger's index or
+        locally.
         """
         instance_arg(ml, "ml", ManagedLedger)
         if LEGACY_HOLD_CURSOR in ml.cursor_names():

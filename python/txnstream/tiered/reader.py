@@ -21,6 +21,11 @@ aborted set (or, without it, from the local ledgers' ABORT markers).
 Indexes are cached, so each is fetched at most once per reader: a full scan
 costs one data call per segment plus one index call per segment whose index
 is not known to be empty.
+
+Completeness rests on the broker's hold
+(:meth:`~txnstream.tiered.offload.Offloader.hold_trimming`): no ledger after
+a remote one is trimmed before it is uploaded, so every ABORT marker after a
+remote segment is in a later segment's index or in the local ledgers.
 """
 
 from __future__ import annotations

@@ -709,6 +709,22 @@ def test_bad_arguments_are_typed_errors_naming_the_value(
     assert list(reader.read_committed(TOPIC, ml, max_read_position=(9, 9), start=(0, 0))) == []  # type: ignore[arg-type]
 
 
+def test_sweeping_temporaries_leaves_this_process_own(tmp_path: Path) -> None:
+    """The clean-up may run while this process uploads (the broker retries it in maintenance).
+
+    A temporary named with this process's id may be a put in progress; one
+    of another process is a crash's leftover.
+    """
+    remote = RemoteStorage(tmp_path / "r")
+    (tmp_path / "r" / "t").mkdir(parents=True)
+    mine = tmp_path / "r" / "t" / f".1-a.data.{os.getpid()}.123.tmp"
+    crashed = tmp_path / "r" / "t" / f".1-a.data.{os.getpid() + 1}.123.tmp"
+    mine.write_bytes(b"being written")
+    crashed.write_bytes(b"left by a crash")
+    assert remote.sweep_temporaries() == 1
+    assert mine.exists() and not crashed.exists()
+
+
 def test_remote_directory_writes_are_atomic_and_counted(tmp_path: Path) -> None:
     remote = RemoteStorage(tmp_path / "r")
     remote.put("t/1-a.data", b"x" * 100, "segment")

@@ -7,10 +7,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import fsspec  # type: ignore[import-untyped]
 import pytest
+from fsspec.implementations.memory import MemoryFileSystem  # type: ignore[import-untyped]
 from prometheus_client import CollectorRegistry, generate_latest
 
-from txnstream import Broker, Position
+from txnstream import Broker, ManagedLedger, Position
 from txnstream._native import AbortedTxnIndex, crc32c, decode_segment, decode_topic_entry
 from txnstream.client import Transaction
 from txnstream.config import BrokerConfig
@@ -21,7 +23,13 @@ from txnstream.errors import (
     InvalidTopicNameError,
     StorageError,
 )
-from txnstream.tiered import SegmentInfo, object_name
+from txnstream.tiered import (
+    METADATA_LEDGER,
+    RemoteLogMetadataManager,
+    RemoteStorage,
+    SegmentInfo,
+    object_name,
+)
 from txnstream.tiered.offload import HOLD_CURSOR, LEGACY_HOLD_CURSOR, release_trimming
 
 TOPIC = "persistent://public/default/tiered"
@@ -217,11 +225,13 @@ def test_a_remote_location_that_cannot_work_is_a_typed_error(tmp_path: Path) -> 
     BrokerConfig(tiered_storage_location=f"simplecache::file://{tmp_path}/r")
     (tmp_path / "afile").write_bytes(b"")
     cfg = _config(tiered_storage_location=str(tmp_path / "afile"), offload_threshold_bytes=0)
-    with (
-        Broker.open(tmp_path / "data", cfg, registry=None) as broker,
-        pytest.raises(StorageError, match="not a usable directory"),
-    ):
-        broker.client("c").producer(TOPIC).send(b"x")
+    with Broker.open(tmp_path / "data", cfg, registry=None) as broker:
+        broker.client("c").producer(TOPIC).send(b"x")  # local sends never need the store
+        broker.maintain_now()
+        assert isinstance(broker.tiered_error, StorageError)
+        assert "not a usable directory" in str(broker.tiered_error)
+        with pytest.raises(StorageError, match="not a usable directory"):
+            broker.admin.offload(TOPIC)
 
 
 def test_offload_of_an_unknown_topic_is_an_error(tmp_path: Path) -> None:
@@ -632,3 +642,101 @@ def test_the_offload_hold_of_a_topic_with_remote_segments_stays(tmp_path: Path) 
         assert HOLD_CURSOR not in ml.cursor_names()
         b.maintain_now()
         assert HOLD_CURSOR in ml.cursor_names()
+
+
+class _UnreachableFS(MemoryFileSystem):  # type: ignore[misc]
+    """An in-memory remote store that can be made unreachable (every call refused)."""
+
+    protocol = "txnstream-unreachable"
+    down = False
+
+    def _check(self) -> None:
+        if _UnreachableFS.down:
+            raise ConnectionRefusedError(111, "remote store unreachable")
+
+    def exists(self, path: str, **kw: Any) -> bool:
+        self._check()
+        return bool(super().exists(path, **kw))
+
+    def rm_file(self, path: str) -> None:
+        self._check()
+        super().rm_file(path)
+
+    def pipe_file(self, path: str, value: bytes, *args: Any, **kw: Any) -> None:
+        self._check()
+        super().pipe_file(path, value, *args, **kw)
+
+
+def _ok_sends(b: Broker) -> None:
+    """A send to the tiered topic and one to a new topic both work."""
+    b.client("c1").producer(TOPIC).send(b"x")
+    b.client("c2").producer("persistent://public/default/another").send(b"y")
+
+
+def test_a_remote_store_down_at_start_blocks_no_local_produce(tmp_path: Path) -> None:
+    """A crash-interrupted upload to clean up while the store is down fails no send.
+
+    Found in review: every topic open ran the clean-up, so every send (even
+    to a new topic) raised StorageError while the store was down. It runs in
+    the maintenance round, which retries it until the store is back.
+    """
+    fsspec.register_implementation(_UnreachableFS.protocol, _UnreachableFS, clobber=True)
+    location = f"{_UnreachableFS.protocol}://{tmp_path.name}"
+    cfg = _config(offload_threshold_bytes=1 << 40, tiered_storage_location=location)
+    data = tmp_path / "data"
+    with Broker.open(data, cfg, registry=None) as b:
+        p = b.client("c").producer(TOPIC)
+        for i in range(12):
+            p.send(b"m%d" % i)
+    # What kill -9 in the middle of an upload leaves: a STARTED record, a partial object.
+    ml = ManagedLedger.open(data, METADATA_LEDGER)
+    remote = RemoteStorage(location)
+    started = RemoteLogMetadataManager(ml, remote).copy_started(TOPIC, 1, 0, 9, 10, 100)
+    partial = object_name(TOPIC, 1, started.segment_id, "segment")
+    remote.put(partial, b"partial", "segment")
+    ml.close()
+    _UnreachableFS.down = True
+    try:
+        with Broker.open(data, cfg, registry=None) as b:
+            _ok_sends(b)
+            b.maintain_now()  # the clean-up fails: recorded, the round goes on
+            assert isinstance(b.tiered_error, StorageError)
+            assert "unreachable" in str(b.tiered_error)
+            assert b.tiered.clean_up_pending
+            _ok_sends(b)
+            _UnreachableFS.down = False
+            b.maintain_now()  # retried
+            assert b.tiered_error is None and not b.tiered.clean_up_pending
+            assert b.tiered.metadata.unfinished() == []
+            assert not remote._fs.exists(remote._path(partial))
+    finally:
+        _UnreachableFS.down = False
+
+
+def test_a_corrupt_remote_metadata_record_blocks_no_local_produce(tmp_path: Path) -> None:
+    """The record's error comes from tiered reads and offloads, not from every send.
+
+    Found in review: with a policy, every topic open loaded the metadata, so
+    one record that does not decode made every send raise CorruptEntryError.
+    """
+    cfg = _config(offload_threshold_bytes=0)
+    data = tmp_path / "data"
+    with Broker.open(data, cfg, registry=None) as b:
+        p = b.client("c").producer(TOPIC)
+        for i in range(25):
+            p.send(b"m%d" % i)
+        b.maintain_now()
+        assert b.admin.offloaded_segments(TOPIC)[TOPIC]
+    ml = ManagedLedger.open(data, METADATA_LEDGER)
+    bad = ml.append(b"\xff\xff\xff")  # not a RemoteLogSegmentMetadata
+    ml.close()
+    with Broker.open(data, cfg, registry=None) as b:
+        _ok_sends(b)
+        assert HOLD_CURSOR in b.topic(TOPIC).ml.cursor_names()  # the policy's hold, still
+        b.maintain_now()  # recorded, not raised: trimming and snapshots go on
+        assert isinstance(b.tiered_error, CorruptEntryError)
+        assert b.tiered_error.position == (bad.ledger_id, bad.entry_id)
+        with pytest.raises(CorruptEntryError, match=METADATA_LEDGER):
+            b.admin.offloaded_segments(TOPIC)
+        with pytest.raises(CorruptEntryError, match=METADATA_LEDGER):
+            b.admin.offload(TOPIC)

@@ -105,7 +105,7 @@ from txnstream.tiered import (
     TieredReader,
     TopicTxnIndexes,
 )
-from txnstream.tiered.offload import HOLD_CURSOR, LEGACY_HOLD_CURSOR
+from txnstream.tiered.offload import HOLD_CURSOR, LEGACY_HOLD_CURSOR, install_hold
 from txnstream.timer import Clock, TimerHandle, TimerService, clock_arg, timeout_ms_arg
 
 if TYPE_CHECKING:
@@ -159,6 +159,18 @@ class Tiered:
         self.offloader = offloader
         self.metadata_ml = metadata_ml
         self.collector: Any = None
+        #: The clean-up of uploads a crash interrupted is still to run (the
+        #: maintenance round retries it until it succeeds).
+        self.clean_up_pending = True
+
+    def clean_up(self, cancelled: Callable[[], bool] | None = None) -> int:
+        """Run the pending clean-up of interrupted uploads; return how many it deleted."""
+        if not self.clean_up_pending:
+            return 0
+        n = self.offloader.clean_up(cancelled)
+        if cancelled is None or not cancelled():
+            self.clean_up_pending = False
+        return n
 
     def reader(self) -> TieredReader:
         """Return a new reader of local-or-remote topic data (its own caches)."""
@@ -220,6 +232,7 @@ class Tiered:
             "calls": self.remote.calls(),
             "bytes_read": self.remote.bytes_read(),
             "offloader": dict(self.offloader.stats),
+            "clean_up_pending": self.clean_up_pending,
         }
 
 
@@ -285,6 +298,10 @@ class Broker:
         #: Aborted-transaction indexes of topic ledgers, written as aborts happen.
         self.txn_indexes = TopicTxnIndexes(path)
         self._tiered: Tiered | None = None
+        #: The last failure of tiered storage in the maintenance round (opening
+        #: its metadata, the clean-up of interrupted uploads); None once a
+        #: round got through. Local produce and consume never wait for it.
+        self.tiered_error: Exception | None = None
         #: The directory held remote segment metadata at open (tiered storage was used).
         self._had_remote_metadata = False
         self._tiered_lock = threading.Lock()
@@ -732,8 +749,10 @@ class Broker:
             t.recover(snapshot, cancelled=lambda: self._closed)
             if self.offload_policy_on():
                 # Trimming waits for offload from the start (no ledger is lost
-                # between the topic's load and its first offload).
-                self.tiered.offloader.hold_trimming(ml)
+                # between the topic's load and its first offload). Only the
+                # hold: local produce and consume never wait for the remote
+                # store or its metadata (the maintenance round moves it on).
+                install_hold(ml)
             elif HOLD_CURSOR in ml.cursor_names() or LEGACY_HOLD_CURSOR in ml.cursor_names():
                 # Kept: dropping it here would let a broker opened without the
                 # policy (a one-off admin run) trim ledgers never offloaded.
@@ -832,7 +851,14 @@ class Broker:
 
     @property
     def tiered(self) -> Tiered:
-        """Tiered storage of this broker (opened on first use: remote store and metadata)."""
+        """Tiered storage of this broker (opened on first use: remote store and metadata).
+
+        Opening makes no remote call; a metadata record that does not decode
+        raises :class:`CorruptEntryError` here (at every use, until repaired).
+        The clean-up of uploads a crash interrupted runs in the maintenance
+        round, retried until the remote store lets it
+        (:attr:`Tiered.clean_up_pending`).
+        """
         self._check_open()
         with self._tiered_lock:
             if self._tiered is None:
@@ -842,7 +868,6 @@ class Broker:
                 try:
                     metadata = RemoteLogMetadataManager(log_ml, remote)
                     offloader = Offloader(remote, metadata, self.txn_indexes)
-                    offloader.clean_up()
                 except BaseException:
                     log_ml.close()
                     raise
@@ -888,9 +913,23 @@ class Broker:
         return self._tiered is not None or self._had_remote_metadata
 
     def _offload_loaded(self) -> None:
+        # A failure of tiered storage is recorded and logged: trimming and
+        # snapshots (the rest of the round) go on all the same.
         cfg = self.config
         policy = self.offload_policy_on()
-        tiered = self.tiered
+        try:
+            tiered = self.tiered
+        except AlreadyClosedError:
+            return
+        except Exception as exc:
+            self._tiered_failed("opening tiered storage", exc)
+            return
+        failed = False
+        try:
+            tiered.clean_up(cancelled=lambda: self._closed)
+        except Exception as exc:  # retried next round; new uploads use new names
+            failed = True
+            self._tiered_failed("cleaning up interrupted uploads", exc)
         for t in self.loaded_topics():
             try:
                 if policy:
@@ -909,6 +948,14 @@ class Broker:
                 if self._closed:
                     return
                 log.exception("offload of %s", t.full)
+        if not failed:
+            self.tiered_error = None
+
+    def _tiered_failed(self, what: str, exc: Exception) -> None:
+        if self._closed:
+            return
+        self.tiered_error = exc
+        log.warning("tiered storage: %s failed (retried next round): %s", what, exc)
 
     def claim_pending_ack_log(self, log_name: str, topic: str, subscription: str) -> None:
         """Check that pending-ack log ``log_name`` is ``subscription`` on ``topic``'s.

@@ -6,7 +6,7 @@ Kafka's topic-based RLMM does. The manager folds the log in memory: the
 newest state of each upload wins. Readers see only uploads whose
 COPY_SEGMENT_FINISHED record is durable, so an interrupted offload (a
 COPY_SEGMENT_STARTED with nothing after it) is never read; the offloader
-deletes its objects at the next start (:meth:`unfinished`).
+deletes its objects later (:meth:`unfinished`; the broker's maintenance round).
 
 ``next_segment_with_txn_index(topic, position)`` (KIP-1058): the default
 returns the segment at or after the position, as Kafka's default does,

@@ -12,10 +12,13 @@ One offload of ledger L of topic T, in this order:
 
 Readers use only finished uploads, so a crash anywhere before step 5 leaves
 no metadata pointing at a partial upload; :meth:`Offloader.clean_up`
-(run at start) deletes the objects of unfinished uploads and records them
-deleted. Offload is by policy (:meth:`Offloader.offload_by_policy`: the
-topic's closed ledgers beyond a local size threshold, or older than an age)
-or on demand (:meth:`Offloader.offload`).
+(run by the broker's maintenance round, retried until the remote store lets
+it) deletes the objects of unfinished uploads and records them deleted.
+Local produce and consume never wait for the remote store: opening a topic
+puts the hold in place (:func:`install_hold`) without reading the metadata.
+Offload is by policy (:meth:`Offloader.offload_by_policy`: the topic's
+closed ledgers beyond a local size threshold, or older than an age) or on
+demand (:meth:`Offloader.offload`).
 
 Kafka's rule holds from a topic's first upload on, policy or not: no ledger
 after an offloaded one is deleted locally before it is uploaded too
@@ -27,14 +30,17 @@ markers) is where a READ_COMMITTED read of the earlier one finds it.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable, Iterator
 
 from txnstream._native import (
     HOLD_CURSOR_PREFIX,
     AbortedTxnIndex,
+    Cursor,
     ManagedLedger,
     Position,
     SegmentIndex,
@@ -75,23 +81,44 @@ class Offloader:
         self._lock = threading.Lock()  # one offload at a time per offloader
         self.stats: Counter[str] = Counter()
 
-    def clean_up(self) -> int:
+    def clean_up(self, cancelled: Callable[[], bool] | None = None) -> int:
         """Delete the objects of uploads that never finished; return how many.
 
-        Run at start, before any offload of this process: it also removes
-        the temporaries of directory writes a crash interrupted.
+        It also removes the temporaries of directory writes a crash
+        interrupted (another process's: this one's own are left alone). Runs
+        between uploads (one at a time per offloader), so it may run at any
+        time and be retried after a failure; the broker runs it in its
+        maintenance round. ``cancelled`` (checked between uploads) stops it
+        early: the rest stays for the next call.
         """
-        self.stats["temporaries_removed"] += self.remote.sweep_temporaries()
-        n = 0
-        for seg in self.metadata.unfinished():
-            for kind in ("segment", "offset_index", "txn_index"):
-                self.remote.delete(
-                    object_name(seg.topic, seg.ledger_id, seg.segment_id, kind), kind
-                )
-            self.metadata.deleted(seg)
-            n += 1
-        self.stats["interrupted_cleaned"] += n
+        with self._locked("clean-up of interrupted uploads"):
+            self.stats["temporaries_removed"] += self.remote.sweep_temporaries()
+            n = 0
+            for seg in self.metadata.unfinished():
+                if cancelled is not None and cancelled():
+                    break
+                for kind in ("segment", "offset_index", "txn_index"):
+                    self.remote.delete(
+                        object_name(seg.topic, seg.ledger_id, seg.segment_id, kind), kind
+                    )
+                self.metadata.deleted(seg)
+                n += 1
+                self.stats["interrupted_cleaned"] += 1
         return n
+
+    @contextlib.contextmanager
+    def _locked(self, what: str) -> Iterator[None]:
+        # One offload (or clean-up) at a time per offloader, waited for with a deadline.
+        if not self._lock.acquire(timeout=self.lock_timeout_ms / 1000):
+            raise OperationTimeoutError(
+                f"{what}: another offload held the offloader for more than "
+                f"{self.lock_timeout_ms} ms",
+                what="offloader",
+            )
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     def offload(self, ml: ManagedLedger, ledger_id: int) -> SegmentInfo:
         """Upload one closed ledger of ``ml`` (on demand); return its metadata.
@@ -101,13 +128,7 @@ class Offloader:
         instance_arg(ml, "ml", ManagedLedger)
         int_arg(ledger_id, "ledger_id")
         topic = ml.name
-        if not self._lock.acquire(timeout=self.lock_timeout_ms / 1000):
-            raise OperationTimeoutError(
-                f"offload of {topic} ledger {ledger_id}: another offload held the offloader "
-                f"for more than {self.lock_timeout_ms} ms",
-                what="offloader",
-            )
-        try:
+        with self._locked(f"offload of {topic} ledger {ledger_id}"):
             if ledger_id in self.metadata.offloaded_ledgers(topic):
                 done = [
                     s for s in self.metadata.segments_uncounted(topic) if s.ledger_id == ledger_id
@@ -151,8 +172,6 @@ class Offloader:
             self.stats["bytes_offloaded"] += len(data)
             self._sizes.pop((topic, ledger_id), None)  # offloaded: no longer measured
             return finished
-        finally:
-            self._lock.release()
 
     def _abandon(self, started: SegmentInfo) -> None:
         # A failed upload: say so durably, then delete what it wrote. In that
@@ -160,14 +179,14 @@ class Offloader:
         # the same (a failed sync of written data), and objects deleted
         # under a FINISHED record that survives would lose the ledger once
         # it is trimmed locally. If the DELETED record fails too, the
-        # objects stay, matching whichever record survives (clean_up at the
-        # next start deletes them if that is STARTED).
+        # objects stay, matching whichever record survives (clean_up deletes
+        # them later if that is STARTED).
         try:
             self.metadata.deleted(started)
         except Exception:
             log.warning(
                 "offload of %s ledger %d: recording the failed upload failed; its objects "
-                "stay until the next start",
+                "stay until the next clean-up",
                 started.topic,
                 started.ledger_id,
             )
@@ -202,10 +221,7 @@ class Offloader:
         and reads of the remote part need it from that ledger's index or
         locally.
         """
-        instance_arg(ml, "ml", ManagedLedger)
-        if LEGACY_HOLD_CURSOR in ml.cursor_names():
-            ml.delete_cursor(LEGACY_HOLD_CURSOR)
-        cursor = ml.open_cursor(HOLD_CURSOR)
+        cursor = install_hold(ml)
         done = self.metadata.offloaded_ledgers(ml.name)
         upto: Position | None = None
         for lid, n, sealed in ml.ledgers():
@@ -281,6 +297,20 @@ HOLD_CURSOR = HOLD_CURSOR_PREFIX + "tiered"
 #: Its name before holds existed: an ordinary cursor, which let a topic with no
 #: subscription be trimmed once offloaded. Replaced (or removed) when met.
 LEGACY_HOLD_CURSOR = "__tiered"
+
+
+def install_hold(ml: ManagedLedger) -> Cursor:
+    """Open ``ml``'s offload hold (a new one holds every ledger); return its cursor.
+
+    No metadata and no remote call: the broker puts it in place when it
+    opens a topic while an offload policy is set, whether or not the remote
+    store is reachable; :meth:`Offloader.hold_trimming` moves it on. The
+    cursor of the same job from before holds existed is removed.
+    """
+    instance_arg(ml, "ml", ManagedLedger)
+    if LEGACY_HOLD_CURSOR in ml.cursor_names():
+        ml.delete_cursor(LEGACY_HOLD_CURSOR)
+    return ml.open_cursor(HOLD_CURSOR)
 
 
 def release_trimming(ml: ManagedLedger) -> None:

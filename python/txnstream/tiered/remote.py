@@ -296,13 +296,18 @@ class RemoteStorage:
         """Delete leftovers of interrupted directory writes; return how many.
 
         A process killed inside :meth:`put` leaves a ``.<name>.<pid>.<ns>.tmp``
-        file next to where the object would be (never a partial object). Run
-        at start, before any upload of this process (fsspec stores have none).
+        file next to where the object would be (never a partial object).
+        This process's own are left alone (a put of it may be writing one),
+        so it may run at any time (fsspec stores have none).
         """
         if self._fs is not None:
             return 0
         n = 0
+        pid = str(os.getpid())
         for tmp in Path(self._root).rglob(".*.tmp"):
+            parts = tmp.name[: -len(".tmp")].rsplit(".", 2)  # .<name>, <pid>, <ns>
+            if len(parts) == 3 and parts[1] == pid:
+                continue
             tmp.unlink(missing_ok=True)
             n += 1
         return n

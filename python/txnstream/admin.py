@@ -362,6 +362,7 @@ class Admin:
             tiered.offloader.hold_trimming(ml)
             for lid, n, sealed in ml.ledgers():
                 if sealed and n:
+                    self._broker._check_open()  # a closing broker waits for one upload
                     out.append(tiered.offloader.offload(ml, lid))
             tiered.offloader.hold_trimming(ml)  # up to what is uploaded now
         return out

@@ -931,6 +931,8 @@ class Broker:
             failed = True
             self._tiered_failed("cleaning up interrupted uploads", exc)
         for t in self.loaded_topics():
+            if self._closed:  # close waits for the upload in progress only
+                return
             try:
                 if policy:
                     tiered.offloader.offload_by_policy(
@@ -941,6 +943,7 @@ class Broker:
                         min_age_ms=None
                         if cfg.offload_threshold_ms < 0
                         else cfg.offload_threshold_ms,
+                        cancelled=lambda: self._closed,
                     )
                 if policy or tiered.metadata.offloaded_ledgers(t.full):
                     tiered.offloader.hold_trimming(t.ml)

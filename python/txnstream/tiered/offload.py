@@ -239,6 +239,7 @@ class Offloader:
         *,
         threshold_bytes: int | None = None,
         min_age_ms: int | None = None,
+        cancelled: Callable[[], bool] | None = None,
     ) -> list[SegmentInfo]:
         """Offloads the topic's closed ledgers the policy selects, oldest first.
 
@@ -246,6 +247,9 @@ class Offloader:
         local (Pulsar's ``managedLedgerOffloadThresholdInBytes``);
         ``min_age_ms``: offload closed ledgers whose newest message is older
         (by publish time). Either or both; at least one must be given.
+        ``cancelled`` is asked before each upload: once it says True the
+        rest waits for a later call (a closing broker waits for one upload,
+        not for the whole selection).
         """
         instance_arg(ml, "ml", ManagedLedger)
         if threshold_bytes is None and min_age_ms is None:
@@ -280,6 +284,8 @@ class Offloader:
         out = []
         for lid, _ in closed:
             if lid in chosen:
+                if cancelled is not None and cancelled():
+                    break
                 try:
                     out.append(self.offload(ml, lid))
                 except StorageError:

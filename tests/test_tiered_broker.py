@@ -778,3 +778,54 @@ def test_close_waits_for_the_upload_in_progress_not_the_whole_round(tmp_path: Pa
     closer.join(30)
     assert not closer.is_alive(), "close hung"
     assert uploads == ["segment"]
+
+
+def test_brokers_sharing_a_registry_export_remote_calls_in_one_family(tmp_path: Path) -> None:
+    """Found in review: each broker registered its own collector of the same names.
+
+    The exposition then held two families of one name, which Prometheus
+    rejects (OpenMetrics: "Clashing name"). One collector per registry
+    exports every broker's remote store under its ``broker`` label.
+    """
+    from prometheus_client.openmetrics.exposition import generate_latest as om_latest
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
+    from prometheus_client.parser import text_string_to_metric_families
+
+    reg = CollectorRegistry()
+    brokers = {
+        label: Broker.open(tmp_path / label, _config(), registry=reg, metrics_label=label)
+        for label in ("one", "two")
+    }
+    try:
+        for b in brokers.values():
+            p = b.client("c").producer(TOPIC)
+            for i in range(25):
+                p.send(b"m%d" % i)
+            assert b.admin.offload(TOPIC)
+        text = generate_latest(reg).decode()
+        assert text.count("# HELP txnstream_tiered_remote_calls_total ") == 1
+        exposition = om_latest(reg).decode()  # type: ignore[no-untyped-call]
+        parsed = om_parse(exposition)  # type: ignore[no-untyped-call]
+        assert [f.name for f in parsed].count("txnstream_tiered_remote_calls") == 1
+        fams = {f.name: f for f in text_string_to_metric_families(text)}
+        for label, b in brokers.items():
+            remote = b.tiered.remote
+            for family, counts in (
+                ("txnstream_tiered_remote_calls", remote.calls()),
+                ("txnstream_tiered_remote_read_bytes", remote.bytes_read()),
+            ):
+                got = {
+                    s.labels["kind"]: s.value
+                    for s in fams[family].samples
+                    if s.name.endswith("_total") and s.labels["broker"] == label
+                }
+                assert got == {k: float(v) for k, v in counts.items()}, family
+                assert {
+                    s.labels["remote"] for s in fams[family].samples if s.labels["broker"] == label
+                } == {remote.location}
+        brokers.pop("one").close()
+        assert 'broker="one"' not in generate_latest(reg).decode()
+        assert 'broker="two",kind="segment"' in generate_latest(reg).decode()
+    finally:
+        for b in brokers.values():
+            b.close()

@@ -50,6 +50,18 @@ and for its clients' commits::
     txnstream_client_commit_durable_waits              histogram sequential durable waits per
                                                                commit {0,1,2,3,4}
     txnstream_client_commit_latency_seconds            histogram time in commit()
+
+and, once its tiered storage is in use, its remote store's calls and bytes
+fetched (:class:`RemoteStoresCollector`; labels ``broker``, ``remote`` = the
+location, ``kind``)::
+
+    txnstream_tiered_remote_calls                      counter remote calls by kind
+    txnstream_tiered_remote_read_bytes                 counter bytes fetched by kind
+
+Each of these collectors is registered once per registry and exports every
+broker (coordinator, writer) under its label: two collectors of the same
+family names in one registry would make the exposition repeat a family,
+which Prometheus rejects.
 """
 
 from __future__ import annotations
@@ -79,6 +91,8 @@ __all__ = [
     "BufferedWriterCollector",
     "CoordinatorCollector",
     "CoordinatorSource",
+    "RemoteStoreSource",
+    "RemoteStoresCollector",
     "StatsSource",
     "WriterKind",
     "check_coordinator_label",
@@ -87,9 +101,12 @@ __all__ = [
     "coordinator_collector",
     "register_broker",
     "register_coordinator",
+    "register_remote_store",
     "register_writer",
+    "remote_store_families",
     "unregister_broker",
     "unregister_coordinator",
+    "unregister_remote_store",
     "unregister_writer",
 ]
 
@@ -639,3 +656,97 @@ def unregister_broker(
         collector = _broker_collectors.get(registry)
     if collector is not None:
         collector.remove(name, broker)
+
+
+class RemoteStoreSource(Protocol):
+    """A remote store's call counts (``txnstream.tiered.RemoteStorage``)."""
+
+    location: str
+
+    def calls(self) -> Mapping[str, int]:
+        """Return remote calls made so far, by kind."""
+        ...
+
+    def bytes_read(self) -> Mapping[str, int]:
+        """Return bytes fetched so far, by kind."""
+        ...
+
+
+def remote_store_families(labels: Sequence[str]) -> list[CounterMetricFamily]:
+    """Return the (empty) families of remote-store calls and bytes, with ``labels``."""
+    return [
+        CounterMetricFamily(
+            "txnstream_tiered_remote_calls", "Remote storage calls by kind", labels=labels
+        ),
+        CounterMetricFamily(
+            "txnstream_tiered_remote_read_bytes",
+            "Bytes fetched from remote storage by kind",
+            labels=labels,
+        ),
+    ]
+
+
+class RemoteStoresCollector(Collector):
+    """Collects the remote-store calls of every registered broker (labels broker, remote, kind)."""
+
+    def __init__(self) -> None:
+        """Create an empty collector."""
+        self._sources = BufferedWriterCollector("txnstream", "broker")
+
+    def add(self, name: str, source: RemoteStoreSource) -> None:
+        """Export ``source`` under label value ``broker=name`` (replacing a previous one)."""
+        self._sources.add(name, source)  # type: ignore[arg-type]
+
+    def remove(self, name: str, source: RemoteStoreSource | None = None) -> None:
+        """Stop exporting ``name`` (with ``source``: only if it is that one)."""
+        self._sources.remove(name, source)  # type: ignore[arg-type]
+
+    def describe(self) -> Iterable[Metric]:
+        """Return the metric families (without samples), for duplicate-name checks."""
+        return remote_store_families(["broker", "remote", "kind"])
+
+    def collect(self) -> Iterator[Metric]:
+        """Read every registered store's counts and yield both families."""
+        calls, read = remote_store_families(["broker", "remote", "kind"])
+        for name, source in self._sources._live():
+            store: RemoteStoreSource = source  # type: ignore[assignment]
+            loc = store.location
+            for kind, n in store.calls().items():
+                calls.add_metric([name, loc, kind], float(n))
+            for kind, n in store.bytes_read().items():
+                read.add_metric([name, loc, kind], float(n))
+        yield calls
+        yield read
+
+
+_remote_collectors: weakref.WeakKeyDictionary[CollectorRegistry, RemoteStoresCollector] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def register_remote_store(
+    store: RemoteStoreSource, name: str, registry: CollectorRegistry = REGISTRY
+) -> str:
+    """Export a broker's remote-store counts under label ``broker=name``; returns ``name``.
+
+    One collector per registry: brokers sharing a registry (distinct
+    ``metrics_label``) are samples of one family each, never two families.
+    """
+    with _collectors_lock:
+        collector = _remote_collectors.get(registry)
+        if collector is None:
+            collector = RemoteStoresCollector()
+            registry.register(collector)
+            _remote_collectors[registry] = collector
+    collector.add(name, store)
+    return name
+
+
+def unregister_remote_store(
+    name: str, store: RemoteStoreSource | None = None, registry: CollectorRegistry = REGISTRY
+) -> None:
+    """Stop exporting broker ``name``'s remote store (with ``store``: only if it is that one)."""
+    with _collectors_lock:
+        collector = _remote_collectors.get(registry)
+    if collector is not None:
+        collector.remove(name, store)

@@ -91,8 +91,10 @@ from txnstream.errors import (
 from txnstream.metrics import (
     CommitTally,
     register_broker,
+    register_remote_store,
     register_writer,
     unregister_broker,
+    unregister_remote_store,
     unregister_writer,
 )
 from txnstream.proto import TransactionBufferSnapshot
@@ -158,7 +160,6 @@ class Tiered:
         self.metadata = metadata
         self.offloader = offloader
         self.metadata_ml = metadata_ml
-        self.collector: Any = None
         #: The clean-up of uploads a crash interrupted is still to run (the
         #: maintenance round retries it until it succeeds).
         self.clean_up_pending = True
@@ -873,12 +874,11 @@ class Broker:
                     raise
                 self._tiered = Tiered(remote, metadata, offloader, log_ml)
                 if self._registry is not None:
-                    collector = remote.collector()
-                    # Another broker of this process already exports its own
-                    # remote calls under these names: this one is in admin stats.
-                    with contextlib.suppress(ValueError):
-                        self._registry.register(collector)
-                        self._tiered.collector = collector
+                    # Brokers sharing the registry: one family, a label each.
+                    try:
+                        register_remote_store(remote, self._label or "broker", self._registry)
+                    except ValueError as e:  # the names are taken by a collector of the user's
+                        log.warning("remote-store calls not exported (in admin stats): %s", e)
             return self._tiered
 
     def offload_policy_on(self) -> bool:
@@ -1231,9 +1231,8 @@ class Broker:
         failure: BaseException | None = None
         tiered, self._tiered = self._tiered, None
         if tiered is not None:
-            if self._registry is not None and tiered.collector is not None:
-                with contextlib.suppress(KeyError):
-                    self._registry.unregister(tiered.collector)
+            if self._registry is not None:
+                unregister_remote_store(self._label or "broker", tiered.remote, self._registry)
             try:
                 tiered.metadata_ml.close()
             except Exception as exc:

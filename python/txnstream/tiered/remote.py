@@ -17,16 +17,17 @@ import os
 import threading
 import urllib.parse
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, Final, TypeVar
 
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from txnstream._native import Position, crc32c
 from txnstream.durable_file import make_dirs_durably, write_atomically
 from txnstream.errors import CorruptEntryError, InvalidArgumentError, StorageError
+from txnstream.metrics import remote_store_families
 
 #: Kinds of remote calls, as counted and exported.
 KINDS: Final = ("segment", "offset_index", "txn_index", "metadata")
@@ -176,7 +177,9 @@ class RemoteStorage:
 
         Metrics: ``txnstream_tiered_remote_calls_total{kind}`` and
         ``txnstream_tiered_remote_read_bytes_total{kind}``, labelled with
-        ``remote`` = the location. Register it with a registry of your choice.
+        ``remote`` = the location. Register it with a registry of your choice
+        (one where no broker exports its tiered storage: the broker's
+        collector has these names, and registering raises ``ValueError``).
         """
         return _RemoteCollector(self)
 
@@ -317,17 +320,13 @@ class _RemoteCollector(Collector):
     def __init__(self, remote: RemoteStorage) -> None:
         self._remote = remote
 
-    def collect(self) -> Iterator[CounterMetricFamily]:
-        calls = CounterMetricFamily(
-            "txnstream_tiered_remote_calls",
-            "Remote storage calls by kind",
-            labels=["remote", "kind"],
-        )
-        read = CounterMetricFamily(
-            "txnstream_tiered_remote_read_bytes",
-            "Bytes fetched from remote storage by kind",
-            labels=["remote", "kind"],
-        )
+    def describe(self) -> Iterable[Metric]:
+        # Registering it where another collector exports these names raises
+        # (a repeated family would make Prometheus reject the scrape).
+        return remote_store_families(["remote", "kind"])
+
+    def collect(self) -> Iterator[Metric]:
+        calls, read = remote_store_families(["remote", "kind"])
         loc = self._remote.location
         for kind, n in self._remote.calls().items():
             calls.add_metric([loc, kind], n)

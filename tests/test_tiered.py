@@ -455,10 +455,11 @@ def test_a_finished_record_that_raised_but_stuck_keeps_its_objects(tmp_path: Pat
         raise StorageError("injected: the sync of the FINISHED record failed")
 
     def deleted_fails(seg: Any) -> None:
-        raise StorageError("injected: the DELETED record failed")
+        raise StorageError("injected: the DELETE record failed")
 
     rlmm_any: Any = rlmm
     rlmm_any.copy_finished = finished_then_raise
+    rlmm_any.delete_started = deleted_fails
     rlmm_any.deleted = deleted_fails
     lid = ml.ledgers()[0][0]
     with pytest.raises(StorageError, match="FINISHED"):
@@ -470,6 +471,47 @@ def test_a_finished_record_that_raised_but_stuck_keeps_its_objects(tmp_path: Pat
     assert seg.ledger_id == lid
     reader = TieredReader(remote, rlmm)
     assert len(reader.segment_entries(seg)) == 8  # readable, not deleted
+    meta_log.close()
+    ml.close()
+
+
+def test_objects_of_a_failed_upload_whose_deletes_failed_are_deleted_later(
+    tmp_path: Path,
+) -> None:
+    """The abandon records DELETE_STARTED, deletes, then DELETE_FINISHED.
+
+    Found in review: it recorded DELETE_SEGMENT_FINISHED before deleting, so
+    when the deletes failed no clean-up ever looked at the upload again and
+    its objects stayed in remote storage forever.
+    """
+    ml = open_topic(tmp_path)
+    idx = TopicTxnIndexes(tmp_path / "data")
+    write_segments(TopicWriter(ml, idx), 2, abort_in=set())
+    meta_log = ManagedLedger.open(tmp_path / "data", METADATA_LEDGER)
+    remote = RemoteStorage(tmp_path / "remote")
+    rlmm = RemoteLogMetadataManager(meta_log, remote)
+    off = Offloader(remote, rlmm, idx)
+
+    def flaky(kind: str, op: str) -> None:  # the index upload fails, then every delete
+        if op == "delete" or (kind, op) == ("txn_index", "put"):
+            raise OSError(5, f"injected EIO ({kind} {op})")
+
+    def objects() -> list[str]:
+        return sorted(p.name for p in (tmp_path / "remote").rglob("*") if p.is_file())
+
+    set_remote_call_hook(remote, flaky)
+    with pytest.raises(StorageError, match="txnidx"):
+        off.offload(ml, ml.ledgers()[0][0])
+    set_remote_call_hook(remote, None)
+    assert len(objects()) == 2  # the data and the offsets: their deletes failed
+    assert rlmm.segments(TOPIC) == []  # never read
+    (left,) = rlmm.unfinished()  # but not forgotten
+    meta_log.close()
+    meta_log = ManagedLedger.open(tmp_path / "data", METADATA_LEDGER)  # a restart
+    rlmm = RemoteLogMetadataManager(meta_log, remote)
+    assert [s.segment_id for s in rlmm.unfinished()] == [left.segment_id]
+    assert Offloader(remote, rlmm, idx).clean_up() == 1
+    assert objects() == [] and rlmm.unfinished() == []
     meta_log.close()
     ml.close()
 

@@ -233,14 +233,26 @@ class RemoteLogMetadataManager:
         )
         return self._write(s, write_flag=txn_idx_empty is not None)
 
+    def delete_started(self, seg: SegmentInfo) -> None:
+        """Record that an upload is abandoned and its objects are to be deleted.
+
+        Never read again from here on; :meth:`unfinished` lists it until
+        :meth:`deleted` records the objects gone, so a delete that failed is
+        retried by the next clean-up.
+        """
+        self._write_state(seg, DELETE_STARTED)
+
     def deleted(self, seg: SegmentInfo) -> None:
-        """Record that an upload is abandoned: its objects are never read again (and deleted)."""
+        """Record that an upload's objects are deleted (it is never looked at again)."""
+        self._write_state(seg, DELETED)
+
+    def _write_state(self, seg: SegmentInfo, state: int) -> None:
         instance_arg(seg, "seg", SegmentInfo)
         s = SegmentInfo(
             seg.topic,
             seg.ledger_id,
             seg.segment_id,
-            DELETED,
+            state,
             seg.first_entry,
             seg.last_entry,
             seg.entry_count,
@@ -255,7 +267,11 @@ class RemoteLogMetadataManager:
     # ------------------------------------------------------------ queries
 
     def unfinished(self) -> list[SegmentInfo]:
-        """Return uploads that started and never finished (objects may be partial)."""
+        """Return uploads whose objects may still need deleting.
+
+        Started and never finished (objects may be partial), or abandoned
+        (DELETE_SEGMENT_STARTED) with the deletes not recorded done.
+        """
         with self._lock:
             return [s for s in self._uploads.values() if s.state in (STARTED, DELETE_STARTED)]
 

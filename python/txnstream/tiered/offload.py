@@ -174,15 +174,16 @@ class Offloader:
             return finished
 
     def _abandon(self, started: SegmentInfo) -> None:
-        # A failed upload: say so durably, then delete what it wrote. In that
-        # order: the FINISHED record whose write raised may be durable all
-        # the same (a failed sync of written data), and objects deleted
-        # under a FINISHED record that survives would lose the ledger once
-        # it is trimmed locally. If the DELETED record fails too, the
-        # objects stay, matching whichever record survives (clean_up deletes
-        # them later if that is STARTED).
+        # A failed upload: record DELETE_STARTED durably, delete what it
+        # wrote, then record DELETE_FINISHED. Recorded first: the FINISHED
+        # record whose write raised may be durable all the same (a failed
+        # sync of written data), and objects deleted under a FINISHED record
+        # that survives would lose the ledger once it is trimmed locally. If
+        # DELETE_STARTED fails too, the objects stay, matching whichever
+        # record survives (clean_up deletes them later if that is STARTED).
+        # Until DELETE_FINISHED is recorded, clean_up retries the deletes.
         try:
-            self.metadata.deleted(started)
+            self.metadata.delete_started(started)
         except Exception:
             log.warning(
                 "offload of %s ledger %d: recording the failed upload failed; its objects "
@@ -196,11 +197,12 @@ class Offloader:
                 self.remote.delete(
                     object_name(started.topic, started.ledger_id, started.segment_id, kind), kind
                 )
+            self.metadata.deleted(started)
             self.stats["offload_failed_cleaned"] += 1
         except Exception:
             log.warning(
                 "offload of %s ledger %d: deleting the failed upload's objects failed; "
-                "they are left behind (never read)",
+                "the next clean-up retries (they are never read)",
                 started.topic,
                 started.ledger_id,
             )

@@ -196,3 +196,24 @@ def test_arrow_calls_copy_a_read_only_view_that_can_still_change() -> None:
         stop.set()
         t.join()
     assert all(s in (0, n) for s in seen), seen
+
+
+def test_decode_entries_of_an_impossible_total_size_raises_instead_of_aborting() -> None:
+    # decode_entries reserved the sum of the entries' sizes up front: one big
+    # bytes object repeated in a list (cheap) asked for 256 TiB, and the
+    # failed allocation aborted the interpreter. Run in a child process so
+    # that an abort fails this test instead of killing the test run.
+    import subprocess
+    import sys
+
+    child = (
+        "import txnstream as ts\n"
+        "from txnstream import frame\n"
+        "try:\n"
+        "    frame.decode_entries([bytes(1 << 26)] * (1 << 22))\n"
+        "except ts.InvalidArgumentError as e:\n"
+        "    print(e)\n"
+    )
+    r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert f"hold {1 << 48} bytes in all" in r.stdout, r.stdout

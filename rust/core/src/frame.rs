@@ -216,12 +216,31 @@ impl FlatRecords {
     }
 }
 
+/// The buffer for the records of `entries`: their bytes never exceed the
+/// entries' total size, so it is reserved once, up front. The total is the
+/// caller's to choose (a Python list may hold one large `bytes` object many
+/// times over): a size that cannot be allocated is an error, not an abort.
+fn records_buffer<E: AsRef<[u8]>>(entries: &[E]) -> Result<Vec<u8>> {
+    let total = entries
+        .iter()
+        .try_fold(0usize, |sum, e| sum.checked_add(e.as_ref().len()));
+    let mut data = Vec::new();
+    match total {
+        Some(total) if data.try_reserve_exact(total).is_ok() => Ok(data),
+        _ => Err(Error::invalid(format!(
+            "the {} entries hold {} bytes in all: more than can be allocated for their \
+             records; decode them in smaller calls",
+            entries.len(),
+            total.map_or_else(|| "over 2**64".to_owned(), |t| t.to_string())
+        ))),
+    }
+}
+
 /// Decodes many entries in one pass into [`FlatRecords`]. A corrupt entry
 /// fails the whole call with an error naming its index in `entries`.
 pub fn decode_entries<E: AsRef<[u8]>>(entries: &[E]) -> Result<FlatRecords> {
-    let total: usize = entries.iter().map(|e| e.as_ref().len()).sum();
     let mut out = FlatRecords {
-        data: Vec::with_capacity(total),
+        data: records_buffer(entries)?,
         offsets: Vec::with_capacity(entries.len() + 1),
         ..Default::default()
     };
@@ -253,9 +272,8 @@ pub struct EntryLists {
 
 /// Splits every entry into its records (see [`EntryLists`]).
 pub fn decode_entry_lists<E: AsRef<[u8]>>(entries: &[E]) -> Result<EntryLists> {
-    let total: usize = entries.iter().map(|e| e.as_ref().len()).sum();
     let mut flat = FlatRecords {
-        data: Vec::with_capacity(total),
+        data: records_buffer(entries)?,
         offsets: Vec::with_capacity(entries.len() + 1),
         ..Default::default()
     };
@@ -387,6 +405,23 @@ mod tests {
         assert_eq!(l.flat.record(1), b"yy");
         assert_eq!(l.flat.record(2), b"\x08\x02");
         assert_eq!(l.flat.origin.entry_index, vec![0, 0, 2]);
+    }
+
+    #[test]
+    fn an_impossible_total_is_an_error_not_an_abort() {
+        // One entry seen many times: 2**20 * 2**30 bytes (a PiB) cannot be
+        // reserved. (The zeroed GiB is mapped, never touched.)
+        let big = vec![0u8; 1 << 30];
+        let entries: Vec<&[u8]> = vec![&big; 1 << 20];
+        for err in [
+            decode_entries(&entries).err(),
+            decode_entry_lists(&entries).err(),
+        ] {
+            assert!(
+                matches!(&err, Some(Error::InvalidArgument(m)) if m.contains("1125899906842624 bytes")),
+                "{err:?}"
+            );
+        }
     }
 
     #[test]

@@ -1405,3 +1405,27 @@ def test_acking_a_batch_by_message_ids_decodes_its_entry_once(
     assert decodes[0] == 1
     c.redeliver_unacknowledged()
     assert drain(c) == []  # every ack applied
+
+
+# ------------------------------------------------- topic-entry bindings (message.rs)
+
+
+def test_read_messages_refuses_an_unknown_cursor_instead_of_creating_one(tmp_path: Path) -> None:
+    # A cursor name the topic did not have (a typo) was opened, i.e. created:
+    # a durable cursor before the first entry that pinned every ledger.
+    from txnstream import _native as n
+
+    ml = n.ManagedLedger.open(tmp_path, "topic", max_entries_per_ledger=2)
+    sub = ml.open_cursor("sub")
+    for i in range(5):
+        last = ml.append(n.encode_message(b"m%d" % i, "p", i, 0))
+    sub.mark_delete(last)
+    with pytest.raises(InvalidArgumentError, match='has no cursor "sbu"'):
+        n.read_messages(ml, "sbu")
+    assert ml.cursor_names() == ["sub"]
+    x = ml.append(n.encode_message(b"x", "p", 9, 0))
+    sub.flush()
+    assert [lid for lid, _, _ in ml.ledgers()] == [x.ledger_id]  # trimmed as before
+    _, _, rows, _ = n.read_messages(ml, "sub")
+    assert [r[4] for r in rows] == [b"x"]
+    ml.close()

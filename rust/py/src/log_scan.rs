@@ -12,7 +12,7 @@ use pyo3::types::PyDict;
 use txnstream_core::columns::{PendingAckColumns, RecordColumns, TxnLogColumns};
 use txnstream_core::ledger::{Cursor, ManagedLedger};
 use txnstream_core::log_scan::{scan_ledger, ScannedRows};
-use txnstream_core::Error;
+use txnstream_core::{Error, Result};
 
 /// Rows per call unless told otherwise (an Arrow batch of a few MiB).
 const DEFAULT_MAX_ROWS: usize = 65536;
@@ -22,24 +22,34 @@ fn u64_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<u64> {
     u64::try_from(v).map_err(|_| Error::invalid(format!("{what} must be >= 0, got {v}")).into())
 }
 
+/// Cursor `name` of `ml`, one of its `known` cursors: a name the ledger
+/// does not have is an error rather than an empty new cursor (which would
+/// be durable, and hold every ledger of the log back from trimming).
+fn open_known(ml: &ManagedLedger, known: &[String], name: &str) -> Result<Cursor> {
+    if !known.iter().any(|k| k == name) {
+        return Err(Error::invalid(format!(
+            "managed ledger {:?} has no cursor {name:?} (it has {known:?})",
+            ml.name()
+        )));
+    }
+    ml.open_cursor(name)
+}
+
+/// Existing cursor `name` of `ml` (see [`open_known`]), for readers that
+/// must not create one.
+pub(crate) fn existing_cursor(ml: &ManagedLedger, name: &str) -> Result<Cursor> {
+    open_known(ml, &ml.cursor_names(), name)
+}
+
 /// The cursors named (all persisted ones when `names` is None); a name the
 /// ledger does not have is an error rather than an empty new cursor.
 fn cursors(ml: &ManagedLedger, names: Option<Vec<String>>) -> BindResult<Vec<Cursor>> {
     let known = ml.cursor_names();
     let names = names.unwrap_or_else(|| known.clone());
-    names
+    Ok(names
         .iter()
-        .map(|n| {
-            if !known.contains(n) {
-                return Err(Error::invalid(format!(
-                    "managed ledger {:?} has no cursor {n:?} (it has {known:?})",
-                    ml.name()
-                ))
-                .into());
-            }
-            Ok(ml.open_cursor(n)?)
-        })
-        .collect()
+        .map(|n| open_known(ml, &known, n))
+        .collect::<Result<_>>()?)
 }
 
 fn scanned_into<'py, C>(

@@ -4,6 +4,7 @@
 
 use crate::errors::BindResult;
 use crate::ledger::PyManagedLedger;
+use crate::log_scan::existing_cursor;
 use crate::position::{position_of, PyPosition};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyString, PyTuple};
@@ -227,8 +228,9 @@ fn read_run(
 ///
 /// ``last`` is the last position looked at (markers and deleted entries
 /// included; ``after`` when nothing was), ``scanned`` how many entries were
-/// looked at. Markers never appear in ``messages``; with ``cursor`` (a
-/// cursor name) entries it deleted and batch indexes its ack sets deleted
+/// looked at. Markers never appear in ``messages``; with ``cursor`` (the
+/// name of a cursor the ledger has: an unknown name is an
+/// ``InvalidArgumentError``, not a new cursor) entries it deleted and batch indexes its ack sets deleted
 /// are left out. Each message is a tuple ``(ledger_id, entry_id,
 /// batch_index, batch_size, payload, key, properties, publish_time,
 /// producer_name, sequence_id, txn)`` with ``properties`` a dict or None and
@@ -256,7 +258,7 @@ pub fn read_messages<'py>(
     let after = opt_pos(after, "after")?;
     let limit = opt_pos(limit, "limit")?;
     let (last, scanned, entries, markers) = py.detach(|| -> Result<Run> {
-        let cur = cursor.map(|c| inner.open_cursor(c)).transpose()?;
+        let cur = cursor.map(|c| existing_cursor(inner, c)).transpose()?;
         read_run(inner, cur.as_ref(), after, limit, max_entries as usize)
     })?;
     let msgs = PyList::empty(py);

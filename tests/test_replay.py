@@ -155,3 +155,29 @@ def test_bad_arguments_create_no_cursor(tmp_path: Path) -> None:
             with pytest.raises((InvalidArgumentError, TypeError)):
                 replay_log(ml, name, **kwargs)
         assert ml.cursor_names() == []
+
+
+def test_replay_takes_a_cursor_of_this_ledger_or_a_name_only(tmp_path: Path) -> None:
+    # Any object with a ``.name`` was taken for a cursor name: another
+    # ledger's Cursor (whose deletions are not this ledger's) or a Path; the
+    # name was then opened, i.e. created, on this ledger.
+    import pathlib
+
+    from txnstream._native import replay_log
+
+    with ManagedLedger.open(tmp_path, "a") as a, ManagedLedger.open(tmp_path, "b") as b:
+        for ml in (a, b):
+            written = [ml.append(rec(i)) for i in range(3)]
+        cb = b.open_cursor("reader")
+        cb.mark_delete(written[1])
+        assert replay(b, cb).records() == [rec(2)]
+        with pytest.raises(
+            InvalidArgumentError, match='"reader" is a Cursor of "b", not of managed ledger "a"'
+        ):
+            replay_log(a, cb)
+        with pytest.raises(InvalidArgumentError, match="not PosixPath"):
+            replay_log(a, pathlib.Path("/etc/passwd"))  # type: ignore[arg-type]
+        assert a.cursor_names() == []
+        ca = a.open_cursor("reader")
+        assert replay(a, ca).records() == [rec(i) for i in range(3)]
+        assert replay(a, "reader").records() == [rec(i) for i in range(3)]

@@ -24,7 +24,7 @@ use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 use pyo3::IntoPyObjectExt;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::Duration;
 use txnstream_core::ledger::{CompactedTopic, Cursor, LedgerOptions, ManagedLedger};
 use txnstream_core::sink::EntrySink;
@@ -465,7 +465,10 @@ impl PyManagedLedger {
     fn open_cursor(&self, py: Python<'_>, name: &Bound<'_, PyAny>) -> BindResult<PyCursor> {
         let name = str_arg(name, "name")?;
         let c = py.detach(|| self.inner.open_cursor(&name))?;
-        Ok(PyCursor { inner: c })
+        Ok(PyCursor {
+            inner: c,
+            ledger: Arc::downgrade(&self.inner),
+        })
     }
 
     /// Names of the cursors, opened or persisted.
@@ -524,6 +527,27 @@ impl PyManagedLedger {
 #[derive(Debug)]
 pub struct PyCursor {
     inner: Cursor,
+    /// The ledger object it was opened on: its identity tells a cursor of
+    /// this ledger from one of another (the allocation outlives the ledger,
+    /// so the address is never reused while the cursor lives).
+    ledger: Weak<ManagedLedger>,
+}
+
+impl PyCursor {
+    /// The cursor, if it was opened on `ml` (the same ledger object).
+    pub(crate) fn on(&self, ml: &Arc<ManagedLedger>) -> Option<&Cursor> {
+        std::ptr::eq(self.ledger.as_ptr(), Arc::as_ptr(ml)).then_some(&self.inner)
+    }
+
+    /// The cursor's name.
+    pub(crate) fn cursor_name(&self) -> &str {
+        self.inner.name()
+    }
+
+    /// Name of the ledger it was opened on (None once that ledger is gone).
+    pub(crate) fn ledger_name(&self) -> Option<String> {
+        self.ledger.upgrade().map(|ml| ml.name().to_owned())
+    }
 }
 
 #[pymethods]

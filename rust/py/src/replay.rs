@@ -2,8 +2,9 @@
 //! released: `replay_log` (live records as numpy columns) and
 //! `fold_txn_log` (a coordinator's log folded into live transactions).
 
+use crate::args::{str_arg, type_name};
 use crate::errors::BindResult;
-use crate::ledger::PyManagedLedger;
+use crate::ledger::{PyCursor, PyManagedLedger};
 use crate::position::position_of;
 use crate::txnlog::folded_dict;
 use numpy::IntoPyArray;
@@ -14,23 +15,33 @@ use txnstream_core::replay::{self, LiveRecords};
 use txnstream_core::txnlog_fold::{fold_cursor, Folded};
 use txnstream_core::{Error, Position};
 
-/// The cursor named by `cursor` (a name or a `Cursor` object) on `ml`;
-/// opening by name returns the ledger's existing cursor state.
+/// The cursor `cursor` on `ml`: a `Cursor` opened on `ml`, or a name
+/// (opening by name returns the ledger's existing cursor state, or creates
+/// the cursor). Another ledger's `Cursor` is refused: its deletions are not
+/// this ledger's, and opening its name here would create a cursor.
 fn cursor_of(ml: &PyManagedLedger, cursor: &Bound<'_, PyAny>) -> BindResult<Cursor> {
-    let name: String = if let Ok(s) = cursor.cast::<PyString>() {
-        s.to_str()?.to_owned()
-    } else if let Ok(n) = cursor.getattr("name") {
-        n.extract::<String>().map_err(|_| {
-            Error::invalid("cursor must be a Cursor of this ledger or a cursor name")
-        })?
-    } else {
+    if let Ok(c) = cursor.cast::<PyCursor>() {
+        let c = c.get();
+        return match c.on(&ml.inner) {
+            Some(inner) => Ok(inner.clone()),
+            None => Err(Error::invalid(format!(
+                "cursor {:?} is a Cursor of {}, not of managed ledger {:?}",
+                c.cursor_name(),
+                c.ledger_name()
+                    .map_or_else(|| "a closed ledger".to_owned(), |n| format!("{n:?}")),
+                ml.inner.name()
+            ))
+            .into()),
+        };
+    }
+    if !cursor.is_instance_of::<PyString>() {
         return Err(Error::invalid(format!(
-            "cursor must be a Cursor or a cursor name, not {}",
-            cursor.get_type().name()?
+            "cursor must be a Cursor of this ledger or a cursor name (str), not {}",
+            type_name(cursor)
         ))
         .into());
-    };
-    Ok(ml.inner.open_cursor(&name)?)
+    }
+    Ok(ml.inner.open_cursor(&str_arg(cursor, "cursor")?)?)
 }
 
 fn pos(obj: Option<&Bound<'_, PyAny>>, arg: &str) -> BindResult<Option<Position>> {

@@ -183,3 +183,24 @@ def test_bulk_rows_without_words_give_one_result_each() -> None:
     # The native functions too (they returned no rows for zero words).
     assert _native.ackset_cardinality_many(empty).tolist() == [0, 0, 0]
     assert _native.ackset_is_empty_many(empty).tolist() == [True, True, True]
+
+
+def test_native_bulk_ops_read_fortran_ordered_rows_in_row_order() -> None:
+    # as_slice() accepts Fortran-contiguous memory too, which was then cut
+    # into rows as if it were C order: a transpose gave wrong answers.
+    c = np.array([[-1, -1], [0, 0], [-1, 0]], dtype=np.int64)
+    f = np.asfortranarray(c)
+    t = np.ascontiguousarray(c.T).T  # a transposed view: F-contiguous too
+    b = np.array([[-1, 0], [-1, 0], [0, -1]], dtype=np.int64)
+    sizes = np.array([128, 128, 128], dtype=np.int64)
+    assert f.flags.f_contiguous and not f.flags.c_contiguous and t.flags.f_contiguous
+    for x in (f, t):
+        assert _native.ackset_cardinality_many(x).tolist() == [128, 0, 64]
+        assert _native.ackset_is_empty_many(x).tolist() == [False, True, False]
+        assert _native.ackset_and_many(x, b).tolist() == (c & b).tolist()
+        assert _native.ackset_and_many(b, x).tolist() == (c & b).tolist()
+        assert _native.ackset_overlaps_many(x, np.asfortranarray(b), sizes).tolist() == [
+            False,
+            True,
+            False,
+        ]

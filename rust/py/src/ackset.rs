@@ -119,12 +119,15 @@ impl PyAckSet {
     }
 }
 
+/// The rows of `a` back to back (row-major), and the row width.
 fn flat2(a: &PyReadonlyArray2<'_, i64>) -> (Vec<i64>, usize) {
     let width = a.shape()[1];
-    // as_slice fails for non-contiguous views; copy those row by row.
+    // as_slice takes any contiguous memory, Fortran order (a transpose)
+    // too: only C order is the rows back to back. Anything else is copied
+    // in logical order, element by element.
     match a.as_slice() {
-        Ok(s) => (s.to_vec(), width),
-        Err(_) => (a.as_array().iter().copied().collect(), width),
+        Ok(s) if a.is_c_contiguous() => (s.to_vec(), width),
+        _ => (a.as_array().iter().copied().collect(), width),
     }
 }
 

@@ -243,3 +243,54 @@ def test_kill_9_during_snapshot_writes_then_every_answer_is_a_whole_snapshot(
         r.release()
         readers.close()
         timers.close()
+
+
+DEMUX_LOCK_CHILD = r"""
+import sys, threading
+import txnstream._native as n
+from txnstream import testing
+
+ct = n.CompactedTopic.open(sys.argv[1], "snap")
+ct.put_many([(f"t{i}", b"v%d" % i) for i in range(10)])
+ct.close()
+ml = n.ManagedLedger.open(sys.argv[1], "snap")
+dm = n.SnapshotDemux()
+# No forced GIL hand-offs: a thread gives the GIL up only where it blocks or
+# releases it, so each waiter below is inside its call when start() returns.
+sys.setswitchinterval(1000.0)
+testing.hold_fault(ml, "read")
+reader = threading.Thread(target=dm.catch_up, args=(ml, 1000))
+reader.start()
+assert testing.wait_fault_held(ml, "read")  # catch_up holds the demux lock, at a read
+done = []
+calls = [dm.stats, lambda: dm.take_routed("t1"), lambda: dm.forget("t2")]
+waiters = [threading.Thread(target=lambda c=c: done.append(c())) for c in calls]
+for w in waiters:
+    w.start()
+ticks = sum(1 for _ in range(1000))  # Python runs while all three wait
+print("ticks", ticks, "finished", len(done), flush=True)
+testing.release_fault(ml, "read")
+for t in [reader, *waiters]:
+    t.join()
+print("finished", len(done), flush=True)
+ml.close()
+"""
+
+
+def test_demux_calls_wait_for_a_reads_lock_without_the_gil(tmp_path: Path) -> None:
+    # stats/take_routed/forget took the demux lock holding the GIL while
+    # take/catch_up hold it for a whole read: every Python thread stopped
+    # until the read ended (here, the read is held at a gate: a deadlock).
+    # The child's timeout only keeps a regression from hanging the run.
+    try:
+        r = subprocess.run(
+            [sys.executable, "-c", DEMUX_LOCK_CHILD, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"Python threads froze while demux calls waited for its lock: {e.stdout!r}")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.splitlines() == ["ticks 1000 finished 0", "finished 3"], r.stdout

@@ -1,5 +1,9 @@
 //! `SnapshotDemux` binding: the shared snapshot reader's routing (SPEC §4.6),
 //! reading and decoding in bulk with the GIL released.
+//!
+//! `take` and `catch_up` hold the demux's lock for a whole read, so every
+//! method waits for that lock with the GIL released: a `stats()` made
+//! during a long read must not stop every other Python thread.
 
 use crate::args::str_arg;
 use crate::errors::BindResult;
@@ -79,20 +83,21 @@ impl PySnapshotDemux {
         topic: &Bound<'py, PyAny>,
     ) -> BindResult<Option<Bound<'py, PyTuple>>> {
         let topic = topic_arg(topic, "topic")?;
-        let r = self.inner.lock().take_routed(&topic);
+        // The lock may be held by a read (take, catch_up): wait without the GIL.
+        let r = py.detach(|| self.inner.lock().take_routed(&topic));
         Ok(answer(py, r)?)
     }
 
     /// Forget `topic` (deleted while recovery runs): its records are not kept.
-    fn forget(&self, topic: &Bound<'_, PyAny>) -> BindResult<()> {
+    fn forget(&self, py: Python<'_>, topic: &Bound<'_, PyAny>) -> BindResult<()> {
         let topic = topic_arg(topic, "topic")?;
-        self.inner.lock().forget(&topic);
+        py.detach(|| self.inner.lock().forget(&topic));
         Ok(())
     }
 
     /// Counters: entries_read, reads, routed, dropped, answered.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        let s = self.inner.lock().stats();
+        let s = py.detach(|| self.inner.lock().stats());
         let d = PyDict::new(py);
         d.set_item("entries_read", s.entries_read)?;
         d.set_item("reads", s.reads)?;

@@ -101,3 +101,56 @@ def test_garbage_record_is_corrupt_entry() -> None:
     entry = frame.encode_batch([b"\x08\x01", b"\x12\xff"])
     with pytest.raises(ts.CorruptEntryError, match=r"entry #0: record 1"):
         frame.decode_txn_log_columns([entry])
+
+
+def _varint(v: int) -> bytes:
+    out = bytearray()
+    while v >= 0x80:
+        out.append((v & 0x7F) | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+enum_value = st.one_of(
+    st.integers(0, 8),  # valid or just outside
+    st.integers(-3, -1).map(lambda v: v % 2**64),  # negative: ten bytes
+    st.integers(0, 2**64 - 1),  # anything (its low 32 bits may be valid)
+)
+
+
+@given(
+    st.lists(st.tuples(st.sampled_from([1, 4, 5]), enum_value), max_size=6),
+    st.lists(st.tuples(st.sampled_from([1, 2]), enum_value), max_size=6),
+)
+def test_enum_values_outside_the_enum_read_as_protobuf_reads_them(
+    txn_fields: list[tuple[int, int]], ack_fields: list[tuple[int, int]]
+) -> None:
+    # proto2 enums are closed: a value outside the enum is kept as an
+    # unknown field and the field keeps its earlier value (absent if none).
+    # The columns kept any value 0..127 (overwriting a valid one) and read
+    # 128 and above as absent.
+    def field(m: object, name: str) -> int:
+        return int(getattr(m, name)) if m.HasField(name) else -1  # type: ignore[attr-defined]
+
+    rec = b"".join(bytes([f << 3]) + _varint(v) for f, v in txn_fields)
+    c = frame.decode_txn_log_columns([rec])
+    m = proto.TransactionMetadataEntry.FromString(rec)
+    for col in ("metadata_op", "expected_status", "new_status"):
+        assert int(c[col][0]) == field(m, col), col
+    rec = b"".join(bytes([f << 3]) + _varint(v) for f, v in ack_fields)
+    a = frame.decode_pending_ack_columns([rec])
+    p = proto.PendingAckMetadataEntry.FromString(rec)
+    assert int(a["op"][0]) == field(p, "pending_ack_op")
+    assert int(a["ack_type"][0]) == field(p, "ack_type")
+
+
+def test_an_update_to_an_unknown_status_is_an_update_without_one() -> None:
+    # The fold reads records as protobuf does: new_status=9 is not set.
+    from txnstream import _native
+
+    new = _native.encode_txn_new(0, 1, 10, 1000)
+    upd = b"\x08\x03\x10\x01\x18\x00\x28\x09"  # UPDATE (0,1), new_status=9
+    assert not proto.TransactionMetadataEntry.FromString(upd).HasField("new_status")
+    f = _native.fold_txn_entries([new, upd], [1, 1], [0, 1], [[], []], 0)
+    assert f["status"].tolist() == [proto.OPEN]

@@ -10,8 +10,14 @@
 use crate::error::{Error, Result};
 pub use crate::frame::RecordOrigin;
 use crate::frame::{for_each_record, with_entry_index};
-use crate::txnlog_record::FIELD_TIMED_OUT;
-use crate::wire::{enum8, utf8, wrong_type, Value, Wire};
+use crate::txnlog_record::{FIELD_TIMED_OUT, METADATA_OPS, TXN_STATUSES};
+use crate::wire::{enum_value, utf8, wrong_type, Value, Wire};
+use std::ops::RangeInclusive;
+
+/// Every `PendingAckOp` value (`ACK=1; COMMIT=2; ABORT=3`).
+pub const PENDING_ACK_OPS: RangeInclusive<i8> = 1..=3;
+/// Every `AckType` value (`Individual=0; Cumulative=1`).
+pub const ACK_TYPES: RangeInclusive<i8> = 0..=1;
 
 /// A column of UTF-8 strings: value `i` is `data[offsets[i]..offsets[i+1]]`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -99,7 +105,8 @@ where
     Ok(())
 }
 
-/// `TransactionMetadataEntry` records as columns. Absent enums are -1,
+/// `TransactionMetadataEntry` records as columns. Absent enums are -1 (a
+/// value outside its enum reads as absent, as proto2's closed enums do),
 /// absent integers 0, absent strings empty.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct TxnLogColumns {
@@ -164,11 +171,12 @@ fn decode_txn_record(r: &[u8], c: &mut TxnLogColumns) -> Result<()> {
     let mut w = Wire::new(r, 0, 0);
     while let Some((field, value, at)) = w.next_field()? {
         match (field, value) {
-            (1, Value::Varint(v)) => op = enum8(v),
+            // An enum value outside the enum leaves the field as it was (proto2).
+            (1, Value::Varint(v)) => op = enum_value(v, METADATA_OPS).unwrap_or(op),
             (2, Value::Varint(v)) => least = v,
             (3, Value::Varint(v)) => most = v,
-            (4, Value::Varint(v)) => expected = enum8(v),
-            (5, Value::Varint(v)) => new = enum8(v),
+            (4, Value::Varint(v)) => expected = enum_value(v, TXN_STATUSES).unwrap_or(expected),
+            (5, Value::Varint(v)) => new = enum_value(v, TXN_STATUSES).unwrap_or(new),
             (6, Value::Bytes(b)) => c.partitions.push_bytes(utf8(b, at)?.as_bytes())?,
             (7, Value::Bytes(b)) => {
                 let (mut topic, mut sub): (&[u8], &[u8]) = (b"", b"");
@@ -214,7 +222,8 @@ fn decode_txn_record(r: &[u8], c: &mut TxnLogColumns) -> Result<()> {
 }
 
 /// `PendingAckMetadataEntry` records as columns, with the acked positions
-/// flattened. Absent enums are -1; an absent position batch size is -1.
+/// flattened. Absent enums are -1 (as are values outside the enum); an
+/// absent position batch size is -1.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct PendingAckColumns {
     /// Origin of each record.
@@ -255,8 +264,8 @@ fn decode_ack_record(r: &[u8], c: &mut PendingAckColumns) -> Result<()> {
     let mut w = Wire::new(r, 0, 0);
     while let Some((field, value, at)) = w.next_field()? {
         match (field, value) {
-            (1, Value::Varint(v)) => op = enum8(v),
-            (2, Value::Varint(v)) => ack_type = enum8(v),
+            (1, Value::Varint(v)) => op = enum_value(v, PENDING_ACK_OPS).unwrap_or(op),
+            (2, Value::Varint(v)) => ack_type = enum_value(v, ACK_TYPES).unwrap_or(ack_type),
             (3, Value::Varint(v)) => least = v,
             (4, Value::Varint(v)) => most = v,
             (5, Value::Bytes(b)) => decode_acked_position(b, at, c)?,

@@ -615,7 +615,7 @@ mod tests {
     }
 
     #[test]
-    fn corrupt_record_names_position_and_unknown_status_is_rejected() {
+    fn corrupt_record_names_position_and_unknown_status_reads_as_absent() {
         let entry = crate::frame::encode_batch(&[b"\x08\x00".as_slice(), b"\x32\x09ab"]);
         let err = TxnLogFolder::new(0).push_entry(Position::new(2, 4), &entry, None);
         match err {
@@ -627,13 +627,32 @@ mod tests {
             }
             other => panic!("{other:?}"),
         }
-        let upd = Encode {
-            op: OP_UPDATE,
-            new_status: Some(9),
+        // proto2 enums are closed: an UPDATE whose new_status is not a
+        // TxnStatus reads as one without new_status (as protobuf reads it),
+        // and changes no status; a known one going back is still refused.
+        let new = Encode {
+            op: OP_NEW,
+            new_status: Some(STATUS_OPEN),
             ..Encode::default()
         }
         .encode();
-        let single = TxnPosition::single(Position::new(2, 5));
-        assert!(TxnLogFolder::new(0).push(&upd, single, false).is_err());
+        let update = |status| {
+            Encode {
+                op: OP_UPDATE,
+                new_status: Some(status),
+                ..Encode::default()
+            }
+            .encode()
+        };
+        let at = |e| TxnPosition::single(Position::new(2, e));
+        let mut f = TxnLogFolder::new(0);
+        f.push(&new, at(5), false).unwrap();
+        f.push(&update(9), at(6), false).unwrap();
+        f.push(&update(STATUS_ABORTING), at(7), false).unwrap();
+        f.push(&update(-3), at(8), false).unwrap();
+        assert!(f.push(&update(STATUS_OPEN), at(9), false).is_err());
+        let out = f.finish();
+        assert_eq!(out.txns.len(), 1);
+        assert_eq!(out.txns[0].status, STATUS_ABORTING);
     }
 }

@@ -9,7 +9,8 @@
 //! is written). Recovery decodes records without building messages.
 
 use crate::error::Result;
-use crate::wire::{enum8, put_varint, utf8, varint_len, wrong_type, Value, Wire};
+use crate::wire::{enum_value, put_varint, utf8, varint_len, wrong_type, Value, Wire};
+use std::ops::RangeInclusive;
 
 /// `metadata_op` values.
 pub const OP_NEW: i8 = 0;
@@ -25,6 +26,10 @@ pub const FIELD_TIMED_OUT: u32 = 1000;
 /// Its key, field 1000 wire type varint: `1000 << 3 = 8000` as a varint.
 const KEY_TIMED_OUT: [u8; 2] = [0xC0, 0x3E];
 
+/// Every `TransactionMetadataOp` value (proto2 enums are closed: a record
+/// with another value reads as one without the field).
+pub const METADATA_OPS: RangeInclusive<i8> = OP_NEW..=OP_UPDATE;
+
 /// `TxnStatus` values.
 pub const STATUS_OPEN: i8 = 0;
 /// Committing.
@@ -35,9 +40,12 @@ pub const STATUS_COMMITTED: i8 = 2;
 pub const STATUS_ABORTING: i8 = 3;
 /// Aborted (final).
 pub const STATUS_ABORTED: i8 = 4;
+/// Every `TxnStatus` value.
+pub const TXN_STATUSES: RangeInclusive<i8> = STATUS_OPEN..=STATUS_ABORTED;
 
-/// A decoded record. Absent enums are -1, absent integers 0, absent
-/// strings empty (as in [`crate::columns`]).
+/// A decoded record. Absent enums are -1 (a value outside its enum reads
+/// as absent, as in proto2), absent integers 0, absent strings empty (as
+/// in [`crate::columns`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TxnRecord<'a> {
     /// `metadata_op`.
@@ -97,11 +105,16 @@ pub fn decode(r: &[u8]) -> Result<TxnRecord<'_>> {
     let mut w = Wire::new(r, 0, 0);
     while let Some((field, value, at)) = w.next_field()? {
         match (field, value) {
-            (1, Value::Varint(v)) => out.op = enum8(v),
+            // An enum value outside the enum leaves the field as it was.
+            (1, Value::Varint(v)) => out.op = enum_value(v, METADATA_OPS).unwrap_or(out.op),
             (2, Value::Varint(v)) => out.least_bits = v,
             (3, Value::Varint(v)) => out.most_bits = v,
-            (4, Value::Varint(v)) => out.expected_status = enum8(v),
-            (5, Value::Varint(v)) => out.new_status = enum8(v),
+            (4, Value::Varint(v)) => {
+                out.expected_status = enum_value(v, TXN_STATUSES).unwrap_or(out.expected_status);
+            }
+            (5, Value::Varint(v)) => {
+                out.new_status = enum_value(v, TXN_STATUSES).unwrap_or(out.new_status);
+            }
             (6, Value::Bytes(b)) => out.partitions.push(utf8(b, at)?),
             (7, Value::Bytes(b)) => {
                 let (mut topic, mut sub) = ("", "");

@@ -5,6 +5,7 @@
 //! columns instead of building a message object per record.
 
 use crate::error::{Error, Result};
+use std::ops::RangeInclusive;
 
 /// A varint never takes more than this many bytes.
 const MAX_VARINT_LEN: usize = 10;
@@ -30,10 +31,19 @@ pub fn put_varint(out: &mut Vec<u8>, mut v: u64) {
     out.push(v as u8);
 }
 
-/// A proto2 enum value as a small signed column value (-1: out of range).
+/// A proto2 enum field's varint as one of the enum's values `known`, or
+/// `None` for a value outside the enum.
+///
+/// proto2 enums are closed: a parser keeps an unknown value as an unknown
+/// field and the field itself as it was (an earlier valid value stays,
+/// absent stays absent), so callers assign only `Some`. The value is the
+/// varint's low 32 bits read as an `int32`, as protobuf reads enums (a
+/// negative value is ten bytes on the wire).
 #[inline]
-pub fn enum8(v: u64) -> i8 {
-    i8::try_from(v).unwrap_or(-1)
+pub fn enum_value(v: u64, known: RangeInclusive<i8>) -> Option<i8> {
+    i8::try_from(v as u32 as i32)
+        .ok()
+        .filter(|e| known.contains(e))
 }
 
 /// The error for a known field carrying the wrong wire type.

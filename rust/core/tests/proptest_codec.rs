@@ -220,6 +220,98 @@ mod columns_vs_prost {
         }
     }
 
+    /// A proto2 reader's view of enum field `field` after these fields:
+    /// the last value that is one of the enum's (`known`), -1 if none.
+    /// Values are read as `int32` (the varint's low 32 bits).
+    fn closed_enum(fields: &[(u32, u64)], field: u32, known: std::ops::RangeInclusive<i32>) -> i32 {
+        fields
+            .iter()
+            .filter(|(f, _)| *f == field)
+            .map(|(_, v)| *v as u32 as i32)
+            .rfind(|v| known.contains(v))
+            .unwrap_or(-1)
+    }
+
+    fn varint(out: &mut Vec<u8>, mut v: u64) {
+        while v >= 0x80 {
+            out.push((v as u8) | 0x80);
+            v >>= 7;
+        }
+        out.push(v as u8);
+    }
+
+    /// An enum value: mostly near the enum (valid, just outside, negative),
+    /// sometimes anything (the low 32 bits of a big one may be valid).
+    fn enum_raw() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            (-3i64..8).prop_map(|v| v as u64),
+            any::<u64>(),
+            (0u64..5).prop_map(|v| v | (1 << 32)),
+            Just(200u64),
+        ]
+    }
+
+    proptest! {
+        /// proto2 enums are closed: a value outside the enum is an unknown
+        /// field, and the field keeps its earlier value (absent if none) —
+        /// what protobuf (upb, Java) reads. Checked for the columns and the
+        /// single-record decode the coordinator's fold uses.
+        #[test]
+        fn enum_values_outside_the_enum_read_as_absent(
+            txn_fields in prop::collection::vec((prop::sample::select(vec![1u32, 4, 5]), enum_raw()), 0..8),
+            ack_fields in prop::collection::vec((prop::sample::select(vec![1u32, 2]), enum_raw()), 0..8),
+        ) {
+            let mut rec = Vec::new();
+            for &(f, v) in &txn_fields {
+                rec.push((f << 3) as u8);
+                varint(&mut rec, v);
+            }
+            let c = decode_txn_log(&[rec.as_slice()]).unwrap();
+            let r = txnstream_core::txnlog_record::decode(&rec).unwrap();
+            let (op, exp, new) = (
+                closed_enum(&txn_fields, 1, 0..=3),
+                closed_enum(&txn_fields, 4, 0..=4),
+                closed_enum(&txn_fields, 5, 0..=4),
+            );
+            prop_assert_eq!(i32::from(c.metadata_op[0]), op);
+            prop_assert_eq!(i32::from(c.expected_status[0]), exp);
+            prop_assert_eq!(i32::from(c.new_status[0]), new);
+            prop_assert_eq!((i32::from(r.op), i32::from(r.expected_status), i32::from(r.new_status)), (op, exp, new));
+            // The same record through prost (open enums: raw values) then
+            // the closed-enum rule gives the same answer.
+            let m = TransactionMetadataEntry::decode(rec.as_slice()).unwrap();
+            if (0..=3).contains(&m.metadata_op.unwrap_or(-1)) {
+                prop_assert_eq!(m.metadata_op, Some(op));
+            }
+            let mut ack = Vec::new();
+            for &(f, v) in &ack_fields {
+                ack.push((f << 3) as u8);
+                varint(&mut ack, v);
+            }
+            let c = decode_pending_ack_log(&[ack.as_slice()]).unwrap();
+            prop_assert_eq!(i32::from(c.op[0]), closed_enum(&ack_fields, 1, 1..=3));
+            prop_assert_eq!(i32::from(c.ack_type[0]), closed_enum(&ack_fields, 2, 0..=1));
+        }
+    }
+
+    #[test]
+    fn enum_values_outside_the_enum_keep_the_earlier_value() {
+        // The reviewer's cases, checked against the protobuf package.
+        let c = decode_txn_log(&[
+            b"\x08\x07\x10\x01".as_slice(),  // metadata_op=7: absent
+            b"\x08\x02\x10\x01\x08\x07",     // 2 then 7: 2
+            b"\x08\x02\x10\x01\x08\xc8\x01", // 2 then 200: 2
+            b"\x08\x03\x10\x01\x28\x05",     // new_status=5: absent
+            b"\x08\x82\x80\x80\x80\x10",     // 2 + 2**32: 2 (an int32)
+        ])
+        .unwrap();
+        assert_eq!(c.metadata_op, vec![-1, 2, 2, 3, 2]);
+        assert_eq!(c.new_status, vec![-1, -1, -1, -1, -1]);
+        let c = decode_pending_ack_log(&[b"\x08\x09".as_slice(), b"\x10\x01\x10\x05"]).unwrap();
+        assert_eq!(c.op, vec![-1, -1]);
+        assert_eq!(c.ack_type, vec![-1, 1]);
+    }
+
     #[test]
     fn packed_ack_set_words_are_read() {
         // ack_set (field 3) packed: key 0x1A, len, varints 2 and 3.

@@ -204,3 +204,30 @@ def test_native_bulk_ops_read_fortran_ordered_rows_in_row_order() -> None:
             True,
             False,
         ]
+
+
+def test_ackset_and_with_itself_copy_pickle_and_no_hash() -> None:
+    import copy
+    import pickle
+
+    a = ts.AckSet.single_deleted(70, 3)
+    a.and_(a)  # was RuntimeError "Already mutably borrowed"
+    assert a == ts.AckSet.single_deleted(70, 3)
+    with pytest.raises(ts.InvalidArgumentError, match="other must be an AckSet, got None"):
+        a.and_(None)  # type: ignore[arg-type]
+    with pytest.raises(ts.InvalidArgumentError, match="other must be an AckSet, got 5"):
+        a.overlaps(5)  # type: ignore[arg-type]
+    # Mutable, so not hashable: a set or dict key would be lost by clear().
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(a)
+    for b in (copy.copy(a), copy.deepcopy(a), a.copy(), pickle.loads(pickle.dumps(a))):
+        assert type(b) is ts.AckSet and b == a and b is not a
+        b.clear(0)
+        assert a.get(0) and not b.get(0)
+    for proto in range(pickle.HIGHEST_PROTOCOL + 1):
+        assert pickle.loads(pickle.dumps(a, protocol=proto)) == a
+    # The state of a pickle is checked like from_words' input.
+    b = ts.AckSet(3)
+    with pytest.raises(ts.InvalidArgumentError, match="beyond batch_size 3"):
+        b.__setstate__([1 << 12])
+    assert b == ts.AckSet(3)

@@ -7,10 +7,12 @@ use numpy::{
     PyUntypedArrayMethods,
 };
 use pyo3::prelude::*;
+use pyo3::types::PyType;
 use txnstream_core::ackset::{self, lists, rows};
 
 /// Present/deleted state of the records of one batched entry (bit = 1:
-/// present). Words are Java ``BitSet.toLongArray()`` compatible.
+/// present). Words are Java ``BitSet.toLongArray()`` compatible. Mutable
+/// (``clear``, ``and_``), so compared by value but not hashable.
 #[pyclass(name = "AckSet", module = "txnstream._native", eq)]
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PyAckSet(pub ackset::AckSet);
@@ -28,13 +30,7 @@ impl PyAckSet {
     /// Rebuilds a set from signed 64-bit words and its batch size.
     #[staticmethod]
     fn from_words(words: &Bound<'_, PyAny>, batch_size: &Bound<'_, PyAny>) -> BindResult<Self> {
-        let mut ws = Vec::with_capacity(crate::buffers::capacity_hint(words));
-        let items = words.try_iter().map_err(|_| {
-            txnstream_core::Error::invalid("words must be a sequence of signed 64-bit ints")
-        })?;
-        for (i, w) in items.enumerate() {
-            ws.push(i64_arg(&w?, &format!("words[{i}]"))?);
-        }
+        let ws = words_arg(words)?;
         let size = i64_arg(batch_size, "batch_size")?;
         Ok(Self(ackset::AckSet::from_words(&ws, size)?))
     }
@@ -70,19 +66,21 @@ impl PyAckSet {
     }
 
     fn overlaps(&self, other: &Bound<'_, PyAny>) -> BindResult<bool> {
-        let other = other.cast::<Self>().map_err(|_| {
-            txnstream_core::Error::invalid(format!(
-                "other must be an AckSet, got {}",
-                other
-                    .repr()
-                    .map_or_else(|_| "?".to_owned(), |r| r.to_string())
-            ))
-        })?;
-        Ok(self.0.overlaps(&other.borrow().0)?)
+        let other = ackset_arg(other, "other")?;
+        Ok(self
+            .0
+            .overlaps(&other.try_borrow().map_err(PyErr::from)?.0)?)
     }
 
-    fn and_(&mut self, other: &Self) -> BindResult<()> {
-        Ok(self.0.and_assign(&other.0)?)
+    /// Deletes in place what ``other`` deletes (AND of the words).
+    fn and_(slf: &Bound<'_, Self>, other: &Bound<'_, PyAny>) -> BindResult<()> {
+        let other = ackset_arg(other, "other")?;
+        if other.is(slf) {
+            return Ok(()); // x AND x is x (and a second borrow of x would fail)
+        }
+        let other = other.try_borrow().map_err(PyErr::from)?;
+        let mut this = slf.try_borrow_mut().map_err(PyErr::from)?;
+        Ok(this.0.and_assign(&other.0)?)
     }
 
     fn __and__(&self, other: &Self) -> BindResult<Self> {
@@ -103,11 +101,27 @@ impl PyAckSet {
         self.clone()
     }
 
-    fn __hash__(&self) -> u64 {
-        use std::hash::{DefaultHasher, Hash, Hasher};
-        let mut h = DefaultHasher::new();
-        self.0.hash(&mut h);
-        h.finish()
+    fn __copy__(&self) -> Self {
+        self.clone()
+    }
+
+    fn __deepcopy__(&self, _memo: &Bound<'_, PyAny>) -> Self {
+        self.clone()
+    }
+
+    /// Pickles as ``AckSet(batch_size)`` with the words as its state. (No
+    /// ``__hash__``: the set changes in place, so it is unhashable, as a
+    /// Python ``set`` is.)
+    fn __reduce__<'py>(slf: &Bound<'py, Self>) -> PyResult<(Bound<'py, PyType>, (u32,), Vec<i64>)> {
+        let s = slf.try_borrow()?;
+        Ok((slf.get_type(), (s.0.batch_size(),), s.0.to_words()))
+    }
+
+    /// Restores the words saved by ``__reduce__`` (checked as ``from_words`` checks them).
+    fn __setstate__(&mut self, words: &Bound<'_, PyAny>) -> BindResult<()> {
+        let ws = words_arg(words)?;
+        self.0 = ackset::AckSet::from_words(&ws, i64::from(self.0.batch_size()))?;
+        Ok(())
     }
 
     fn __repr__(&self) -> String {
@@ -117,6 +131,33 @@ impl PyAckSet {
             self.0.present()
         )
     }
+}
+
+/// `obj` as an `AckSet`; `what` names it in the error.
+fn ackset_arg<'a, 'py>(
+    obj: &'a Bound<'py, PyAny>,
+    what: &str,
+) -> BindResult<&'a Bound<'py, PyAckSet>> {
+    obj.cast::<PyAckSet>().map_err(|_| {
+        txnstream_core::Error::invalid(format!(
+            "{what} must be an AckSet, got {}",
+            obj.repr()
+                .map_or_else(|_| "?".to_owned(), |r| r.to_string())
+        ))
+        .into()
+    })
+}
+
+/// Ack-set words: an iterable of signed 64-bit ints.
+fn words_arg(words: &Bound<'_, PyAny>) -> BindResult<Vec<i64>> {
+    let mut ws = Vec::with_capacity(crate::buffers::capacity_hint(words));
+    let items = words.try_iter().map_err(|_| {
+        txnstream_core::Error::invalid("words must be a sequence of signed 64-bit ints")
+    })?;
+    for (i, w) in items.enumerate() {
+        ws.push(i64_arg(&w?, &format!("words[{i}]"))?);
+    }
+    Ok(ws)
 }
 
 /// The rows of `a` back to back (row-major), and the row width.

@@ -231,3 +231,46 @@ def test_ackset_and_with_itself_copy_pickle_and_no_hash() -> None:
     with pytest.raises(ts.InvalidArgumentError, match="beyond batch_size 3"):
         b.__setstate__([1 << 12])
     assert b == ts.AckSet(3)
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (
+            lambda: _native.ackset_cardinality_many(np.zeros((2, 2), np.int32)),
+            "words must be a numpy 2-D int64 array, not a 2-D int32 array",
+        ),
+        (
+            lambda: _native.ackset_is_empty_many([[1]]),  # type: ignore[arg-type]
+            "words must be a numpy 2-D int64 array, not list",
+        ),
+        (
+            lambda: _native.ackset_and_many(np.zeros((1, 1), np.int64), np.zeros(1, np.int64)),
+            "b must be a numpy 2-D int64 array, not a 1-D int64 array",
+        ),
+        (
+            lambda: _native.ackset_overlaps_many(
+                np.zeros((1, 1), np.int64), np.zeros((1, 1), np.int64), np.ones(1, np.int32)
+            ),
+            "batch_sizes must be a numpy 1-D int64 array, not a 1-D int32 array",
+        ),
+        (
+            lambda: _native.ackset_list_cardinality(np.array([0, 1]), np.array([1])),
+            "offsets must be a numpy 1-D int32 array, not a 1-D int64 array",
+        ),
+        (
+            lambda: _native.ackset_list_and(
+                np.zeros(1, np.int32),
+                np.zeros(0, np.int64),
+                np.zeros(1, np.int32),
+                None,  # type: ignore[arg-type]
+            ),
+            "b_values must be a numpy 1-D int64 array, not NoneType",
+        ),
+    ],
+)
+def test_native_bulk_ops_name_an_array_of_the_wrong_dtype(call: object, match: str) -> None:
+    # PyO3 raised "TypeError: argument 'words': 'ndarray' object cannot be
+    # cast as 'ndarray'", which names neither dtype.
+    with pytest.raises(ts.InvalidArgumentError, match=match):
+        call()  # type: ignore[operator]

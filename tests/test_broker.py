@@ -1429,3 +1429,53 @@ def test_read_messages_refuses_an_unknown_cursor_instead_of_creating_one(tmp_pat
     _, _, rows, _ = n.read_messages(ml, "sub")
     assert [r[4] for r in rows] == [b"x"]
     ml.close()
+
+
+def _message_binding_calls(ml: Any) -> list[tuple[str, Any, str]]:
+    from txnstream import _native
+
+    n: Any = _native  # the calls are wrong on purpose
+
+    return [
+        ("sequence_id", lambda: n.encode_message(b"x", "p", -1, 0), "sequence_id must be >= 0"),
+        ("publish_time", lambda: n.encode_message(b"x", "p", 1, 2**64), r"publish_time.*2\*\*64"),
+        ("sequence_id", lambda: n.encode_message(b"x", "p", True, 0), "must be an int, not bool"),
+        ("producer_name", lambda: n.encode_message(b"x", b"p", 1, 0), "must be a str, not bytes"),
+        ("payload", lambda: n.encode_message("x", "p", 1, 0), "payload must be bytes"),
+        ("key", lambda: n.encode_message(b"x", "p", 1, 0, key=5), "key must be a str"),
+        ("properties", lambda: n.encode_message(b"x", "p", 1, 0, properties="ab"), "sequence"),
+        ("properties", lambda: n.encode_message(b"x", "p", 1, 0, properties=[("a", 1)]), r"\[0\]"),
+        ("txn", lambda: n.encode_message(b"x", "p", 1, 0, txn=(1, -2)), "txn least_bits"),
+        ("most_bits", lambda: n.encode_marker(True, 2**64, 0, 0), r"most_bits.*2\*\*64"),
+        ("commit", lambda: n.encode_marker(1, 0, 0, 0), "commit must be a bool, not int"),
+        (
+            "messages",
+            lambda: n.encode_batch_message([(b"x", None, None)], "p", 0),
+            r"messages\[0\]",
+        ),
+        ("sequence_id", lambda: n.encode_batch_message([(b"x", None, None, -1)], "p", 0), ">= 0"),
+        ("entry", lambda: n.decode_topic_entry("x"), "entry must be bytes"),
+        ("max_entries", lambda: n.read_messages(ml, None, None, None, 2**63), "max_entries"),
+        ("max_entries", lambda: n.read_messages(ml, max_entries=True), "not bool"),
+        ("cursor", lambda: n.read_messages(ml, 5), "cursor must be a str"),
+        ("max_entries", lambda: n.scan_topic(ml, None, 0), "max_entries must be in 1"),
+        ("max_entries", lambda: n.scan_topic(ml, max_entries="9"), "must be an int, not str"),
+    ]
+
+
+def test_message_bindings_refuse_bad_arguments_with_typed_errors(tmp_path: Path) -> None:
+    # PyO3's own conversions raised bare OverflowError/TypeError without the
+    # argument's name, and took True for 1 (SPEC §5).
+    from txnstream import _native as n
+
+    ml = n.ManagedLedger.open(tmp_path, "topic")
+    ml.append(n.encode_message(b"x", "p", 1, 0))
+    for name, call, match in _message_binding_calls(ml):
+        with pytest.raises(InvalidArgumentError, match=match) as info:
+            call()
+        assert name in str(info.value)
+    # Any buffer is a payload; the encodings are the same.
+    assert n.encode_message(bytearray(b"x"), "p", 1, 0) == n.encode_message(b"x", "p", 1, 0)
+    entry = n.encode_message(b"x", "p", 1, 7, "k", [("a", "b")], (1, 2))
+    assert decode_topic_entry(memoryview(entry))["messages"][0]["properties"] == [("a", "b")]
+    ml.close()

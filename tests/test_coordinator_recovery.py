@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.reference_fold import fold
-from txnstream import ManagedLedger, proto
+from txnstream import ManagedLedger, _native, proto
 from txnstream._native import (
     BufferedWriter,
     encode_txn_add_partitions,
@@ -232,4 +233,58 @@ def test_cursor_delete_records_bulk(tmp_path: Path) -> None:
     cur.delete_records(rest.ledger_id, rest.entry_id, rest.batch_size, rest.batch_index)
     assert cur.mark_delete_position == pos[5]
     w.close()
+    ml.close()
+
+
+# The calls below are wrong on purpose.
+_n: Any = _native
+
+
+@pytest.mark.parametrize(
+    ("call", "name", "match"),
+    [
+        (lambda: _n.encode_txn_new(-1, 0, 0, 0), "most_bits", "must be >= 0, got -1"),
+        (lambda: _n.encode_txn_new(True, 0, 0, 0), "most_bits", "must be an int, not bool"),
+        (lambda: _n.encode_txn_new(0, 2**64, 0, 0), "least_bits", r"0\.\.2\*\*64"),
+        (lambda: _n.encode_txn_new(0, 0, 0, 1.5), "timeout_ms", "not float"),
+        (lambda: _n.encode_txn_new(0, 0, 0, 0, b"c"), "client_name", "must be a str"),
+        (lambda: _n.encode_txn_add_partitions(0, 0, 0, "t"), "partitions", "sequence of str"),
+        (lambda: _n.encode_txn_add_partitions(0, 0, 0, ["t", 1]), r"partitions\[1\]", "str"),
+        (
+            lambda: _n.encode_txn_add_subscriptions(0, 0, 0, [("t",)]),
+            r"subscriptions\[0\]",
+            "tuple",
+        ),
+        (lambda: _n.encode_txn_update(0, 0, 0, 2**63, 1), "expected_status", r"-2\*\*63"),
+        (lambda: _n.encode_txn_update(0, 0, 0, 0, 9), "new_status", "0..4, got 9"),
+        (lambda: _n.encode_txn_update(0, 0, -1, 0, 1), "now", ">= 0"),
+        (lambda: _n.encode_txn_update(0, 0, 0, 0, 1, 1), "timed_out", "must be a bool, not int"),
+        (lambda: _n.fold_txn_entries([b"\x08"], [1], [0], [[-1]], 0), r"deleted\[0\]\[0\]", ">= 0"),
+        (lambda: _n.fold_txn_entries([b"\x08"], [1], [0], [[]], -1), "tc_id", ">= 0"),
+        (lambda: _n.fold_txn_entries([b"\x08"], [1], [True], [[]], 0), r"entry_id\[0\]", "bool"),
+        (lambda: _n.fold_txn_entries(["x"], [1], [0], [[]], 0), r"entries\[0\]", "bytes"),
+    ],
+)
+def test_encoders_and_fold_name_a_bad_argument(call: Any, name: str, match: str) -> None:
+    # PyO3 conversions raised bare OverflowError/TypeError (no argument
+    # name) and took True for 1.
+    with pytest.raises(InvalidArgumentError, match=name) as info:
+        call()
+    assert info.match(match)
+
+
+def test_cursor_delete_records_names_a_column_of_the_wrong_dtype(tmp_path: Path) -> None:
+    import numpy as np
+
+    ml = ManagedLedger.open(str(tmp_path), log_name(0))
+    cur = ml.open_cursor(CURSOR)
+    u64, u32 = np.array([1], np.uint64), np.array([1], np.uint32)
+    with pytest.raises(
+        InvalidArgumentError, match="ledger_id must be a numpy 1-D uint64 array, not a 1-D int64"
+    ):
+        cur.delete_records(np.array([1]), u64, u32, u32 - 1)
+    with pytest.raises(
+        InvalidArgumentError, match="batch_index must be a numpy 1-D uint32 array, not list"
+    ):
+        cur.delete_records(u64, u64, u32, [0])  # type: ignore[arg-type]
     ml.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -181,3 +182,30 @@ def test_replay_takes_a_cursor_of_this_ledger_or_a_name_only(tmp_path: Path) -> 
         ca = a.open_cursor("reader")
         assert replay(a, ca).records() == [rec(i) for i in range(3)]
         assert replay(a, "reader").records() == [rec(i) for i in range(3)]
+
+
+def test_log_reader_arguments_are_checked_by_name(tmp_path: Path) -> None:
+    # replay_log/fold_txn_log/scan_log arguments converted by PyO3 raised
+    # bare OverflowError/TypeError, and True was taken for 1.
+    from txnstream import _native
+
+    n: Any = _native  # the calls are wrong on purpose
+    replay_log, fold_txn_log, scan_log = n.replay_log, n.fold_txn_log, n.scan_log
+    with ManagedLedger.open(tmp_path, "log") as ml:
+        ml.append(b"\x08\x00")
+        ml.open_cursor("c")
+        calls: list[tuple[str, Any, str]] = [
+            ("max_entries", lambda: replay_log(ml, "c", max_entries=2**63), "2\\*\\*63"),
+            ("max_entries", lambda: replay_log(ml, "c", max_entries=True), "not bool"),
+            ("tc_id", lambda: fold_txn_log(ml, "c", -1), ">= 0, got -1"),
+            ("cursor", lambda: fold_txn_log(ml, b"c", 0), "must be a str, not bytes"),
+            ("kind", lambda: scan_log(ml, 1, 1, 0, 0), "must be a str, not int"),
+            ("cursors", lambda: scan_log(ml, "txn", 1, 0, 0, "c"), "sequence of str, not str"),
+            ("cursors[0]", lambda: scan_log(ml, "txn", 1, 0, 0, [b"c"]), "must be a str"),
+        ]
+        for name, call, match in calls:
+            with pytest.raises(InvalidArgumentError, match=match) as info:
+                call()
+            assert name in str(info.value)
+        assert ml.cursor_names() == ["c"]
+        assert replay_log(ml, "c", max_entries=1)["entries"] == 1

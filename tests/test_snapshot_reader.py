@@ -294,3 +294,17 @@ def test_demux_calls_wait_for_a_reads_lock_without_the_gil(tmp_path: Path) -> No
         pytest.fail(f"Python threads froze while demux calls waited for its lock: {e.stdout!r}")
     assert r.returncode == 0, r.stderr[-2000:]
     assert r.stdout.splitlines() == ["ticks 1000 finished 0", "finished 3"], r.stdout
+
+
+def test_demux_catch_up_checks_max_entries(tmp_path: Path) -> None:
+    from txnstream._native import SnapshotDemux
+
+    with CompactedTopic.open(tmp_path, "snap") as ct:
+        ct.put("t", b"v")
+    ml = ManagedLedger.open(tmp_path, "snap", read_only=True)
+    dm = SnapshotDemux()
+    for bad, match in ((-1, "max_entries must be >= 0, got -1"), (True, "not bool")):
+        with pytest.raises(InvalidArgumentError, match=match):
+            dm.catch_up(ml, bad)
+    assert dm.catch_up(ml, 10)
+    ml.close()

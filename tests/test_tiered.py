@@ -828,3 +828,14 @@ def test_prune_deletes_trimmed_indexes_with_one_listing_per_round(tmp_path: Path
     # A pruned index is loaded from its file again (not from the closed-ledger cache).
     assert idx.load(topics[0], 1) is None
     assert idx.load(topics[0], 3) is not None
+
+
+def test_export_segment_scan_markers_is_a_bool(tmp_path: Path) -> None:
+    # PyO3's bool conversion raised a bare TypeError for an int.
+    ml = ManagedLedger.open(tmp_path / "data", "t", max_entries_per_ledger=1)
+    first = ml.append(b"x")
+    ml.append(b"y")  # ledger 1 is closed
+    with pytest.raises(InvalidArgumentError, match="scan_markers must be a bool, not int"):
+        export_segment(ml, first.ledger_id, 1)  # type: ignore[arg-type]
+    assert export_segment(ml, first.ledger_id, scan_markers=False)[2] == []
+    ml.close()

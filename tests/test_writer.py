@@ -462,3 +462,12 @@ def test_records_may_be_any_buffer(ml: ManagedLedger) -> None:
     strided = np.arange(8, dtype=np.uint8)[::2]
     with pytest.raises(InvalidArgumentError, match="record"):
         w.write(strided)  # type: ignore[arg-type]
+
+
+def test_reconfigure_batch_enabled_is_a_bool(ml: ManagedLedger) -> None:
+    # PyO3's bool conversion raised a bare TypeError for an int.
+    w = BufferedWriter(ml)
+    with pytest.raises(InvalidArgumentError, match="batch_enabled must be a bool, not int"):
+        w.reconfigure(batch_enabled=1)  # type: ignore[arg-type]
+    assert w.config["batch_enabled"] is True
+    w.close()

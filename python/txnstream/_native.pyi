@@ -328,7 +328,7 @@ def encode_txn_update(
 ) -> bytes: ...
 def fold_txn_log(ml: ManagedLedger, cursor: str, tc_id: int) -> dict[str, Any]: ...  # replay.rs
 def fold_txn_entries(
-    entries: Sequence[bytes],
+    entries: Sequence[Buffer],
     ledger_id: Sequence[int],
     entry_id: Sequence[int],
     deleted: Sequence[Sequence[int]],
@@ -337,7 +337,7 @@ def fold_txn_entries(
 
 # Topic entries in Pulsar's message format (rust/py/src/message.rs).
 def encode_message(
-    payload: bytes,
+    payload: Buffer,
     producer_name: str,
     sequence_id: int,
     publish_time: int,
@@ -346,13 +346,13 @@ def encode_message(
     txn: tuple[int, int] | None = None,
 ) -> bytes: ...
 def encode_batch_message(
-    messages: Sequence[tuple[bytes, str | None, Sequence[tuple[str, str]] | None, int]],
+    messages: Sequence[tuple[Buffer, str | None, Sequence[tuple[str, str]] | None, int]],
     producer_name: str,
     publish_time: int,
     txn: tuple[int, int] | None = None,
 ) -> bytes: ...
 def encode_marker(commit: bool, most_bits: int, least_bits: int, publish_time: int) -> bytes: ...
-def decode_topic_entry(entry: bytes) -> dict[str, Any]: ...
+def decode_topic_entry(entry: Buffer) -> dict[str, Any]: ...
 
 _MessageRow = tuple[
     int,

@@ -1,6 +1,6 @@
 //! `txnstream.AckSet` and the numpy bulk ack-set operations.
 
-use crate::args::i64_arg;
+use crate::args::{array_arg, i64_arg};
 use crate::errors::BindResult;
 use numpy::{
     IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray1, PyReadonlyArray2,
@@ -133,6 +133,11 @@ impl PyAckSet {
     }
 }
 
+/// A ``(rows, words)`` int64 array argument.
+fn rows_arg<'py>(obj: &Bound<'py, PyAny>, what: &str) -> BindResult<PyReadonlyArray2<'py, i64>> {
+    array_arg(obj, what, "2-D int64 array")
+}
+
 /// `obj` as an `AckSet`; `what` names it in the error.
 fn ackset_arg<'a, 'py>(
     obj: &'a Bound<'py, PyAny>,
@@ -176,9 +181,10 @@ fn flat2(a: &PyReadonlyArray2<'_, i64>) -> (Vec<i64>, usize) {
 #[pyfunction]
 pub fn ackset_and_many<'py>(
     py: Python<'py>,
-    a: PyReadonlyArray2<'py, i64>,
-    b: PyReadonlyArray2<'py, i64>,
+    a: &Bound<'py, PyAny>,
+    b: &Bound<'py, PyAny>,
 ) -> BindResult<Bound<'py, PyArray2<i64>>> {
+    let (a, b) = (rows_arg(a, "a")?, rows_arg(b, "b")?);
     let shape = [a.shape()[0], a.shape()[1]];
     if a.shape() != b.shape() {
         return Err(txnstream_core::Error::invalid(format!(
@@ -197,8 +203,9 @@ pub fn ackset_and_many<'py>(
 #[pyfunction]
 pub fn ackset_cardinality_many<'py>(
     py: Python<'py>,
-    words: PyReadonlyArray2<'py, i64>,
+    words: &Bound<'py, PyAny>,
 ) -> BindResult<Bound<'py, PyArray1<u32>>> {
+    let words = rows_arg(words, "words")?;
     let (w, width) = flat2(&words);
     if width == 0 {
         // Zero words per row: every record deleted, none present.
@@ -211,8 +218,9 @@ pub fn ackset_cardinality_many<'py>(
 #[pyfunction]
 pub fn ackset_is_empty_many<'py>(
     py: Python<'py>,
-    words: PyReadonlyArray2<'py, i64>,
+    words: &Bound<'py, PyAny>,
 ) -> BindResult<Bound<'py, PyArray1<bool>>> {
+    let words = rows_arg(words, "words")?;
     let (w, width) = flat2(&words);
     if width == 0 {
         return Ok(vec![true; words.shape()[0]].into_pyarray(py)); // nothing left in any row
@@ -224,12 +232,13 @@ pub fn ackset_is_empty_many<'py>(
 #[pyfunction]
 pub fn ackset_overlaps_many<'py>(
     py: Python<'py>,
-    a: PyReadonlyArray2<'py, i64>,
-    b: PyReadonlyArray2<'py, i64>,
-    batch_sizes: PyReadonlyArray1<'py, i64>,
+    a: &Bound<'py, PyAny>,
+    b: &Bound<'py, PyAny>,
+    batch_sizes: &Bound<'py, PyAny>,
 ) -> BindResult<Bound<'py, PyArray1<bool>>> {
+    let (a, b) = (rows_arg(a, "a")?, rows_arg(b, "b")?);
     let ((wa, width), (wb, _)) = (flat2(&a), flat2(&b));
-    let sizes = batch_sizes.as_array().to_vec();
+    let sizes = i64s(&array_arg(batch_sizes, "batch_sizes", "1-D int64 array")?);
     if a.shape() != b.shape() {
         return Err(txnstream_core::Error::invalid(format!(
             "ackset_overlaps_many: shapes differ ({:?} vs {:?})",
@@ -256,15 +265,27 @@ fn i64s(a: &PyReadonlyArray1<'_, i64>) -> Vec<i64> {
     a.as_array().to_vec()
 }
 
+/// An Arrow ``list<int64>`` column: int32 ``offsets`` and int64 ``values``.
+fn list_arg(
+    offsets: &Bound<'_, PyAny>,
+    values: &Bound<'_, PyAny>,
+    names: (&str, &str),
+) -> BindResult<(Vec<i32>, Vec<i64>)> {
+    Ok((
+        i32s(&array_arg(offsets, names.0, "1-D int32 array")?),
+        i64s(&array_arg(values, names.1, "1-D int64 array")?),
+    ))
+}
+
 /// Records still present in each ack set of an Arrow ``list<int64>`` column
 /// given as ``offsets`` (int32, n+1) and ``values`` (int64 words).
 #[pyfunction]
 pub fn ackset_list_cardinality<'py>(
     py: Python<'py>,
-    offsets: PyReadonlyArray1<'py, i32>,
-    values: PyReadonlyArray1<'py, i64>,
+    offsets: &Bound<'py, PyAny>,
+    values: &Bound<'py, PyAny>,
 ) -> BindResult<Bound<'py, PyArray1<u32>>> {
-    let (o, v) = (i32s(&offsets), i64s(&values));
+    let (o, v) = list_arg(offsets, values, ("offsets", "values"))?;
     Ok(py.detach(|| lists::cardinality(&o, &v))?.into_pyarray(py))
 }
 
@@ -272,10 +293,10 @@ pub fn ackset_list_cardinality<'py>(
 #[pyfunction]
 pub fn ackset_list_is_empty<'py>(
     py: Python<'py>,
-    offsets: PyReadonlyArray1<'py, i32>,
-    values: PyReadonlyArray1<'py, i64>,
+    offsets: &Bound<'py, PyAny>,
+    values: &Bound<'py, PyAny>,
 ) -> BindResult<Bound<'py, PyArray1<bool>>> {
-    let (o, v) = (i32s(&offsets), i64s(&values));
+    let (o, v) = list_arg(offsets, values, ("offsets", "values"))?;
     Ok(py.detach(|| lists::is_empty(&o, &v))?.into_pyarray(py))
 }
 
@@ -286,13 +307,13 @@ type ListColumn<'py> = (Bound<'py, PyArray1<i32>>, Bound<'py, PyArray1<i64>>);
 #[pyfunction]
 pub fn ackset_list_and<'py>(
     py: Python<'py>,
-    a_offsets: PyReadonlyArray1<'py, i32>,
-    a_values: PyReadonlyArray1<'py, i64>,
-    b_offsets: PyReadonlyArray1<'py, i32>,
-    b_values: PyReadonlyArray1<'py, i64>,
+    a_offsets: &Bound<'py, PyAny>,
+    a_values: &Bound<'py, PyAny>,
+    b_offsets: &Bound<'py, PyAny>,
+    b_values: &Bound<'py, PyAny>,
 ) -> BindResult<ListColumn<'py>> {
-    let (ao, av) = (i32s(&a_offsets), i64s(&a_values));
-    let (bo, bv) = (i32s(&b_offsets), i64s(&b_values));
+    let (ao, av) = list_arg(a_offsets, a_values, ("a_offsets", "a_values"))?;
+    let (bo, bv) = list_arg(b_offsets, b_values, ("b_offsets", "b_values"))?;
     let (o, v) = py.detach(|| lists::and(&ao, &av, &bo, &bv))?;
     Ok((o.into_pyarray(py), v.into_pyarray(py)))
 }
@@ -302,15 +323,15 @@ pub fn ackset_list_and<'py>(
 #[pyfunction]
 pub fn ackset_list_overlaps<'py>(
     py: Python<'py>,
-    a_offsets: PyReadonlyArray1<'py, i32>,
-    a_values: PyReadonlyArray1<'py, i64>,
-    b_offsets: PyReadonlyArray1<'py, i32>,
-    b_values: PyReadonlyArray1<'py, i64>,
-    batch_sizes: PyReadonlyArray1<'py, i64>,
+    a_offsets: &Bound<'py, PyAny>,
+    a_values: &Bound<'py, PyAny>,
+    b_offsets: &Bound<'py, PyAny>,
+    b_values: &Bound<'py, PyAny>,
+    batch_sizes: &Bound<'py, PyAny>,
 ) -> BindResult<Bound<'py, PyArray1<bool>>> {
-    let (ao, av) = (i32s(&a_offsets), i64s(&a_values));
-    let (bo, bv) = (i32s(&b_offsets), i64s(&b_values));
-    let sizes = i64s(&batch_sizes);
+    let (ao, av) = list_arg(a_offsets, a_values, ("a_offsets", "a_values"))?;
+    let (bo, bv) = list_arg(b_offsets, b_values, ("b_offsets", "b_values"))?;
+    let sizes = i64s(&array_arg(batch_sizes, "batch_sizes", "1-D int64 array")?);
     Ok(py
         .detach(|| lists::overlaps(&ao, &av, &bo, &bv, &sizes))?
         .into_pyarray(py))

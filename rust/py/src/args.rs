@@ -1,14 +1,22 @@
-//! Numeric arguments crossing the binding, checked before any work.
+//! Arguments crossing the binding, checked before any work.
 //!
 //! PyO3's own conversions raise a bare `OverflowError`/`TypeError` that
-//! does not say which argument was wrong, and `Duration::from_secs_f64`
-//! panics on infinities. Every int and duration argument of the bindings
-//! goes through these helpers instead: a wrong type or an out-of-range
-//! value is an `InvalidArgumentError` naming the argument and the value.
+//! does not say which argument was wrong (and take `True` for 1), and
+//! `Duration::from_secs_f64` panics on infinities. Every int, str, flag,
+//! duration and numpy-array argument of the bindings goes through these
+//! helpers instead: a wrong type or an out-of-range value is an
+//! `InvalidArgumentError` naming the argument and the value. Public
+//! binding functions therefore take such arguments as `&Bound<PyAny>`
+//! rather than as `u64`, `&str`, `Vec<...>` or `PyReadonlyArray`
+//! parameters (only the test hooks of `testing.rs` keep PyO3's own).
 
 use crate::errors::BindResult;
+use numpy::ndarray::Dimension;
+use numpy::{
+    Element, PyArray, PyArrayMethods, PyReadonlyArray, PyUntypedArray, PyUntypedArrayMethods,
+};
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyFloat, PyInt, PyString};
+use pyo3::types::{PyBool, PyFloat, PyInt, PyString, PyTuple};
 use std::path::PathBuf;
 use std::time::Duration;
 use txnstream_core::Error;
@@ -34,6 +42,74 @@ pub fn i64_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<i64> {
     obj.extract::<i64>().map_err(|_| {
         Error::invalid(format!("{what} must be an int in -2**63..2**63, got {obj}")).into()
     })
+}
+
+/// `obj` as an unsigned int of at most `bits` bits: an int (not a bool);
+/// a negative or too large one is refused naming `what` and the value.
+fn uint_arg(obj: &Bound<'_, PyAny>, what: &str, bits: u32) -> BindResult<u64> {
+    if obj.is_instance_of::<PyBool>() || !obj.is_instance_of::<PyInt>() {
+        return Err(
+            Error::invalid(format!("{what} must be an int, not {}", type_name(obj))).into(),
+        );
+    }
+    match obj.extract::<u64>() {
+        Ok(v) if bits >= 64 || v < 1u64 << bits => Ok(v),
+        _ if obj.lt(0)? => Err(Error::invalid(format!("{what} must be >= 0, got {obj}")).into()),
+        _ => {
+            Err(Error::invalid(format!("{what} must be an int in 0..2**{bits}, got {obj}")).into())
+        }
+    }
+}
+
+/// An id, a sequence, a time in ms since the epoch...: an int in `0..2**64`.
+pub fn id_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<u64> {
+    uint_arg(obj, what, 64)
+}
+
+/// A batch size or index: an int in `0..2**32`.
+pub fn u32_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<u32> {
+    Ok(uint_arg(obj, what, 32)? as u32)
+}
+
+/// An optional count (`None`: `default`) in `range`, e.g. ``max_entries``.
+pub fn count_arg(
+    obj: Option<&Bound<'_, PyAny>>,
+    what: &str,
+    range: std::ops::RangeInclusive<i64>,
+    default: i64,
+) -> BindResult<i64> {
+    let Some(obj) = obj.filter(|o| !o.is_none()) else {
+        return Ok(default);
+    };
+    let n = i64_arg(obj, what)?;
+    if !range.contains(&n) {
+        return Err(Error::invalid(format!(
+            "{what} must be in {}..={}, got {n}",
+            range.start(),
+            range.end()
+        ))
+        .into());
+    }
+    Ok(n)
+}
+
+/// A `(most_bits, least_bits)` transaction id tuple.
+pub fn txn_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<(u64, u64)> {
+    let t = obj
+        .cast::<PyTuple>()
+        .ok()
+        .filter(|t| t.len() == 2)
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "{what} must be a (most_bits, least_bits) tuple, got {}",
+                short_repr(obj)
+            ))
+        })?;
+    let (most, least) = (t.get_item(0)?, t.get_item(1)?);
+    Ok((
+        named(|n| id_arg(&most, n), || format!("{what} most_bits"))?,
+        named(|n| id_arg(&least, n), || format!("{what} least_bits"))?,
+    ))
 }
 
 /// `obj` as a number of milliseconds (an int or a float, not a bool, not NaN).
@@ -73,20 +149,132 @@ pub fn timeout_ms_arg(obj: Option<&Bound<'_, PyAny>>) -> BindResult<Option<Durat
 
 /// `obj` as a `String`: a `str` only (bytes are not a name).
 pub fn str_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<String> {
-    if !obj.is_instance_of::<PyString>() {
+    Ok(str_ref(obj, what)?.to_owned())
+}
+
+/// `obj`'s text, borrowed (no copy): a `str` only.
+pub fn str_ref<'a>(obj: &'a Bound<'_, PyAny>, what: &str) -> BindResult<&'a str> {
+    let Ok(s) = obj.cast::<PyString>() else {
         return Err(Error::invalid(format!(
             "{what} must be a str, not {} ({})",
             type_name(obj),
             short_repr(obj)
         ))
         .into());
-    }
-    Ok(obj.extract::<String>().map_err(|_| {
+    };
+    Ok(s.to_str().map_err(|_| {
         Error::invalid(format!(
             "{what} must be encodable text, got {}",
             short_repr(obj)
         ))
     })?)
+}
+
+/// An optional str (`None` or absent: `None`), borrowed.
+pub fn opt_str_ref<'a>(
+    obj: Option<&'a Bound<'_, PyAny>>,
+    what: &str,
+) -> BindResult<Option<&'a str>> {
+    obj.filter(|o| !o.is_none())
+        .map(|o| str_ref(o, what))
+        .transpose()
+}
+
+/// The items of a sequence argument (a `str` is not a sequence of items
+/// here), each converted by `item` with its index in the name.
+pub fn seq_arg<'py, T>(
+    obj: &Bound<'py, PyAny>,
+    what: &str,
+    expected: &str,
+    mut item: impl FnMut(&Bound<'py, PyAny>, &str) -> BindResult<T>,
+) -> BindResult<Vec<T>> {
+    let not_seq = || {
+        Error::invalid(format!(
+            "{what} must be {expected}, not {} ({})",
+            type_name(obj),
+            short_repr(obj)
+        ))
+    };
+    if obj.is_instance_of::<PyString>() {
+        return Err(not_seq().into());
+    }
+    let items = obj.try_iter().map_err(|_| not_seq())?;
+    let mut out = Vec::with_capacity(crate::buffers::capacity_hint(obj));
+    for (i, x) in items.enumerate() {
+        let x = x?;
+        out.push(named(|at| item(&x, at), || format!("{what}[{i}]"))?);
+    }
+    Ok(out)
+}
+
+/// Runs `check` on an argument whose name must be built (an item of a
+/// sequence, a field of a tuple): first with a placeholder, and only if
+/// that fails again with the name, for the error. Per-message and
+/// per-record encoders call this for every item, and good input must not
+/// pay for formatting names.
+pub fn named<T>(
+    mut check: impl FnMut(&str) -> BindResult<T>,
+    name: impl FnOnce() -> String,
+) -> BindResult<T> {
+    check("?").or_else(|_| check(&name()))
+}
+
+/// A sequence of str.
+pub fn str_list_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<Vec<String>> {
+    seq_arg(obj, what, "a sequence of str", str_arg)
+}
+
+/// A sequence of `(str, str)` tuples (properties, subscriptions).
+pub fn str_pairs_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<Vec<(String, String)>> {
+    seq_arg(obj, what, "a sequence of (str, str) tuples", |x, at| {
+        let t = x
+            .cast::<PyTuple>()
+            .ok()
+            .filter(|t| t.len() == 2)
+            .ok_or_else(|| {
+                Error::invalid(format!(
+                    "{at} must be a (str, str) tuple, got {}",
+                    short_repr(x)
+                ))
+            })?;
+        let (a, b) = (t.get_item(0)?, t.get_item(1)?);
+        Ok((
+            named(|n| str_arg(&a, n), || format!("{at}[0]"))?,
+            named(|n| str_arg(&b, n), || format!("{at}[1]"))?,
+        ))
+    })
+}
+
+/// A required flag: a `bool` only (ints and None are not flags).
+pub fn flag_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<bool> {
+    if !obj.is_instance_of::<PyBool>() {
+        return Err(Error::invalid(format!(
+            "{what} must be a bool, not {} ({})",
+            type_name(obj),
+            short_repr(obj)
+        ))
+        .into());
+    }
+    Ok(obj.is_truthy()?)
+}
+
+/// A numpy array of `T` with the dimensions of `D`, borrowed read-only; a
+/// list, another dtype or another number of dimensions is refused naming
+/// the argument and what was given (`expected`, e.g. "a 2-D int64 array").
+pub fn array_arg<'py, T: Element, D: Dimension>(
+    obj: &Bound<'py, PyAny>,
+    what: &str,
+    expected: &str,
+) -> BindResult<PyReadonlyArray<'py, T, D>> {
+    let Ok(a) = obj.cast::<PyArray<T, D>>() else {
+        let got = match obj.cast::<PyUntypedArray>() {
+            Ok(u) => format!("a {}-D {} array", u.ndim(), u.dtype()),
+            Err(_) => format!("{} ({})", type_name(obj), short_repr(obj)),
+        };
+        return Err(Error::invalid(format!("{what} must be a numpy {expected}, not {got}")).into());
+    };
+    a.try_readonly()
+        .map_err(|e| Error::invalid(format!("{what} cannot be read: {e}")).into())
 }
 
 /// An optional `bool` flag (`None`: `default`); ints are not flags.

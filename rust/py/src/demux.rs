@@ -5,7 +5,7 @@
 //! method waits for that lock with the GIL released: a `stats()` made
 //! during a long read must not stop every other Python thread.
 
-use crate::args::str_arg;
+use crate::args::{id_arg, str_arg};
 use crate::errors::BindResult;
 use crate::ledger::PyManagedLedger;
 use crate::position::PyPosition;
@@ -70,8 +70,9 @@ impl PySnapshotDemux {
         &self,
         py: Python<'_>,
         ml: &Bound<'_, PyManagedLedger>,
-        max_entries: u64,
+        max_entries: &Bound<'_, PyAny>,
     ) -> BindResult<bool> {
+        let max_entries = id_arg(max_entries, "max_entries")?;
         let inner = &ml.get().inner;
         Ok(py.detach(|| self.inner.lock().catch_up_some(inner, max_entries))?)
     }

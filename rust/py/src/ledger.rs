@@ -14,7 +14,7 @@
 //! thread ([`crate::completion`]).
 
 use crate::ackset::PyAckSet;
-use crate::args::{bool_arg, i64_arg, path_arg, str_arg, timeout_ms_arg};
+use crate::args::{array_arg, bool_arg, i64_arg, path_arg, str_arg, timeout_ms_arg};
 use crate::buffers::{bytes_list, record_bytes, with_slices};
 use crate::completion::{future_with_callback, object_list, Job};
 use crate::errors::BindResult;
@@ -53,17 +53,7 @@ fn entries<'py>(py: Python<'py>, es: Vec<(Position, Vec<u8>)>) -> PyResult<Bound
 
 // ---------------------------------------------------------------- arguments
 
-pub(crate) fn id_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<u64> {
-    if let Ok(v) = obj.extract::<u64>() {
-        return Ok(v);
-    }
-    match obj.extract::<i64>() {
-        Ok(v) => Err(Error::invalid(format!("{what} must be >= 0, got {v}")).into()),
-        Err(_) => {
-            Err(Error::invalid(format!("{what} must be an int in 0..2**64, got {obj}")).into())
-        }
-    }
-}
+pub(crate) use crate::args::id_arg;
 
 /// A `Position`, a `TxnPosition` or a `(ledger_id, entry_id)` tuple.
 pub(crate) fn pos_arg(obj: &Bound<'_, PyAny>, arg: &str) -> BindResult<Position> {
@@ -617,16 +607,16 @@ impl PyCursor {
     fn delete_records(
         &self,
         py: Python<'_>,
-        ledger_id: numpy::PyReadonlyArray1<'_, u64>,
-        entry_id: numpy::PyReadonlyArray1<'_, u64>,
-        batch_size: numpy::PyReadonlyArray1<'_, u32>,
-        batch_index: numpy::PyReadonlyArray1<'_, u32>,
+        ledger_id: &Bound<'_, PyAny>,
+        entry_id: &Bound<'_, PyAny>,
+        batch_size: &Bound<'_, PyAny>,
+        batch_index: &Bound<'_, PyAny>,
     ) -> BindResult<()> {
         let recs = crate::position::records_from_columns(
-            &ledger_id,
-            &entry_id,
-            &batch_size,
-            &batch_index,
+            &array_arg(ledger_id, "ledger_id", "1-D uint64 array")?,
+            &array_arg(entry_id, "entry_id", "1-D uint64 array")?,
+            &array_arg(batch_size, "batch_size", "1-D uint32 array")?,
+            &array_arg(batch_index, "batch_index", "1-D uint32 array")?,
         )?;
         Ok(py.detach(|| self.inner.delete_batch_indexes(&recs))?)
     }

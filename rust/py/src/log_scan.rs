@@ -2,7 +2,7 @@
 //! pending-ack log as columns, with deleted flags and error rows (what the
 //! Spark data source ``txnstream-log`` reads in each task).
 
-use crate::args::i64_arg;
+use crate::args::{i64_arg, str_list_arg, str_ref};
 use crate::errors::BindResult;
 use crate::frame::{lenient_pending_ack_dict, lenient_txn_dict};
 use crate::ledger::PyManagedLedger;
@@ -100,13 +100,18 @@ fn scan<C: RecordColumns + Send>(
 pub fn scan_log<'py>(
     py: Python<'py>,
     ml: &Bound<'py, PyManagedLedger>,
-    kind: &str,
+    kind: &Bound<'py, PyAny>,
     ledger_id: &Bound<'py, PyAny>,
     first_entry: &Bound<'py, PyAny>,
     last_entry: &Bound<'py, PyAny>,
-    cursors: Option<Vec<String>>,
+    cursors: Option<&Bound<'py, PyAny>>,
     max_rows: Option<&Bound<'py, PyAny>>,
 ) -> BindResult<Bound<'py, PyDict>> {
+    let kind = str_ref(kind, "kind")?;
+    let cursors = cursors
+        .filter(|c| !c.is_none())
+        .map(|c| str_list_arg(c, "cursors"))
+        .transpose()?;
     let range = (
         u64_arg(ledger_id, "ledger_id")?,
         u64_arg(first_entry, "first_entry")?,

@@ -2,6 +2,11 @@
 //! messages, batches and markers, and bulk reads that decode a run of
 //! entries with the GIL released (`read_messages`, `scan_topic`).
 
+use crate::args::{
+    count_arg, flag_arg, id_arg, named, opt_str_ref, seq_arg, str_pairs_arg, str_ref, txn_arg,
+    type_name,
+};
+use crate::buffers::record_bytes;
 use crate::errors::BindResult;
 use crate::ledger::PyManagedLedger;
 use crate::log_scan::existing_cursor;
@@ -16,42 +21,94 @@ use txnstream_core::message::{
 use txnstream_core::{AckSet, Error, Position, Result};
 
 /// Most entries one bulk read returns.
-const MAX_READ_ENTRIES: usize = 1 << 16;
+const MAX_READ_ENTRIES: i64 = 1 << 16;
 /// Largest payload total (bytes) encoded without releasing the GIL.
 const ENCODE_IN_PLACE_MAX: usize = 64 * 1024;
 
+/// `properties`: None or a sequence of `(str, str)` tuples.
+fn props_arg(obj: Option<&Bound<'_, PyAny>>, what: &str) -> BindResult<Vec<(String, String)>> {
+    match obj.filter(|o| !o.is_none()) {
+        None => Ok(Vec::new()),
+        Some(p) => str_pairs_arg(p, what),
+    }
+}
+
+/// `txn`: None or a `(most_bits, least_bits)` tuple.
+fn opt_txn_arg(obj: Option<&Bound<'_, PyAny>>) -> BindResult<Option<(u64, u64)>> {
+    obj.filter(|o| !o.is_none())
+        .map(|t| txn_arg(t, "txn"))
+        .transpose()
+}
+
 /// One message as an entry of its own, in Pulsar's format.
+///
+/// Called once per message sent: arguments are checked by type tests and
+/// borrowed (``bytes`` payload and ``str`` names are not copied).
 #[pyfunction]
 #[pyo3(signature = (payload, producer_name, sequence_id, publish_time, key = None,
     properties = None, txn = None))]
 #[allow(clippy::too_many_arguments)]
 pub fn encode_message<'py>(
     py: Python<'py>,
-    payload: &[u8],
-    producer_name: &str,
-    sequence_id: u64,
-    publish_time: u64,
-    key: Option<&str>,
-    properties: Option<Vec<(String, String)>>,
-    txn: Option<(u64, u64)>,
-) -> Bound<'py, PyBytes> {
-    let props = properties.unwrap_or_default();
+    payload: &Bound<'py, PyAny>,
+    producer_name: &Bound<'py, PyAny>,
+    sequence_id: &Bound<'py, PyAny>,
+    publish_time: &Bound<'py, PyAny>,
+    key: Option<&Bound<'py, PyAny>>,
+    properties: Option<&Bound<'py, PyAny>>,
+    txn: Option<&Bound<'py, PyAny>>,
+) -> BindResult<Bound<'py, PyBytes>> {
+    let payload = record_bytes(payload, "payload")?;
+    let props = props_arg(properties, "properties")?;
     let h = Header {
-        producer_name,
-        publish_time,
-        txn,
+        producer_name: str_ref(producer_name, "producer_name")?,
+        publish_time: id_arg(publish_time, "publish_time")?,
+        txn: opt_txn_arg(txn)?,
     };
     let m = OutMessage {
-        payload,
-        key,
+        payload: payload.as_bytes(),
+        key: opt_str_ref(key, "key")?,
         properties: &props,
-        sequence_id,
+        sequence_id: id_arg(sequence_id, "sequence_id")?,
     };
-    PyBytes::new(py, &message::encode_message(&h, &m))
+    Ok(PyBytes::new(py, &message::encode_message(&h, &m)))
 }
 
 /// One message of a batch from Python: payload, key, properties, sequence id.
-type BatchItem = (Vec<u8>, Option<String>, Option<Vec<(String, String)>>, u64);
+type BatchItem<'py> = (
+    Bound<'py, PyBytes>,
+    Option<String>,
+    Vec<(String, String)>,
+    u64,
+);
+
+fn batch_item<'py>(item: &Bound<'py, PyAny>, at: &str) -> BindResult<BatchItem<'py>> {
+    let t = item
+        .cast::<PyTuple>()
+        .ok()
+        .filter(|t| t.len() == 4)
+        .ok_or_else(|| {
+            Error::invalid(format!(
+                "{at} must be a (payload, key, properties, sequence_id) tuple, not {}",
+                type_name(item)
+            ))
+        })?;
+    let (payload, key, props, seq) = (
+        t.get_item(0)?,
+        t.get_item(1)?,
+        t.get_item(2)?,
+        t.get_item(3)?,
+    );
+    Ok((
+        named(|n| record_bytes(&payload, n), || format!("{at} payload"))?,
+        named(|n| opt_str_ref(Some(&key), n), || format!("{at} key"))?.map(str::to_owned),
+        named(
+            |n| props_arg(Some(&props), n),
+            || format!("{at} properties"),
+        )?,
+        named(|n| id_arg(&seq, n), || format!("{at} sequence_id"))?,
+    ))
+}
 
 /// Many messages as ONE batched entry (Pulsar batch format); each item is
 /// ``(payload, key | None, properties | None, sequence_id)``.
@@ -59,29 +116,30 @@ type BatchItem = (Vec<u8>, Option<String>, Option<Vec<(String, String)>>, u64);
 #[pyo3(signature = (messages, producer_name, publish_time, txn = None))]
 pub fn encode_batch_message<'py>(
     py: Python<'py>,
-    messages: Vec<BatchItem>,
-    producer_name: &str,
-    publish_time: u64,
-    txn: Option<(u64, u64)>,
+    messages: &Bound<'py, PyAny>,
+    producer_name: &Bound<'py, PyAny>,
+    publish_time: &Bound<'py, PyAny>,
+    txn: Option<&Bound<'py, PyAny>>,
 ) -> BindResult<Bound<'py, PyBytes>> {
-    let props: Vec<Vec<(String, String)>> = messages
-        .iter()
-        .map(|m| m.2.clone().unwrap_or_default())
-        .collect();
+    let messages = seq_arg(
+        messages,
+        "messages",
+        "a sequence of (payload, key, properties, sequence_id) tuples",
+        batch_item,
+    )?;
     let out: Vec<OutMessage<'_>> = messages
         .iter()
-        .zip(&props)
-        .map(|(m, p)| OutMessage {
-            payload: &m.0,
+        .map(|m| OutMessage {
+            payload: m.0.as_bytes(), // immutable bytes: readable without the GIL
             key: m.1.as_deref(),
-            properties: p,
+            properties: &m.2,
             sequence_id: m.3,
         })
         .collect();
     let h = Header {
-        producer_name,
-        publish_time,
-        txn,
+        producer_name: str_ref(producer_name, "producer_name")?,
+        publish_time: id_arg(publish_time, "publish_time")?,
+        txn: opt_txn_arg(txn)?,
     };
     // Encoding is pure CPU: a small entry is cheaper than a GIL hand-off.
     let bytes: usize = out.iter().map(|m| m.payload.len()).sum();
@@ -97,15 +155,23 @@ pub fn encode_batch_message<'py>(
 #[pyfunction]
 pub fn encode_marker<'py>(
     py: Python<'py>,
-    commit: bool,
-    most_bits: u64,
-    least_bits: u64,
-    publish_time: u64,
-) -> Bound<'py, PyBytes> {
-    PyBytes::new(
+    commit: &Bound<'py, PyAny>,
+    most_bits: &Bound<'py, PyAny>,
+    least_bits: &Bound<'py, PyAny>,
+    publish_time: &Bound<'py, PyAny>,
+) -> BindResult<Bound<'py, PyBytes>> {
+    let txn = (
+        id_arg(most_bits, "most_bits")?,
+        id_arg(least_bits, "least_bits")?,
+    );
+    Ok(PyBytes::new(
         py,
-        &message::encode_marker(commit, (most_bits, least_bits), publish_time),
-    )
+        &message::encode_marker(
+            flag_arg(commit, "commit")?,
+            txn,
+            id_arg(publish_time, "publish_time")?,
+        ),
+    ))
 }
 
 fn opt_pos(obj: Option<&Bound<'_, PyAny>>, arg: &str) -> BindResult<Option<Position>> {
@@ -122,7 +188,12 @@ fn opt_pos(obj: Option<&Bound<'_, PyAny>>, arg: &str) -> BindResult<Option<Posit
 /// ``batched`` and ``messages`` (dicts with ``payload``, ``key``,
 /// ``properties``, ``sequence_id``, ``batch_index``).
 #[pyfunction]
-pub fn decode_topic_entry<'py>(py: Python<'py>, entry: &[u8]) -> BindResult<Bound<'py, PyDict>> {
+pub fn decode_topic_entry<'py>(
+    py: Python<'py>,
+    entry: &Bound<'py, PyAny>,
+) -> BindResult<Bound<'py, PyDict>> {
+    let entry = record_bytes(entry, "entry")?;
+    let entry = entry.as_bytes();
     let d = message::decode(entry)?;
     let out = PyDict::new(py);
     out.set_item("producer_name", &d.meta.producer_name)?;
@@ -239,21 +310,17 @@ fn read_run(
 /// subscription can acknowledge them. A damaged entry raises
 /// ``CorruptEntryError`` naming its position.
 #[pyfunction]
-#[pyo3(signature = (ml, cursor = None, after = None, limit = None, max_entries = 256))]
+#[pyo3(signature = (ml, cursor = None, after = None, limit = None, max_entries = None))]
 pub fn read_messages<'py>(
     py: Python<'py>,
     ml: &Bound<'py, PyManagedLedger>,
-    cursor: Option<&str>,
+    cursor: Option<&Bound<'py, PyAny>>,
     after: Option<&Bound<'py, PyAny>>,
     limit: Option<&Bound<'py, PyAny>>,
-    max_entries: i64,
+    max_entries: Option<&Bound<'py, PyAny>>,
 ) -> BindResult<Bound<'py, PyTuple>> {
-    if !(1..=MAX_READ_ENTRIES as i64).contains(&max_entries) {
-        return Err(Error::invalid(format!(
-            "max_entries must be in 1..{MAX_READ_ENTRIES}, got {max_entries}"
-        ))
-        .into());
-    }
+    let max_entries = count_arg(max_entries, "max_entries", 1..=MAX_READ_ENTRIES, 256)?;
+    let cursor = opt_str_ref(cursor, "cursor")?;
     let inner = &ml.get().inner;
     let after = opt_pos(after, "after")?;
     let limit = opt_pos(limit, "limit")?;
@@ -326,19 +393,14 @@ pub fn read_messages<'py>(
 /// (batch-index order; empty for a marker). Used to rebuild a partition's
 /// transaction buffer and deduplication state at recovery.
 #[pyfunction]
-#[pyo3(signature = (ml, after = None, max_entries = 4096))]
+#[pyo3(signature = (ml, after = None, max_entries = None))]
 pub fn scan_topic<'py>(
     py: Python<'py>,
     ml: &Bound<'py, PyManagedLedger>,
     after: Option<&Bound<'py, PyAny>>,
-    max_entries: i64,
+    max_entries: Option<&Bound<'py, PyAny>>,
 ) -> BindResult<Bound<'py, PyList>> {
-    if !(1..=MAX_READ_ENTRIES as i64).contains(&max_entries) {
-        return Err(Error::invalid(format!(
-            "max_entries must be in 1..{MAX_READ_ENTRIES}, got {max_entries}"
-        ))
-        .into());
-    }
+    let max_entries = count_arg(max_entries, "max_entries", 1..=MAX_READ_ENTRIES, 4096)?;
     let inner = &ml.get().inner;
     let after = opt_pos(after, "after")?;
     type Row = (u64, u64, Option<i32>, Option<(u64, u64)>, String, Vec<u64>);

@@ -1,10 +1,10 @@
 //! `txnstream.Position` and `txnstream.TxnPosition` value types.
 
+pub use crate::args::{id_arg, u32_arg};
 use crate::errors::BindResult;
 use numpy::PyReadonlyArray1;
 use pyo3::basic::CompareOp;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyInt};
 use pyo3::IntoPyObjectExt;
 use txnstream_core::{Error, Position, TxnPosition};
 
@@ -143,35 +143,6 @@ impl PyTxnPosition {
             self.0.batch_index,
         )
     }
-}
-
-/// `obj` as an unsigned integer of at most `bits` bits; a non-int (bools
-/// included), a negative or a too large int is an `InvalidArgumentError`
-/// (also a `TypeError`) naming `what` and the value.
-fn uint_arg(obj: &Bound<'_, PyAny>, what: &str, bits: u32) -> BindResult<u64> {
-    if obj.is_instance_of::<PyBool>() || !obj.is_instance_of::<PyInt>() {
-        return Err(Error::invalid(format!(
-            "{what} must be an int, not {}",
-            obj.get_type().name()?
-        ))
-        .into());
-    }
-    match obj.extract::<u64>() {
-        Ok(v) if bits >= 64 || v < 1u64 << bits => Ok(v),
-        _ => {
-            Err(Error::invalid(format!("{what} must be an int in 0..2**{bits}, got {obj}")).into())
-        }
-    }
-}
-
-/// A ledger or entry id argument: an int in `0..2**64`.
-pub fn id_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<u64> {
-    uint_arg(obj, what, 64)
-}
-
-/// A batch size or index argument: an int in `0..2**32`.
-pub fn u32_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<u32> {
-    Ok(uint_arg(obj, what, 32)? as u32)
 }
 
 /// Extracts a plain position from a `Position` or a `TxnPosition`.

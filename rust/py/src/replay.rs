@@ -2,7 +2,7 @@
 //! released: `replay_log` (live records as numpy columns) and
 //! `fold_txn_log` (a coordinator's log folded into live transactions).
 
-use crate::args::{str_arg, type_name};
+use crate::args::{i64_arg, id_arg, str_arg, str_ref, type_name};
 use crate::errors::BindResult;
 use crate::ledger::{PyCursor, PyManagedLedger};
 use crate::position::position_of;
@@ -87,11 +87,15 @@ pub fn replay_log<'py>(
     cursor: Option<&Bound<'py, PyAny>>,
     start: Option<&Bound<'py, PyAny>>,
     end: Option<&Bound<'py, PyAny>>,
-    max_entries: Option<i64>,
+    max_entries: Option<&Bound<'py, PyAny>>,
 ) -> BindResult<Bound<'py, PyDict>> {
     let ml = ml.get();
     // Every argument is checked before the cursor is opened (which may create it).
     let (start, end) = (pos(start, "start")?, pos(end, "end")?);
+    let max_entries = max_entries
+        .filter(|n| !n.is_none())
+        .map(|n| i64_arg(n, "max_entries"))
+        .transpose()?;
     let ranged = start.is_some() || end.is_some();
     if let Some(n) = max_entries {
         if n < 1 {
@@ -131,9 +135,11 @@ pub fn replay_log<'py>(
 pub fn fold_txn_log<'py>(
     py: Python<'py>,
     ml: &Bound<'py, PyManagedLedger>,
-    cursor: &str,
-    tc_id: u64,
+    cursor: &Bound<'py, PyAny>,
+    tc_id: &Bound<'py, PyAny>,
 ) -> BindResult<Bound<'py, PyDict>> {
+    let cursor = str_ref(cursor, "cursor")?;
+    let tc_id = id_arg(tc_id, "tc_id")?;
     let inner = &ml.get().inner;
     let folded = py.detach(|| -> txnstream_core::Result<Folded> {
         let c = inner.open_cursor(cursor)?;

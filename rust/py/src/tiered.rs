@@ -2,7 +2,7 @@
 //! segment offset index, and the export of a closed ledger as a segment
 //! (read, encoded and scanned for ABORT markers with the GIL released).
 
-use crate::args::type_name;
+use crate::args::{bool_arg, txn_arg, type_name};
 use crate::buffers::record_bytes;
 use crate::errors::BindResult;
 use crate::ledger::{id_arg, pos_arg, PyManagedLedger};
@@ -15,22 +15,6 @@ use txnstream_core::tiered::{
     decode_frames, encode_segment, AbortedTxn, AbortedTxnIndex, SegmentIndex,
 };
 use txnstream_core::{Error, Position, Result};
-
-fn txn_arg(obj: &Bound<'_, PyAny>, arg: &str) -> BindResult<(u64, u64)> {
-    let t = obj
-        .cast::<PyTuple>()
-        .ok()
-        .filter(|t| t.len() == 2)
-        .ok_or_else(|| {
-            Error::invalid(format!(
-                "{arg} must be a (most_bits, least_bits) tuple, got {obj}"
-            ))
-        })?;
-    Ok((
-        id_arg(&t.get_item(0)?, &format!("{arg} most_bits"))?,
-        id_arg(&t.get_item(1)?, &format!("{arg} least_bits"))?,
-    ))
-}
 
 fn pos(py: Python<'_>, p: Position) -> PyResult<Py<PyPosition>> {
     Py::new(py, PyPosition(p))
@@ -254,13 +238,14 @@ impl PySegmentIndex {
 /// where `aborts` lists the ABORT markers found, `((most, least), Position)`
 /// in log order (`scan_markers=False` for ledgers that are not topics).
 #[pyfunction]
-#[pyo3(signature = (ml, ledger_id, scan_markers = true))]
+#[pyo3(signature = (ml, ledger_id, scan_markers = None))]
 pub fn export_segment<'py>(
     py: Python<'py>,
     ml: &Bound<'py, PyAny>,
     ledger_id: &Bound<'py, PyAny>,
-    scan_markers: bool,
+    scan_markers: Option<&Bound<'py, PyAny>>,
 ) -> BindResult<(Bound<'py, PyBytes>, Bound<'py, PyBytes>, Bound<'py, PyList>)> {
+    let scan_markers = bool_arg(scan_markers, "scan_markers", true)?;
     let ml = ml.cast::<PyManagedLedger>().map_err(|_| {
         Error::invalid(format!("ml must be a ManagedLedger, not {}", type_name(ml)))
     })?;

@@ -5,6 +5,10 @@
 //! a managed ledger is `replay::fold_txn_log` (the reading side), which
 //! hands the fold to [`folded_dict`] here.
 
+use crate::args::{
+    bool_arg, i64_arg, id_arg, opt_str_ref, seq_arg, str_list_arg, str_pairs_arg, u32_arg,
+};
+use crate::buffers::{bytes_list, with_slices};
 use crate::errors::BindResult;
 use numpy::IntoPyArray;
 use pyo3::prelude::*;
@@ -15,7 +19,8 @@ use txnstream_core::txnlog_record::{
 };
 use txnstream_core::{AckSet, Error, Position};
 
-fn status_arg(v: i64, arg: &str) -> BindResult<i8> {
+fn status_arg(obj: &Bound<'_, PyAny>, arg: &str) -> BindResult<i8> {
+    let v = i64_arg(obj, arg)?;
     match i8::try_from(v) {
         Ok(s) if (0..=4).contains(&s) => Ok(s),
         _ => Err(Error::invalid(format!("{arg} must be a TxnStatus value 0..4, got {v}")).into()),
@@ -28,45 +33,64 @@ fn bytes<'py>(py: Python<'py>, e: &Encode<'_>) -> Bound<'py, PyBytes> {
     PyBytes::new(py, &buf)
 }
 
+/// `(most_bits, least_bits, now)`, the first arguments of every encoder.
+fn txn_now(
+    most_bits: &Bound<'_, PyAny>,
+    least_bits: &Bound<'_, PyAny>,
+    now: &Bound<'_, PyAny>,
+) -> BindResult<(u64, u64, u64)> {
+    Ok((
+        id_arg(most_bits, "most_bits")?,
+        id_arg(least_bits, "least_bits")?,
+        id_arg(now, "now")?,
+    ))
+}
+
 /// A NEW record (status OPEN), byte-identical to the protobuf encoding.
+///
+/// The encoders run once per record in the commit path: arguments are
+/// checked by type tests and borrowed, not converted through objects.
 #[pyfunction]
 #[pyo3(signature = (most_bits, least_bits, now, timeout_ms, client_name = None))]
 pub fn encode_txn_new<'py>(
     py: Python<'py>,
-    most_bits: u64,
-    least_bits: u64,
-    now: u64,
-    timeout_ms: u64,
-    client_name: Option<&str>,
-) -> Bound<'py, PyBytes> {
-    bytes(
+    most_bits: &Bound<'py, PyAny>,
+    least_bits: &Bound<'py, PyAny>,
+    now: &Bound<'py, PyAny>,
+    timeout_ms: &Bound<'py, PyAny>,
+    client_name: Option<&Bound<'py, PyAny>>,
+) -> BindResult<Bound<'py, PyBytes>> {
+    let (most_bits, least_bits, now) = txn_now(most_bits, least_bits, now)?;
+    Ok(bytes(
         py,
         &Encode {
             op: OP_NEW,
             least_bits,
             most_bits,
             new_status: Some(STATUS_OPEN),
-            timeout_ms: Some(timeout_ms),
+            timeout_ms: Some(id_arg(timeout_ms, "timeout_ms")?),
             start_time: Some(now),
             last_modification_time: Some(now),
             max_local_txn_id: Some(least_bits),
-            client_name,
+            client_name: opt_str_ref(client_name, "client_name")?,
             ..Encode::default()
         },
-    )
+    ))
 }
 
 /// An ADD_PARTITION record for ``partitions`` (a list of str).
 #[pyfunction]
 pub fn encode_txn_add_partitions<'py>(
     py: Python<'py>,
-    most_bits: u64,
-    least_bits: u64,
-    now: u64,
-    partitions: Vec<String>,
-) -> Bound<'py, PyBytes> {
+    most_bits: &Bound<'py, PyAny>,
+    least_bits: &Bound<'py, PyAny>,
+    now: &Bound<'py, PyAny>,
+    partitions: &Bound<'py, PyAny>,
+) -> BindResult<Bound<'py, PyBytes>> {
+    let (most_bits, least_bits, now) = txn_now(most_bits, least_bits, now)?;
+    let partitions = str_list_arg(partitions, "partitions")?;
     let parts: Vec<&str> = partitions.iter().map(String::as_str).collect();
-    bytes(
+    Ok(bytes(
         py,
         &Encode {
             op: OP_ADD_PARTITION,
@@ -76,23 +100,25 @@ pub fn encode_txn_add_partitions<'py>(
             last_modification_time: Some(now),
             ..Encode::default()
         },
-    )
+    ))
 }
 
 /// An ADD_SUBSCRIPTION record for ``(topic, subscription)`` pairs.
 #[pyfunction]
 pub fn encode_txn_add_subscriptions<'py>(
     py: Python<'py>,
-    most_bits: u64,
-    least_bits: u64,
-    now: u64,
-    subscriptions: Vec<(String, String)>,
-) -> Bound<'py, PyBytes> {
+    most_bits: &Bound<'py, PyAny>,
+    least_bits: &Bound<'py, PyAny>,
+    now: &Bound<'py, PyAny>,
+    subscriptions: &Bound<'py, PyAny>,
+) -> BindResult<Bound<'py, PyBytes>> {
+    let (most_bits, least_bits, now) = txn_now(most_bits, least_bits, now)?;
+    let subscriptions = str_pairs_arg(subscriptions, "subscriptions")?;
     let subs: Vec<(&str, &str)> = subscriptions
         .iter()
         .map(|(t, s)| (t.as_str(), s.as_str()))
         .collect();
-    bytes(
+    Ok(bytes(
         py,
         &Encode {
             op: OP_ADD_SUBSCRIPTION,
@@ -102,23 +128,24 @@ pub fn encode_txn_add_subscriptions<'py>(
             last_modification_time: Some(now),
             ..Encode::default()
         },
-    )
+    ))
 }
 
 /// An UPDATE record ``expected_status -> new_status``; ``timed_out`` marks
 /// an abort caused by the timeout (txnstream field 1000, written only when
 /// true).
 #[pyfunction]
-#[pyo3(signature = (most_bits, least_bits, now, expected_status, new_status, timed_out = false))]
+#[pyo3(signature = (most_bits, least_bits, now, expected_status, new_status, timed_out = None))]
 pub fn encode_txn_update<'py>(
     py: Python<'py>,
-    most_bits: u64,
-    least_bits: u64,
-    now: u64,
-    expected_status: i64,
-    new_status: i64,
-    timed_out: bool,
+    most_bits: &Bound<'py, PyAny>,
+    least_bits: &Bound<'py, PyAny>,
+    now: &Bound<'py, PyAny>,
+    expected_status: &Bound<'py, PyAny>,
+    new_status: &Bound<'py, PyAny>,
+    timed_out: Option<&Bound<'py, PyAny>>,
 ) -> BindResult<Bound<'py, PyBytes>> {
+    let (most_bits, least_bits, now) = txn_now(most_bits, least_bits, now)?;
     Ok(bytes(
         py,
         &Encode {
@@ -128,7 +155,7 @@ pub fn encode_txn_update<'py>(
             expected_status: Some(status_arg(expected_status, "expected_status")?),
             new_status: Some(status_arg(new_status, "new_status")?),
             last_modification_time: Some(now),
-            timed_out,
+            timed_out: bool_arg(timed_out, "timed_out", false)?,
             ..Encode::default()
         },
     ))
@@ -256,12 +283,23 @@ pub fn folded_dict<'py>(py: Python<'py>, f: Folded) -> PyResult<Bound<'py, PyDic
 #[pyfunction]
 pub fn fold_txn_entries<'py>(
     py: Python<'py>,
-    entries: Vec<Vec<u8>>,
-    ledger_id: Vec<u64>,
-    entry_id: Vec<u64>,
-    deleted: Vec<Vec<u32>>,
-    tc_id: u64,
+    entries: &Bound<'py, PyAny>,
+    ledger_id: &Bound<'py, PyAny>,
+    entry_id: &Bound<'py, PyAny>,
+    deleted: &Bound<'py, PyAny>,
+    tc_id: &Bound<'py, PyAny>,
 ) -> BindResult<Bound<'py, PyDict>> {
+    let entries = bytes_list(entries, "entries")?;
+    let entries = with_slices(&entries)?;
+    let ledger_id = seq_arg(ledger_id, "ledger_id", "a sequence of ints", id_arg)?;
+    let entry_id = seq_arg(entry_id, "entry_id", "a sequence of ints", id_arg)?;
+    let deleted = seq_arg(
+        deleted,
+        "deleted",
+        "a sequence of sequences of batch indexes",
+        |d, at| seq_arg(d, at, "a sequence of batch indexes", u32_arg),
+    )?;
+    let tc_id = id_arg(tc_id, "tc_id")?;
     let n = entries.len();
     if ledger_id.len() != n || entry_id.len() != n || deleted.len() != n {
         return Err(Error::invalid(format!(

@@ -218,10 +218,10 @@ impl PyBufferedWriter {
         max_records: Option<&Bound<'_, PyAny>>,
         max_size: Option<&Bound<'_, PyAny>>,
         max_delay_ms: Option<&Bound<'_, PyAny>>,
-        batch_enabled: Option<bool>,
+        batch_enabled: Option<&Bound<'_, PyAny>>,
     ) -> BindResult<()> {
         let mut cur = self.writer.config();
-        cur.batch_enabled = batch_enabled.unwrap_or(cur.batch_enabled);
+        cur.batch_enabled = bool_arg(batch_enabled, "batch_enabled", cur.batch_enabled)?;
         let config = config_from(cur, max_records, max_size, max_delay_ms)?;
         py.detach(|| self.writer.reconfigure(config))?;
         Ok(())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -217,3 +218,36 @@ def test_decode_entries_of_an_impossible_total_size_raises_instead_of_aborting()
     r = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"hold {1 << 48} bytes in all" in r.stdout, r.stdout
+
+
+def test_arrow_buffers_of_any_item_type_are_raw_bytes() -> None:
+    # The stubs say ``offsets: Buffer``: an int32 offsets array (what Arrow's
+    # offsets are) was refused with "must be a C-contiguous buffer of bytes",
+    # though decode_entry takes any buffer as raw bytes.
+    import numpy as np
+    import pyarrow as pa
+
+    arr = pa.array([b"\x0e\x01\x00\x01\x0a\x01x", b"\x08\x01"], pa.binary())
+    _, offsets, data = arr.buffers()
+    assert offsets is not None and data is not None
+    want = [True, False]
+    assert ts._native.arrow_is_batched(offsets, data, 4, 0, 2).tolist() == want
+    offs32 = np.frombuffer(offsets, dtype=np.int32)
+    cases: list[tuple[Any, Any]] = [
+        (offs32, data),
+        (offs32, np.frombuffer(data, np.uint8)),
+        (memoryview(offs32.tobytes()).cast("i"), memoryview(bytes(data))),
+        (offs32.astype(np.int64), memoryview(bytes(data) + b"\0").cast("H")),
+    ]
+    for o, d in cases:
+        width = o.itemsize if isinstance(o, np.ndarray) else 4
+        assert ts._native.arrow_is_batched(o, d, width, 0, 2).tolist() == want
+        assert ts._native.arrow_decode_entries(o, d, width, 0, 2)["entry_offsets"].tolist() == [
+            0,
+            1,
+            2,
+        ]
+    with pytest.raises(ts.InvalidArgumentError, match="offsets must be a C-contiguous buffer"):
+        ts._native.arrow_is_batched(offs32[::-1], data, 4, 0, 2)  # type: ignore[arg-type]
+    with pytest.raises(ts.InvalidArgumentError, match="data must be bytes or another buffer"):
+        ts._native.arrow_is_batched(offs32, "text", 4, 0, 2)  # type: ignore[arg-type]

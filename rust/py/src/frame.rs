@@ -4,7 +4,6 @@ use crate::args::i64_arg;
 use crate::buffers::{bytes_list, record_bytes, with_slices};
 use crate::errors::BindResult;
 use numpy::{IntoPyArray, PyArray1};
-use pyo3::buffer::PyBuffer;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
 use txnstream_core::columns::{self, Utf8Column};
@@ -185,55 +184,25 @@ pub fn decode_pending_ack_columns<'py>(
 // ------------------------------------------------- Arrow-batched (Spark UDFs)
 
 /// The bytes of a buffer object (``bytes``, a ``pyarrow.Buffer``, a
-/// memoryview, a numpy array...). ``bytes`` are used in place (immutable);
-/// any other buffer is copied once while the GIL is held, as `buffers.rs`
-/// does for records. A read-only flag is no promise: a read-only memoryview
-/// of a ``bytearray`` changes whenever the ``bytearray`` does, and the work
-/// on these bytes runs with the GIL released.
-pub(crate) enum RawBytes<'py> {
-    /// An immutable ``bytes`` object.
-    Bytes(Bound<'py, PyBytes>),
-    /// A copy of any other buffer.
-    Owned(Vec<u8>),
-}
+/// memoryview, a numpy array...), its items taken as raw bytes whatever
+/// their type (an offsets buffer is int32 or int64 items), as
+/// [`record_bytes`] takes records. ``bytes`` are used in place
+/// (immutable); any other buffer is copied once while the GIL is held. A
+/// read-only flag is no promise: a read-only memoryview of a ``bytearray``
+/// changes whenever the ``bytearray`` does, and the work on these bytes
+/// runs with the GIL released.
+pub(crate) struct RawBytes<'py>(Bound<'py, PyBytes>);
 
 impl<'py> RawBytes<'py> {
     /// Takes the bytes of `obj`; `what` names the argument in errors.
     pub(crate) fn of(obj: &Bound<'py, PyAny>, what: &str) -> BindResult<Self> {
-        if let Ok(b) = obj.cast::<PyBytes>() {
-            return Ok(Self::Bytes(b.clone()));
-        }
-        let not_buffer = || {
-            txnstream_core::Error::invalid(format!(
-                "{what} must be a C-contiguous buffer of bytes (bytes, pyarrow.Buffer, \
-                 memoryview), not {}",
-                obj.get_type()
-                    .name()
-                    .map_or_else(|_| "?".to_owned(), |n| n.to_string())
-            ))
-        };
-        let copy = match PyBuffer::<u8>::get(obj) {
-            Ok(b) if b.is_c_contiguous() => b.to_vec(obj.py())?,
-            Ok(_) => return Err(not_buffer().into()),
-            // Exporters that describe their bytes as signed chars (Arrow).
-            Err(_) => {
-                let b = PyBuffer::<i8>::get(obj).map_err(|_| not_buffer())?;
-                if !b.is_c_contiguous() {
-                    return Err(not_buffer().into());
-                }
-                b.to_vec(obj.py())?.into_iter().map(|v| v as u8).collect()
-            }
-        };
-        Ok(Self::Owned(copy))
+        Ok(Self(record_bytes(obj, what)?))
     }
 
     /// The bytes: immutable while `self` lives, so slices of them may be
     /// read with the GIL released.
     pub(crate) fn as_slice(&self) -> &[u8] {
-        match self {
-            Self::Bytes(b) => b.as_bytes(),
-            Self::Owned(v) => v,
-        }
+        self.0.as_bytes()
     }
 }
 

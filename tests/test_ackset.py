@@ -274,3 +274,16 @@ def test_native_bulk_ops_name_an_array_of_the_wrong_dtype(call: object, match: s
     # cast as 'ndarray'", which names neither dtype.
     with pytest.raises(ts.InvalidArgumentError, match=match):
         call()  # type: ignore[operator]
+
+def test_overlaps_many_answers_rows_without_words_like_the_others() -> None:
+    # (n, 0) rows: cardinality/is_empty answered per row, overlaps_many gave
+    # [] without sizes and raised once n sizes were given.
+    empty = np.zeros((3, 0), dtype=np.int64)
+    ones = np.ones(3, dtype=np.int64)
+    assert _native.ackset_overlaps_many(empty, empty, ones).tolist() == [True, True, True]
+    assert ackset.overlaps_many(empty, empty, ones).tolist() == [True, True, True]
+    with pytest.raises(ts.InvalidArgumentError, match="0 batch sizes for 3 rows"):
+        _native.ackset_overlaps_many(empty, empty, np.zeros(0, np.int64))
+    none = np.zeros((0, 0), dtype=np.int64)
+    assert _native.ackset_overlaps_many(none, none, np.zeros(0, np.int64)).tolist() == []
+    assert _native.ackset_and_many(empty, empty).shape == (3, 0)

@@ -177,6 +177,17 @@ fn flat2(a: &PyReadonlyArray2<'_, i64>) -> (Vec<i64>, usize) {
     }
 }
 
+/// Like [`flat2`], but rows of zero words read as one zero word: every
+/// record deleted (Java's ``toLongArray()`` drops trailing zero words), as
+/// the Python wrapper ``txnstream.ackset`` reads them. Every row gets an
+/// answer, and a batch size is checked against that word as for any row.
+fn padded_rows(a: &PyReadonlyArray2<'_, i64>) -> (Vec<i64>, usize) {
+    match flat2(a) {
+        (_, 0) => (vec![0; a.shape()[0]], 1),
+        rows => rows,
+    }
+}
+
 /// Row-wise AND of two ``(n, words)`` int64 arrays.
 #[pyfunction]
 pub fn ackset_and_many<'py>(
@@ -205,12 +216,7 @@ pub fn ackset_cardinality_many<'py>(
     py: Python<'py>,
     words: &Bound<'py, PyAny>,
 ) -> BindResult<Bound<'py, PyArray1<u32>>> {
-    let words = rows_arg(words, "words")?;
-    let (w, width) = flat2(&words);
-    if width == 0 {
-        // Zero words per row: every record deleted, none present.
-        return Ok(vec![0u32; words.shape()[0]].into_pyarray(py));
-    }
+    let (w, width) = padded_rows(&rows_arg(words, "words")?);
     Ok(py.detach(|| rows::cardinality(&w, width))?.into_pyarray(py))
 }
 
@@ -220,11 +226,7 @@ pub fn ackset_is_empty_many<'py>(
     py: Python<'py>,
     words: &Bound<'py, PyAny>,
 ) -> BindResult<Bound<'py, PyArray1<bool>>> {
-    let words = rows_arg(words, "words")?;
-    let (w, width) = flat2(&words);
-    if width == 0 {
-        return Ok(vec![true; words.shape()[0]].into_pyarray(py)); // nothing left in any row
-    }
+    let (w, width) = padded_rows(&rows_arg(words, "words")?);
     Ok(py.detach(|| rows::is_empty(&w, width))?.into_pyarray(py))
 }
 
@@ -237,7 +239,6 @@ pub fn ackset_overlaps_many<'py>(
     batch_sizes: &Bound<'py, PyAny>,
 ) -> BindResult<Bound<'py, PyArray1<bool>>> {
     let (a, b) = (rows_arg(a, "a")?, rows_arg(b, "b")?);
-    let ((wa, width), (wb, _)) = (flat2(&a), flat2(&b));
     let sizes = i64s(&array_arg(batch_sizes, "batch_sizes", "1-D int64 array")?);
     if a.shape() != b.shape() {
         return Err(txnstream_core::Error::invalid(format!(
@@ -247,9 +248,7 @@ pub fn ackset_overlaps_many<'py>(
         ))
         .into());
     }
-    if wa.is_empty() && sizes.is_empty() {
-        return Ok(Vec::<bool>::new().into_pyarray(py));
-    }
+    let ((wa, width), (wb, _)) = (padded_rows(&a), padded_rows(&b));
     Ok(py
         .detach(|| rows::overlaps(&wa, &wb, width, &sizes))?
         .into_pyarray(py))

@@ -275,6 +275,30 @@ def test_native_bulk_ops_name_an_array_of_the_wrong_dtype(call: object, match: s
     with pytest.raises(ts.InvalidArgumentError, match=match):
         call()  # type: ignore[operator]
 
+
+def test_numpy_integers_are_ints_and_bools_are_not() -> None:
+    # Every decoded column holds numpy integers: AckSet and its words took
+    # only Python ints ("batch_size must be an int, not int64").
+    from txnstream import proto
+
+    m = proto.PendingAckMetadataEntry(pending_ack_op=proto.ACK)
+    p = m.pending_ack_metadata.add(ledgerId=1, entryId=2, batch_size=70)
+    p.ack_set.extend([-2, 63])
+    c = ts.frame.decode_pending_ack_columns([m.SerializeToString()])
+    a, b = int(c["ack_set_offsets"][0]), int(c["ack_set_offsets"][1])
+    words, size = c["ack_set_words"][a:b], c["position_batch_size"][0]
+    s = ts.AckSet.from_words(words, size)
+    assert s == ts.AckSet.from_words([-2, 63], 70)
+    assert ts.AckSet(np.int64(3)) == ts.AckSet(3)
+    assert ts.AckSet.single_deleted(np.uint8(5), np.int32(2)) == ts.AckSet.single_deleted(5, 2)
+    assert not s.get(np.uint64(0)) and s.get(np.int16(1))
+    for bad in (True, np.True_, 3.0, np.float64(3.0)):
+        with pytest.raises(ts.InvalidArgumentError, match="batch_size must be an int, not"):
+            ts.AckSet(bad)  # type: ignore[arg-type]
+    with pytest.raises(ts.InvalidArgumentError, match=r"index must be an int in.*got 18446"):
+        s.get(np.uint64(2**64 - 1))
+
+
 def test_overlaps_many_answers_rows_without_words_like_the_others() -> None:
     # (n, 0) rows: cardinality/is_empty answered per row, overlaps_many gave
     # [] without sizes and raised once n sizes were given.

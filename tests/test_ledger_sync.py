@@ -131,3 +131,18 @@ def test_position_argument_types_and_batch_fields() -> None:
         Position("1", 0)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="entry_id must be an int, not float"):
         TxnPosition(1, 0.5)  # type: ignore[arg-type]
+
+
+def test_positions_take_numpy_integers_but_not_bools() -> None:
+    # Decoded columns hold numpy integers; Position/TxnPosition refused them.
+    import numpy as np
+
+    assert Position(np.uint64(2**64 - 1), np.int32(0)) == Position(2**64 - 1, 0)
+    t = TxnPosition(np.int64(1), np.uint64(2), np.uint32(3), np.int8(2))
+    assert t.key() == (1, 2, 2) and t.batch_size == 3
+    with pytest.raises(InvalidArgumentError, match="ledger_id must be an int, not bool"):
+        Position(np.True_, 0)  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="entry_id must be an int, not bool"):
+        Position(0, True)
+    with pytest.raises(InvalidArgumentError, match="entry_id must be >= 0, got -1"):
+        Position(0, np.int64(-1))

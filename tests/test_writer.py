@@ -471,3 +471,21 @@ def test_reconfigure_batch_enabled_is_a_bool(ml: ManagedLedger) -> None:
         w.reconfigure(batch_enabled=1)  # type: ignore[arg-type]
     assert w.config["batch_enabled"] is True
     w.close()
+
+
+def test_numpy_integers_are_ints_for_settings_and_timeouts(ml: ManagedLedger) -> None:
+    # i64_arg and the millisecond arguments took Python ints only.
+    import numpy as np
+
+    w = BufferedWriter(ml, max_records=np.int32(7), max_delay_ms=np.int64(2))
+    w.reconfigure(max_size=np.uint16(4096))
+    assert w.config == {
+        "max_records": 7,
+        "max_size": 4096,
+        "max_delay_ms": 2.0,
+        "batch_enabled": True,
+    }
+    assert w.write_blocking(b"\x08\x01", timeout_ms=np.int64(60_000)).batch_size >= 1
+    with pytest.raises(ConfigError, match="max_records"):
+        w.reconfigure(max_records=np.True_)  # type: ignore[arg-type]
+    w.close()

@@ -3,13 +3,17 @@ import os
 import pathlib
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
-from typing import Any, ClassVar
+from typing import Any, ClassVar, SupportsIndex
 
 import numpy as np
 import numpy.typing as npt
 from typing_extensions import Buffer
 
 from txnstream.frame import PendingAckColumns, TxnLogColumns
+
+#: An int argument: an int or anything with ``__index__`` (numpy integers);
+#: bools are refused at run time. Millisecond arguments take these or floats.
+_Index = SupportsIndex
 
 MAGIC: int
 VERSION: int
@@ -36,28 +40,28 @@ def decode_pending_ack_columns(entries: Sequence[bytes]) -> PendingAckColumns: .
 
 # Arrow-batched decoding (Spark UDFs): an Arrow binary array by its buffers.
 def arrow_is_batched(
-    offsets: Buffer, data: Buffer, offset_width: int, offset: int, length: int
+    offsets: Buffer, data: Buffer, offset_width: _Index, offset: _Index, length: _Index
 ) -> npt.NDArray[np.bool_]: ...
 def arrow_decode_entries(
-    offsets: Buffer, data: Buffer, offset_width: int, offset: int, length: int
+    offsets: Buffer, data: Buffer, offset_width: _Index, offset: _Index, length: _Index
 ) -> dict[str, Any]: ...
 def arrow_txn_log_columns(
-    offsets: Buffer, data: Buffer, offset_width: int, offset: int, length: int
+    offsets: Buffer, data: Buffer, offset_width: _Index, offset: _Index, length: _Index
 ) -> dict[str, Any]: ...
 def arrow_pending_ack_columns(
-    offsets: Buffer, data: Buffer, offset_width: int, offset: int, length: int
+    offsets: Buffer, data: Buffer, offset_width: _Index, offset: _Index, length: _Index
 ) -> dict[str, Any]: ...
 
 class AckSet:
-    def __init__(self, batch_size: int) -> None: ...
+    def __init__(self, batch_size: _Index) -> None: ...
     @staticmethod
-    def from_words(words: Iterable[int], batch_size: int) -> AckSet: ...
+    def from_words(words: Iterable[_Index], batch_size: _Index) -> AckSet: ...
     @staticmethod
-    def single_deleted(batch_size: int, index: int) -> AckSet: ...
+    def single_deleted(batch_size: _Index, index: _Index) -> AckSet: ...
     @property
     def batch_size(self) -> int: ...
-    def clear(self, index: int) -> None: ...
-    def get(self, index: int) -> bool: ...
+    def clear(self, index: _Index) -> None: ...
+    def get(self, index: _Index) -> bool: ...
     def is_empty(self) -> bool: ...
     def cardinality(self) -> int: ...
     def overlaps(self, other: AckSet) -> bool: ...
@@ -69,7 +73,7 @@ class AckSet:
     def __copy__(self) -> AckSet: ...
     def __deepcopy__(self, memo: object, /) -> AckSet: ...
     def __reduce__(self) -> tuple[type[AckSet], tuple[int], list[int]]: ...
-    def __setstate__(self, words: Iterable[int], /) -> None: ...
+    def __setstate__(self, words: Iterable[_Index], /) -> None: ...
     def __eq__(self, other: object) -> bool: ...
     # Mutable (clear, and_): compared by value, not hashable.
     __hash__: ClassVar[None]  # type: ignore[assignment]
@@ -103,7 +107,7 @@ def ackset_list_overlaps(
 ) -> npt.NDArray[np.bool_]: ...
 
 class Position:
-    def __init__(self, ledger_id: int, entry_id: int) -> None: ...
+    def __init__(self, ledger_id: _Index, entry_id: _Index) -> None: ...
     @property
     def ledger_id(self) -> int: ...
     @property
@@ -116,7 +120,7 @@ class Position:
 
 class TxnPosition:
     def __init__(
-        self, ledger_id: int, entry_id: int, batch_size: int = 1, batch_index: int = 0
+        self, ledger_id: _Index, entry_id: _Index, batch_size: _Index = 1, batch_index: _Index = 0
     ) -> None: ...
     @property
     def ledger_id(self) -> int: ...
@@ -136,7 +140,7 @@ class TxnPosition:
     def __hash__(self) -> int: ...
 
 # --- managed ledger (rust/py/src/ledger.rs) ---
-_PositionArg = Position | TxnPosition | tuple[int, int]
+_PositionArg = Position | TxnPosition | tuple[_Index, _Index]
 
 class ManagedLedger:
     @staticmethod
@@ -144,20 +148,20 @@ class ManagedLedger:
         directory: str | os.PathLike[str],
         name: str,
         *,
-        max_entries_per_ledger: int | None = None,
-        max_bytes_per_ledger: int | None = None,
+        max_entries_per_ledger: _Index | None = None,
+        max_bytes_per_ledger: _Index | None = None,
         read_only: bool = False,
-        preallocate_bytes: int | None = None,
-        cursor_flush_interval_ms: int | None = None,
-        max_batch_bytes: int | None = None,
-        journal_segment_bytes: int | None = None,
-        checkpoint_bytes: int | None = None,
-        checkpoint_interval_ms: int | None = None,
-        max_pending_bytes: int | None = None,
-        append_timeout_ms: int | None = None,
-        max_open_files: int | None = None,
-        storage_threads: int | None = None,
-        direct_entry_bytes: int | None = None,
+        preallocate_bytes: _Index | None = None,
+        cursor_flush_interval_ms: _Index | None = None,
+        max_batch_bytes: _Index | None = None,
+        journal_segment_bytes: _Index | None = None,
+        checkpoint_bytes: _Index | None = None,
+        checkpoint_interval_ms: _Index | None = None,
+        max_pending_bytes: _Index | None = None,
+        append_timeout_ms: _Index | None = None,
+        max_open_files: _Index | None = None,
+        storage_threads: _Index | None = None,
+        direct_entry_bytes: _Index | None = None,
     ) -> ManagedLedger: ...
     @staticmethod
     def names(directory: str | os.PathLike[str]) -> list[str]: ...
@@ -201,7 +205,7 @@ class ManagedLedger:
 class Cursor:
     @property
     def name(self) -> str: ...
-    def read_next(self, max_entries: int = 100) -> list[tuple[Position, bytes]]: ...
+    def read_next(self, max_entries: _Index = 100) -> list[tuple[Position, bytes]]: ...
     def rewind(self) -> None: ...
     def mark_delete(self, position: _PositionArg) -> None: ...
     @property
@@ -226,14 +230,14 @@ class CompactedTopic:
         name: str,
         *,
         read_only: bool = False,
-        max_entries_per_ledger: int | None = None,
-        max_bytes_per_ledger: int | None = None,
-        preallocate_bytes: int | None = None,
+        max_entries_per_ledger: _Index | None = None,
+        max_bytes_per_ledger: _Index | None = None,
+        preallocate_bytes: _Index | None = None,
         write_only: bool = False,
     ) -> CompactedTopic: ...
     def put(self, key: str, value: Buffer | None) -> Position: ...
     def put_many(
-        self, records: Sequence[tuple[str, Buffer | None]], timeout_ms: float | None = None
+        self, records: Sequence[tuple[str, Buffer | None]], timeout_ms: float | _Index | None = None
     ) -> list[Position]: ...
     def get(self, key: str) -> bytes | None: ...
     def items(self) -> list[tuple[str, bytes]]: ...
@@ -254,17 +258,19 @@ class BufferedWriter:
     def __init__(
         self,
         ml: ManagedLedger,
-        max_records: int | None = 512,
-        max_size: int | None = 4194304,
-        max_delay_ms: float | None = 1.0,
+        max_records: _Index | None = 512,
+        max_size: _Index | None = 4194304,
+        max_delay_ms: float | _Index | None = 1.0,
         batch_enabled: bool = True,
         name: str | None = None,
     ) -> None: ...
     def write(self, record: Buffer) -> Future[TxnPosition]: ...
     def write_many(self, records: Sequence[Buffer]) -> Future[list[TxnPosition]]: ...
-    def write_blocking(self, record: Buffer, timeout_ms: float | None = None) -> TxnPosition: ...
+    def write_blocking(
+        self, record: Buffer, timeout_ms: float | _Index | None = None
+    ) -> TxnPosition: ...
     def write_many_blocking(
-        self, records: Sequence[Buffer], timeout_ms: float | None = None
+        self, records: Sequence[Buffer], timeout_ms: float | _Index | None = None
     ) -> list[TxnPosition]: ...
     def flush(self) -> None: ...
     def set_batch_enabled(self, enabled: bool) -> None: ...
@@ -273,9 +279,9 @@ class BufferedWriter:
     def reconfigure(
         self,
         *,
-        max_records: int | None = None,
-        max_size: int | None = None,
-        max_delay_ms: float | None = None,
+        max_records: _Index | None = None,
+        max_size: _Index | None = None,
+        max_delay_ms: float | _Index | None = None,
         batch_enabled: bool | None = None,
     ) -> None: ...
     @property
@@ -284,8 +290,8 @@ class BufferedWriter:
     def name(self) -> str: ...
     @property
     def closed(self) -> bool: ...
-    def close(self, timeout_ms: float | None = None) -> bool: ...
-    def wait_idle(self, timeout_ms: float | None = None) -> bool: ...
+    def close(self, timeout_ms: float | _Index | None = None) -> bool: ...
+    def wait_idle(self, timeout_ms: float | _Index | None = None) -> bool: ...
     def stats(self) -> dict[str, Any]: ...
     def __enter__(self) -> BufferedWriter: ...
     def __exit__(self, *args: object) -> None: ...
@@ -296,62 +302,68 @@ def replay_log(
     *,
     start: Position | TxnPosition | None = None,
     end: Position | TxnPosition | None = None,
-    max_entries: int | None = None,
+    max_entries: _Index | None = None,
 ) -> dict[str, Any]: ...
 def scan_log(
     ml: ManagedLedger,
     kind: str,
-    ledger_id: int,
-    first_entry: int,
-    last_entry: int,
+    ledger_id: _Index,
+    first_entry: _Index,
+    last_entry: _Index,
     cursors: Sequence[str] | None = None,
-    max_rows: int | None = None,
+    max_rows: _Index | None = None,
 ) -> dict[str, Any]: ...  # log_scan.rs
 
 # Coordinator transaction-log records and recovery fold (rust/py/src/txnlog.rs).
 def encode_txn_new(
-    most_bits: int, least_bits: int, now: int, timeout_ms: int, client_name: str | None = None
+    most_bits: _Index,
+    least_bits: _Index,
+    now: _Index,
+    timeout_ms: _Index,
+    client_name: str | None = None,
 ) -> bytes: ...
 def encode_txn_add_partitions(
-    most_bits: int, least_bits: int, now: int, partitions: list[str]
+    most_bits: _Index, least_bits: _Index, now: _Index, partitions: list[str]
 ) -> bytes: ...
 def encode_txn_add_subscriptions(
-    most_bits: int, least_bits: int, now: int, subscriptions: list[tuple[str, str]]
+    most_bits: _Index, least_bits: _Index, now: _Index, subscriptions: list[tuple[str, str]]
 ) -> bytes: ...
 def encode_txn_update(
-    most_bits: int,
-    least_bits: int,
-    now: int,
-    expected_status: int,
-    new_status: int,
+    most_bits: _Index,
+    least_bits: _Index,
+    now: _Index,
+    expected_status: _Index,
+    new_status: _Index,
     timed_out: bool = False,
 ) -> bytes: ...
-def fold_txn_log(ml: ManagedLedger, cursor: str, tc_id: int) -> dict[str, Any]: ...  # replay.rs
+def fold_txn_log(ml: ManagedLedger, cursor: str, tc_id: _Index) -> dict[str, Any]: ...  # replay.rs
 def fold_txn_entries(
     entries: Sequence[Buffer],
-    ledger_id: Sequence[int],
-    entry_id: Sequence[int],
-    deleted: Sequence[Sequence[int]],
-    tc_id: int,
+    ledger_id: Sequence[_Index],
+    entry_id: Sequence[_Index],
+    deleted: Sequence[Sequence[_Index]],
+    tc_id: _Index,
 ) -> dict[str, Any]: ...
 
 # Topic entries in Pulsar's message format (rust/py/src/message.rs).
 def encode_message(
     payload: Buffer,
     producer_name: str,
-    sequence_id: int,
-    publish_time: int,
+    sequence_id: _Index,
+    publish_time: _Index,
     key: str | None = None,
     properties: Sequence[tuple[str, str]] | None = None,
-    txn: tuple[int, int] | None = None,
+    txn: tuple[_Index, _Index] | None = None,
 ) -> bytes: ...
 def encode_batch_message(
-    messages: Sequence[tuple[Buffer, str | None, Sequence[tuple[str, str]] | None, int]],
+    messages: Sequence[tuple[Buffer, str | None, Sequence[tuple[str, str]] | None, _Index]],
     producer_name: str,
-    publish_time: int,
-    txn: tuple[int, int] | None = None,
+    publish_time: _Index,
+    txn: tuple[_Index, _Index] | None = None,
 ) -> bytes: ...
-def encode_marker(commit: bool, most_bits: int, least_bits: int, publish_time: int) -> bytes: ...
+def encode_marker(
+    commit: bool, most_bits: _Index, least_bits: _Index, publish_time: _Index
+) -> bytes: ...
 def decode_topic_entry(entry: Buffer) -> dict[str, Any]: ...
 
 _MessageRow = tuple[
@@ -373,12 +385,12 @@ def read_messages(
     cursor: str | None = None,
     after: Position | TxnPosition | None = None,
     limit: Position | TxnPosition | None = None,
-    max_entries: int = 256,
+    max_entries: _Index = 256,
 ) -> tuple[Position | None, int, list[_MessageRow], list[Position]]: ...
 def scan_topic(
     ml: ManagedLedger,
     after: Position | TxnPosition | None = None,
-    max_entries: int = 4096,
+    max_entries: _Index = 4096,
 ) -> list[tuple[int, int, int | None, tuple[int, int] | None, str, list[int]]]: ...
 
 # Columnar topic scans (rust/py/src/topic_scan.rs): numpy arrays and bytes by
@@ -388,35 +400,35 @@ def scan_topic_columns(
     ml: ManagedLedger,
     after: Position | TxnPosition | None = None,
     limit: Position | TxnPosition | None = None,
-    max_entries: int | None = None,
-    max_bytes: int | None = None,
-    aborted: Iterable[tuple[int, int]] | None = None,
+    max_entries: _Index | None = None,
+    max_bytes: _Index | None = None,
+    aborted: Iterable[tuple[_Index, _Index]] | None = None,
 ) -> dict[str, Any]: ...
 def scan_segment_columns(
     data: Buffer,
-    ledger_id: int,
-    offset: int,
-    entry_id: int,
-    start_entry: int,
-    last_entry: int,
-    max_entries: int | None = None,
-    max_bytes: int | None = None,
-    aborted: Iterable[tuple[int, int]] | None = None,
+    ledger_id: _Index,
+    offset: _Index,
+    entry_id: _Index,
+    start_entry: _Index,
+    last_entry: _Index,
+    max_entries: _Index | None = None,
+    max_bytes: _Index | None = None,
+    aborted: Iterable[tuple[_Index, _Index]] | None = None,
 ) -> dict[str, Any]: ...
 
 # Tiered storage (rust/py/src/tiered.rs): aborted-transaction index, remote segments.
 _Txn = tuple[int, int]
-_PosLike = Position | TxnPosition | tuple[int, int]
+_PosLike = Position | TxnPosition | tuple[_Index, _Index]
 _AbortedRecord = tuple[_Txn, Position, Position, Position]
 
 class AbortedTxnIndex:
-    def __init__(self, ledger_id: int) -> None: ...
+    def __init__(self, ledger_id: _Index) -> None: ...
     @staticmethod
     def decode(data: Buffer) -> AbortedTxnIndex: ...
     @staticmethod
-    def rebuild(ledger_id: int, aborts: Sequence[tuple[_Txn, _PosLike]]) -> AbortedTxnIndex: ...
+    def rebuild(ledger_id: _Index, aborts: Sequence[tuple[_Txn, _PosLike]]) -> AbortedTxnIndex: ...
     @staticmethod
-    def encode_header(ledger_id: int) -> bytes: ...
+    def encode_header(ledger_id: _Index) -> bytes: ...
     @property
     def ledger_id(self) -> int: ...
     def is_empty(self) -> bool: ...
@@ -447,16 +459,16 @@ class SegmentIndex:
     def data_len(self) -> int: ...
 
 def export_segment(
-    ml: ManagedLedger, ledger_id: int, scan_markers: bool = True
+    ml: ManagedLedger, ledger_id: _Index, scan_markers: bool = True
 ) -> tuple[bytes, bytes, list[tuple[_Txn, Position]]]: ...
-def decode_segment(ledger_id: int, first: int, data: Buffer) -> list[bytes]: ...
+def decode_segment(ledger_id: _Index, first: _Index, data: Buffer) -> list[bytes]: ...
 def crc32c(data: Buffer) -> int: ...
 
 # Shared snapshot reader routing (rust/py/src/demux.rs).
 class SnapshotDemux:
     def __init__(self) -> None: ...
     def take(self, ml: ManagedLedger, topic: str) -> tuple[Position, bytes] | None: ...
-    def catch_up(self, ml: ManagedLedger, max_entries: int) -> bool: ...
+    def catch_up(self, ml: ManagedLedger, max_entries: _Index) -> bool: ...
     def take_routed(self, topic: str) -> tuple[Position, bytes] | None: ...
     def forget(self, topic: str) -> None: ...
     def stats(self) -> dict[str, int]: ...

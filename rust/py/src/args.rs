@@ -15,6 +15,7 @@ use numpy::ndarray::Dimension;
 use numpy::{
     Element, PyArray, PyArrayMethods, PyReadonlyArray, PyUntypedArray, PyUntypedArrayMethods,
 };
+use pyo3::intern;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyFloat, PyInt, PyString, PyTuple};
 use std::path::PathBuf;
@@ -32,29 +33,44 @@ pub fn type_name(obj: &Bound<'_, PyAny>) -> String {
         .map_or_else(|_| "?".to_owned(), |n| n.to_string())
 }
 
-/// `obj` as an `i64`: an int (not a bool) in the `i64` range.
-pub fn i64_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<i64> {
-    if obj.is_instance_of::<PyBool>() || !obj.is_instance_of::<PyInt>() {
-        return Err(
-            Error::invalid(format!("{what} must be an int, not {}", type_name(obj))).into(),
-        );
+/// `obj` as a Python `int`: an int (not a bool), or an integer-like
+/// object with `__index__` (a numpy integer: what every decoded column
+/// holds), as `operator.index` takes it. Floats are not ints.
+fn int_of<'py>(obj: &Bound<'py, PyAny>, what: &str) -> BindResult<Bound<'py, PyInt>> {
+    if let Ok(i) = obj.cast_exact::<PyInt>() {
+        return Ok(i.clone()); // the common case: one type test
     }
-    obj.extract::<i64>().map_err(|_| {
+    let not_int = || Error::invalid(format!("{what} must be an int, not {}", type_name(obj)));
+    if obj.is_instance_of::<PyBool>() {
+        return Err(not_int().into());
+    }
+    if let Ok(i) = obj.cast::<PyInt>() {
+        return Ok(i.clone()); // a subclass (an IntEnum)
+    }
+    let py = obj.py();
+    let index = py
+        .import(intern!(py, "operator"))?
+        .getattr(intern!(py, "index"))?;
+    // numpy.bool_ has no __index__: refused here like bool.
+    let i = index.call1((obj,)).map_err(|_| not_int())?;
+    Ok(i.cast_into::<PyInt>().map_err(|_| not_int())?)
+}
+
+/// `obj` as an `i64`: an int (not a bool; see [`int_of`]) in the `i64` range.
+pub fn i64_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<i64> {
+    int_of(obj, what)?.extract::<i64>().map_err(|_| {
         Error::invalid(format!("{what} must be an int in -2**63..2**63, got {obj}")).into()
     })
 }
 
-/// `obj` as an unsigned int of at most `bits` bits: an int (not a bool);
+/// `obj` as an unsigned int of at most `bits` bits: an int (not a bool;
+/// see [`int_of`]);
 /// a negative or too large one is refused naming `what` and the value.
 fn uint_arg(obj: &Bound<'_, PyAny>, what: &str, bits: u32) -> BindResult<u64> {
-    if obj.is_instance_of::<PyBool>() || !obj.is_instance_of::<PyInt>() {
-        return Err(
-            Error::invalid(format!("{what} must be an int, not {}", type_name(obj))).into(),
-        );
-    }
-    match obj.extract::<u64>() {
+    let i = int_of(obj, what)?;
+    match i.extract::<u64>() {
         Ok(v) if bits >= 64 || v < 1u64 << bits => Ok(v),
-        _ if obj.lt(0)? => Err(Error::invalid(format!("{what} must be >= 0, got {obj}")).into()),
+        _ if i.lt(0)? => Err(Error::invalid(format!("{what} must be >= 0, got {obj}")).into()),
         _ => {
             Err(Error::invalid(format!("{what} must be an int in 0..2**{bits}, got {obj}")).into())
         }
@@ -112,19 +128,26 @@ pub fn txn_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<(u64, u64)> {
     ))
 }
 
-/// `obj` as a number of milliseconds (an int or a float, not a bool, not NaN).
+/// `obj` as a number: a float, or an int (see [`int_of`]; one too large
+/// for a float is infinity); `None` for anything else (bools included).
+pub fn number_of(obj: &Bound<'_, PyAny>) -> Option<f64> {
+    let number = if obj.is_instance_of::<PyFloat>() {
+        obj.clone()
+    } else {
+        int_of(obj, "number").ok()?.into_any()
+    };
+    Some(number.extract::<f64>().unwrap_or(f64::INFINITY))
+}
+
+/// `obj` as a number of milliseconds (see [`number_of`]; not NaN).
 pub fn millis_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<f64> {
-    if obj.is_instance_of::<PyBool>()
-        || !(obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyFloat>())
-    {
-        return Err(Error::invalid(format!(
+    // An int too large for a float (infinity) is beyond any limit anyway.
+    let ms = number_of(obj).ok_or_else(|| {
+        Error::invalid(format!(
             "{what} must be a number of milliseconds, not {}",
             type_name(obj)
         ))
-        .into());
-    }
-    // An int too large for a float is beyond any limit anyway.
-    let ms = obj.extract::<f64>().unwrap_or(f64::INFINITY);
+    })?;
     if ms.is_nan() {
         return Err(Error::invalid(format!("{what} must be a number, got NaN")).into());
     }

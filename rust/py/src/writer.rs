@@ -5,7 +5,7 @@
 //! thread ([`crate::completion`]); blocking calls wait with the GIL released
 //! and need no Python at all.
 
-use crate::args::{bool_arg, i64_arg, str_arg, timeout_ms_arg};
+use crate::args::{bool_arg, i64_arg, number_of, str_arg, timeout_ms_arg};
 use crate::buffers::{bytes_list, record_bytes, with_slices};
 use crate::completion::{completer, future_with_callback, object_list, on_completion_thread, Job};
 use crate::errors::BindResult;
@@ -13,7 +13,7 @@ use crate::ledger::PyManagedLedger;
 use crate::position::PyTxnPosition;
 use pyo3::exceptions::PyTimeoutError;
 use pyo3::prelude::*;
-use pyo3::types::{PyBool, PyDict, PyFloat, PyInt, PyList};
+use pyo3::types::{PyDict, PyList};
 use std::sync::mpsc::{self, Receiver};
 use std::sync::Arc;
 use std::time::Duration;
@@ -331,13 +331,6 @@ impl PyBufferedWriter {
     }
 }
 
-/// An int or float argument as `f64` (huge ints become infinity).
-fn number(obj: &Bound<'_, PyAny>) -> Option<f64> {
-    let numeric = !obj.is_instance_of::<PyBool>()
-        && (obj.is_instance_of::<PyInt>() || obj.is_instance_of::<PyFloat>());
-    numeric.then(|| obj.extract::<f64>().unwrap_or(f64::INFINITY))
-}
-
 /// `base` with the given thresholds replaced; a bad one is a `ConfigError`
 /// naming its key and value.
 fn config_from(
@@ -367,7 +360,7 @@ fn config_from(
     }
     if let Some(v) = max_delay_ms {
         // NaN and infinities go on to `delay_from_millis`, which names them.
-        let ms = number(v).ok_or_else(|| {
+        let ms = number_of(v).ok_or_else(|| {
             bad(
                 "max_delay_ms",
                 v.to_string(),

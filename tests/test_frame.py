@@ -251,3 +251,22 @@ def test_arrow_buffers_of_any_item_type_are_raw_bytes() -> None:
         ts._native.arrow_is_batched(offs32[::-1], data, 4, 0, 2)  # type: ignore[arg-type]
     with pytest.raises(ts.InvalidArgumentError, match="data must be bytes or another buffer"):
         ts._native.arrow_is_batched(offs32, "text", 4, 0, 2)  # type: ignore[arg-type]
+
+
+def test_decoded_record_takes_a_negative_index_from_the_end() -> None:
+    # record(i) sliced data[offsets[i]:offsets[i + 1]]: record(-1) was b"",
+    # record(-2) the last record, and an index past the end an IndexError
+    # only by luck.
+    import numpy as np
+
+    d = frame.decode_entries([frame.encode_batch([b"aa", b"bbb"]), b"\x08\x01"])
+    records = d.to_list()
+    for i in range(-len(d), len(d)):
+        assert d.record(i) == records[i]
+    assert d.record(np.int64(-1)) == b"\x08\x01"
+    for i in (len(d), -len(d) - 1, 10):
+        with pytest.raises(IndexError, match=f"record index {i} out of range for 3 records"):
+            d.record(i)
+    empty = frame.decode_entries([])
+    with pytest.raises(IndexError):
+        empty.record(0)

@@ -209,3 +209,18 @@ def test_log_reader_arguments_are_checked_by_name(tmp_path: Path) -> None:
             assert name in str(info.value)
         assert ml.cursor_names() == ["c"]
         assert replay_log(ml, "c", max_entries=1)["entries"] == 1
+
+
+def test_live_record_takes_a_negative_index_like_position(tmp_path: Path) -> None:
+    # record(-1) returned b"" while position(-1) gave the last record's position.
+    with ManagedLedger.open(tmp_path, "log") as ml:
+        ps = write_mixed(ml)
+        got = replay(ml, "c")
+        records = got.records()
+        for i in (-1, -2, -len(got), 0, len(got) - 1):
+            assert got.record(i) == records[i]
+            assert got.position(i).key() == ps[i].key()
+        with pytest.raises(IndexError, match="out of range for 16 records"):
+            got.record(len(got))
+        with pytest.raises(IndexError):
+            got.record(-len(got) - 1)

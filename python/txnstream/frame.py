@@ -11,9 +11,10 @@ they decode many entries in one call into numpy columns.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypedDict
+from typing import TYPE_CHECKING, SupportsIndex, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -64,15 +65,31 @@ class DecodedRecords:
         """Return the number of records."""
         return len(self.entry_index)
 
-    def record(self, i: int) -> bytes:
-        """Return record ``i`` (a copy)."""
-        return self.data[int(self.offsets[i]) : int(self.offsets[i + 1])]
+    def record(self, i: SupportsIndex) -> bytes:
+        """Return record ``i`` (a copy); a negative ``i`` counts from the end.
+
+        Raises :class:`IndexError` out of range.
+        """
+        k = record_index(i, len(self))
+        return self.data[int(self.offsets[k]) : int(self.offsets[k + 1])]
 
     def to_list(self) -> list[bytes]:
         """Return every record as its own ``bytes`` object."""
         view = memoryview(self.data)
         off = self.offsets.tolist()
         return [bytes(view[off[i] : off[i + 1]]) for i in range(len(self))]
+
+
+def record_index(i: SupportsIndex, n: int) -> int:
+    """Return record index ``i`` of ``n`` records as ``0 <= i < n`` (negative: from the end).
+
+    Records are read at ``offsets[i]:offsets[i + 1]``: an unchecked
+    negative index would read a wrong span (``b""`` for -1).
+    """
+    k = operator.index(i)
+    if not -n <= k < n:
+        raise IndexError(f"record index {k} out of range for {n} records")
+    return k + n if k < 0 else k
 
 
 def decode_entries(entries: Sequence[bytes]) -> DecodedRecords:

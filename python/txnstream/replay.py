@@ -13,12 +13,13 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, SupportsIndex
 
 import numpy as np
 import numpy.typing as npt
 
 from txnstream._native import Cursor, ManagedLedger, Position, TxnPosition, replay_log
+from txnstream.frame import record_index
 
 __all__ = ["LiveRecords", "replay", "replay_chunks"]
 
@@ -60,9 +61,13 @@ class LiveRecords:
         """Return the number of live records."""
         return len(self.batch_index)
 
-    def record(self, i: int) -> bytes:
-        """Return the bytes of record ``i``."""
-        return self.data[int(self.offsets[i]) : int(self.offsets[i + 1])]
+    def record(self, i: SupportsIndex) -> bytes:
+        """Return the bytes of record ``i``; a negative ``i`` counts from the end.
+
+        Raises :class:`IndexError` out of range, as :meth:`position` does.
+        """
+        k = record_index(i, len(self))
+        return self.data[int(self.offsets[k]) : int(self.offsets[k + 1])]
 
     def position(self, i: int) -> TxnPosition:
         """Return the position of record ``i``."""

@@ -64,8 +64,8 @@ pub fn i64_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<i64> {
 }
 
 /// `obj` as an unsigned int of at most `bits` bits: an int (not a bool;
-/// see [`int_of`]);
-/// a negative or too large one is refused naming `what` and the value.
+/// see [`int_of`]); a negative or too large one is refused naming `what`
+/// and the value.
 fn uint_arg(obj: &Bound<'_, PyAny>, what: &str, bits: u32) -> BindResult<u64> {
     let i = int_of(obj, what)?;
     match i.extract::<u64>() {
@@ -283,7 +283,7 @@ pub fn flag_arg(obj: &Bound<'_, PyAny>, what: &str) -> BindResult<bool> {
 
 /// A numpy array of `T` with the dimensions of `D`, borrowed read-only; a
 /// list, another dtype or another number of dimensions is refused naming
-/// the argument and what was given (`expected`, e.g. "a 2-D int64 array").
+/// the argument and what was given (`expected`, e.g. "2-D int64 array").
 pub fn array_arg<'py, T: Element, D: Dimension>(
     obj: &Bound<'py, PyAny>,
     what: &str,

@@ -352,3 +352,73 @@ def test_closing_a_broker_in_a_forked_child_neither_hangs_nor_writes(tmp_path: P
         c = again.client("r").subscribe("t", "s", initial_position="earliest")
         got = [c.receive(2_000) for _ in range(4)]
         assert [m.value if m else None for m in got] == [b"m0", b"m1", b"m2", b"m3"]
+
+
+# ------------------------------------------------------ review fixes (asyncio client)
+
+
+def _until_state(txn: Transaction, state: str) -> None:
+    testing.wait_until(lambda: txn.state == state, int(DEADLINE_S * 1000))
+
+
+def test_a_commit_cancelled_while_its_writes_are_pending_still_settles(broker: Broker) -> None:
+    """``async with`` cancelled in its commit's first wait: the commit goes on without it.
+
+    It used to leave the transaction "committing" in the client and OPEN in
+    the coordinator (READ_COMMITTED readers held) until its timeout.
+    """
+    from concurrent.futures import Future
+
+    client = broker.client("cancelled-commit")
+    aclient = client.aio()
+    producer = aclient.producer("t")
+    slow: Future[None] = Future()  # a write of the transaction, not durable yet
+    holder: list[Any] = []
+
+    async def main() -> None:
+        async def work() -> None:
+            async with aclient.transaction(timeout_ms=600_000) as txn:
+                holder.append(txn)
+                await producer.send(b"in-txn", txn=txn)
+                txn.sync.track(slow)
+
+        task = asyncio.create_task(work())
+        deadline = time.monotonic() + DEADLINE_S
+        while not holder or holder[0].sync.state != "committing":  # waiting for the write
+            assert time.monotonic() < deadline, "the commit never started"
+            await asyncio.sleep(0.001)
+        task.cancel()  # e.g. an outer wait_for timing out
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())  # the loop is gone before the write finishes
+    slow.set_result(None)
+    txn = holder[0].sync
+    _until_state(txn, "committed")
+    tc = broker._coordinators().get(txn.txn_id.most_bits)
+    testing.wait_until(lambda: tc.get_transaction(txn.txn_id).status is TxnStatus.COMMITTED)
+    assert client.commit_stats()["commits"] == 1
+    assert _read_committed(broker, "t") == [b"in-txn"]
+
+
+def test_a_commit_cancelled_in_the_end_lane_settles_and_is_counted(broker: Broker) -> None:
+    """Cancelled while the coordinator ends it: it used to commit yet say "committing" forever."""
+    client = broker.client("cancelled-end")
+    aclient = client.aio()
+    producer = aclient.producer("t")
+
+    async def main() -> Any:
+        txn = aclient.transaction()
+        await producer.send(b"x", txn=txn)
+        assert txn.sync.wait_durable(int(DEADLINE_S * 1000))  # nothing left for the first wait
+        task = asyncio.create_task(txn.commit())
+        await asyncio.sleep(0)  # queued in the coordinator's end lane
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        return txn
+
+    txn = asyncio.run(main())
+    _until_state(txn.sync, "committed")
+    assert client.commit_stats()["commits"] == 1
+    assert _read_committed(broker, "t") == [b"x"]

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -39,12 +40,16 @@ from txnstream.coordinator import TxnAction, TxnID
 from txnstream.coordinator.ending import EndTrace
 from txnstream.errors import (
     TransactionAlreadyAborted,
+    TransactionEndPending,
     TransactionWriteFailed,
+    TxnStreamError,
     send_timed_out,
 )
 
 if TYPE_CHECKING:
     from txnstream.client.client import Client, Consumer, Producer
+
+log = logging.getLogger(__name__)
 
 #: Most threads an async client uses for blocking calls (abort, a failed commit's
 #: clean-up, ``send_many``); receives wait on the event loop, holding none.
@@ -158,10 +163,23 @@ class AsyncTransaction:
         callback, and the end goes to the coordinator's asyncio front end,
         whose one worker ends every commit queued meanwhile in one bulk call
         (one batched write per step).
+
+        Cancelling the await (or the task leaving ``async with``) does not
+        leave the transaction half-ended: the commit goes on without the
+        caller, as the sync ``commit()`` on the client's pool (every wait
+        bounded by the end timeout), until it is committed or aborted; the
+        caller gets the ``CancelledError``.
         """
         txn = self.sync
         if not txn._begin_end(commit=True):
             return
+        try:
+            await self._commit(txn)
+        except asyncio.CancelledError:
+            self._client._submit(self._finish_cancelled_commit)
+            raise
+
+    async def _commit(self, txn: Transaction) -> None:
         started = time.monotonic()
         waits, phases = 0, []
         deadline = started + txn.client.end_timeout_ms / 1000.0
@@ -194,6 +212,24 @@ class AsyncTransaction:
             txn.durable_waits = waits + trace.waits
             txn.wait_phases = phases + trace.phases
         txn._committed(started)
+
+    def _finish_cancelled_commit(self) -> None:
+        # On a pool thread: the rest of a commit whose await was cancelled. Nobody
+        # asks again, so an end that could not even be decided in time is aborted
+        # (the transaction would stay open, holding readers, until its timeout).
+        txn = self.sync
+        try:
+            txn.commit()
+        except TransactionEndPending as exc:
+            if exc.outcome is not None:  # decided: the coordinator finishes it
+                log.warning("the cancelled commit of %s is finished in the background", txn)
+                return
+            try:
+                txn.abort()
+            except TxnStreamError:
+                log.warning("aborting %s after its cancelled commit failed", txn, exc_info=True)
+        except TxnStreamError:  # refused or aborted: its state is settled
+            log.info("the cancelled commit of %s failed", txn, exc_info=True)
 
     async def abort(self) -> None:
         """Abort; returns once the outcome is durable."""

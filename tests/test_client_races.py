@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 
 from txnstream import Broker, testing
+from txnstream.client.aio import AsyncClient
 from txnstream.client.transaction import Transaction
 from txnstream.coordinator import TxnStatus
 from txnstream.errors import (
@@ -422,3 +424,78 @@ def test_a_commit_cancelled_in_the_end_lane_settles_and_is_counted(broker: Broke
     _until_state(txn.sync, "committed")
     assert client.commit_stats()["commits"] == 1
     assert _read_committed(broker, "t") == [b"x"]
+
+
+@pytest.fixture
+def one_thread_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Async clients made in the test get a pool of one thread (easy to fill)."""
+    from txnstream.client import aio
+
+    monkeypatch.setattr(aio, "AIO_THREADS", 1)
+
+
+def _fill_pool(aclient: AsyncClient) -> threading.Event:
+    """Hold the pool's one thread until the returned gate is set (or DEADLINE_S)."""
+    gate = threading.Event()
+    aclient._submit(functools.partial(gate.wait, DEADLINE_S))
+    return gate
+
+
+@pytest.mark.usefixtures("one_thread_pool")
+def test_closing_the_client_lets_its_queued_aborts_run(broker: Broker) -> None:
+    """``client.close()`` used to cancel the pool's queued calls.
+
+    Aborts queued there were dropped (their transactions stayed OPEN) and
+    their tasks, never cancelled, got ``CancelledError``.
+    """
+    client = broker.client("close-queued")
+    aclient = client.aio()
+    txns = [aclient.transaction(timeout_ms=600_000) for _ in range(3)]
+    tc = broker._coordinators().get(0)
+
+    async def main() -> list[Any]:
+        gate = _fill_pool(aclient)
+        tasks = [asyncio.create_task(t.abort()) for t in txns]
+        await asyncio.sleep(0)  # queued behind the busy thread
+        client.close()  # e.g. the application shutting down
+        gate.set()
+        done = asyncio.gather(*tasks, return_exceptions=True)
+        return list(await asyncio.wait_for(done, DEADLINE_S))
+
+    assert asyncio.run(main()) == [None] * 3
+    assert [t.sync.state for t in txns] == ["aborted"] * 3
+    for t in txns:
+        assert tc.get_transaction(t.txn_id).status in (TxnStatus.ABORTING, TxnStatus.ABORTED)
+
+
+@pytest.mark.usefixtures("one_thread_pool")
+@pytest.mark.parametrize("how", ["abort", "async with"])
+def test_a_cancelled_task_does_not_drop_its_queued_abort(broker: Broker, how: str) -> None:
+    """Cancelling the await of a queued abort used to cancel the abort itself.
+
+    ``asyncio.wrap_future`` passed the cancel on to the pool's future: the
+    abort never ran and the transaction stayed OPEN until its timeout.
+    """
+    aclient = broker.client("cancel-queued").aio()
+    txn = aclient.transaction(timeout_ms=600_000)
+
+    async def handler() -> None:
+        if how == "abort":
+            await txn.abort()
+            return
+        async with txn:
+            raise ValueError("bad input")  # __aexit__ queues the abort
+
+    async def main() -> None:
+        gate = _fill_pool(aclient)
+        task = asyncio.create_task(handler())
+        await asyncio.sleep(0)  # the abort is queued behind the busy thread
+        task.cancel()  # e.g. the request's deadline
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        gate.set()
+
+    asyncio.run(main())
+    _until_state(txn.sync, "aborted")
+    tc = broker._coordinators().get(0)
+    assert tc.get_transaction(txn.txn_id).status in (TxnStatus.ABORTING, TxnStatus.ABORTED)

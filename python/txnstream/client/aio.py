@@ -94,13 +94,14 @@ async def _bounded(fut: asyncio.Future[T], timeout_s: float) -> T:
         timer.cancel()
 
 
-async def _settled(src: Future[T], timeout_s: float) -> T:
+async def _settled(src: Future[T], timeout_s: float | None) -> T:
     """Await ``src``, a future another thread completes, for at most ``timeout_s``.
 
     The completing thread posts the outcome to the loop with one
     ``call_soon_threadsafe``: one loop future per await, where
     ``asyncio.wait_for(asyncio.wrap_future(src))`` makes three futures and two
-    chained callbacks. A cancelled await leaves ``src`` alone.
+    chained callbacks. A cancelled await leaves ``src`` alone (the work goes
+    on). ``timeout_s`` None: no timer, for work that bounds its own waits.
     """
     if src.done():
         return src.result()
@@ -112,6 +113,8 @@ async def _settled(src: Future[T], timeout_s: float) -> T:
             loop.call_soon_threadsafe(_copy_outcome, waiter, done)
 
     src.add_done_callback(post)
+    if timeout_s is None:
+        return await waiter
     return await _bounded(waiter, timeout_s)
 
 
@@ -430,7 +433,10 @@ class AsyncClient:
             return out
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.wrap_future(self._submit(functools.partial(fn, *args)))
+        # ``fn`` on the pool. A cancelled await leaves it queued or running: an
+        # abort or a clean-up still happens. Every call run here bounds its own
+        # waits (the client's end timeout), so this await has no timer of its own.
+        return await _settled(self._submit(functools.partial(fn, *args)), None)
 
     def producer(self, topic: str, name: str | None = None) -> AsyncProducer:
         """Return an async producer on ``topic``."""
@@ -447,8 +453,12 @@ class AsyncClient:
         return AsyncTransaction(self, self.sync.transaction(timeout_ms))
 
     def close(self) -> None:
-        """Stop the thread pool (calls in flight finish)."""
-        self._pool.shutdown(wait=False, cancel_futures=True)
+        """Stop the thread pool once the calls queued or running finished; does not wait.
+
+        Queued calls still run (an abort asked before the close happens,
+        and its task gets the answer); later calls each get a thread.
+        """
+        self._pool.shutdown(wait=False)
 
 
 __all__ = ["AIO_THREADS", "AsyncClient", "AsyncConsumer", "AsyncProducer", "AsyncTransaction"]

@@ -367,3 +367,34 @@ def test_producer_close_waits_for_its_queued_sends_to_be_durable(tmp_path: Path)
         futs = [p.send_async(b"m%d" % i) for i in range(10)]
         _waits_until_released(p.close, ml, "close returned before its sends were durable")
         assert all(f.done() and f.exception() is None for f in futs)
+
+
+def test_an_asyncio_producer_close_awaits_its_sends_without_blocking_the_loop(
+    tmp_path: Path,
+) -> None:
+    """``AsyncProducer.close()`` waited for its queued sends on the loop's own thread.
+
+    Every other task of the loop froze meanwhile, up to the end timeout.
+    Here the disk is released by a callback queued on the loop before the
+    close: it runs only if the close leaves the loop free, and the close
+    must return with the queued send durable.
+    """
+    import asyncio
+
+    from txnstream.client.aio import AsyncProducer
+    from txnstream.config import BrokerConfig
+
+    with Broker.open(tmp_path, BrokerConfig(end_timeout_ms=2_000), registry=None) as b:
+        p, ml = _stall_after_a_send(b)
+        try:
+
+            async def main() -> bool:
+                queued = p.send_async(b"queued")  # held at the stalled sync
+                asyncio.get_running_loop().call_soon(testing.release_fault, ml, "sync")
+                await asyncio.wait_for(AsyncProducer(p).close(), 10)
+                return queued.done() and queued.exception() is None
+
+            assert asyncio.run(main()), "close returned before its send was durable"
+        finally:
+            testing.release_fault(ml, "sync")
+        b.client("again").producer("t", name="p").close()  # the name is free again

@@ -499,3 +499,23 @@ def test_a_cancelled_task_does_not_drop_its_queued_abort(broker: Broker, how: st
     _until_state(txn.sync, "aborted")
     tc = broker._coordinators().get(0)
     assert tc.get_transaction(txn.txn_id).status in (TxnStatus.ABORTING, TxnStatus.ABORTED)
+
+
+def test_asyncio_send_many_runs_on_the_clients_pool(
+    broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It ran on the loop's default executor, shared with ``asyncio.to_thread`` and DNS.
+
+    A few ``send_many`` waiting on a slow disk froze those.
+    """
+    aclient = broker.client("many").aio()
+    producer = aclient.producer("t")
+    ran_on: list[str] = []
+
+    def send_many(*args: Any, **kwargs: Any) -> list[Any]:
+        ran_on.append(threading.current_thread().name)
+        return []
+
+    monkeypatch.setattr(producer.sync, "send_many", send_many)
+    assert asyncio.run(producer.send_many([b"a", b"b"])) == []
+    assert len(ran_on) == 1 and ran_on[0].startswith("txnstream-aio"), ran_on

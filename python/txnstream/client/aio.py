@@ -1,14 +1,15 @@
 """The asyncio face of a client: ``client.aio()`` (SPEC §4.9).
 
 The same operations as the sync API, awaitable and never blocking the
-event loop: sends await the storage futures directly (one loop future
-and one timer per send, :func:`_settled`); ``commit`` awaits the transaction's writes
+event loop: sends, and a producer's ``close``, await the storage futures
+directly (one loop future and one timer per send, :func:`_settled`);
+``commit`` awaits the transaction's writes
 through a callback and hands the end to the coordinator's asyncio front
-end, which ends all commits queued meanwhile in one bulk call; calls that
-wait on a condition (``receive`` when nothing is buffered, ``abort``) run
-on the client's bounded thread pool
-(:data:`AIO_THREADS` threads at most, made on demand). Many loops and
-threads may share one client.
+end, which ends all commits queued meanwhile in one bulk call; ``receive``
+waits on the loop for a wake-up; blocking calls (``abort``, ``send_many``,
+the rest of a cancelled commit) run on the client's bounded thread pool
+(:data:`AIO_THREADS` threads at most, made on demand), and a cancelled
+await leaves them to finish. Many loops and threads may share one client.
 
 ```python
 aclient = broker.client("etl").aio()
@@ -257,6 +258,7 @@ class AsyncProducer:
     def __init__(self, producer: Producer) -> None:
         #: The sync producer.
         self.sync = producer
+        self._client = producer.client.aio()  # its pool runs the blocking send_many
 
     async def send(
         self,
@@ -292,7 +294,11 @@ class AsyncProducer:
         keys: Sequence[str | None] | None = None,
         sequence_id: int | None = None,
     ) -> list[MessageId]:
-        """Send many messages as one batched entry (see ``Producer.send_many``)."""
+        """Send many messages as one batched entry (see ``Producer.send_many``).
+
+        The blocking call runs on the client's bounded pool (never the
+        loop's default executor, which ``asyncio.to_thread`` and DNS share).
+        """
         call = functools.partial(
             self.sync.send_many,
             values,
@@ -302,11 +308,28 @@ class AsyncProducer:
             keys=keys,
             sequence_id=sequence_id,
         )
-        return await asyncio.get_running_loop().run_in_executor(None, call)
+        return await self._client._run(call)
 
-    def close(self) -> None:
-        """Close the producer."""
-        self.sync.close()
+    async def close(self) -> None:
+        """Close the producer: refuse further sends, await the queued ones' durability.
+
+        As ``Producer.close``, bounded by the client's ``end_timeout_ms``,
+        without blocking the event loop or holding a thread: the storage
+        futures of the queued sends are awaited on the loop.
+        """
+        sync = self.sync
+        waiting = sync._begin_close()
+        if waiting is None:
+            return
+        deadline = time.monotonic() + sync.client.end_timeout_ms / 1000.0
+        try:
+            for fut in waiting:
+                # A failed send was reported to its caller; out of time: they
+                # complete (or fail) on their own, as after the sync close.
+                with contextlib.suppress(Exception):
+                    await _settled(fut, max(0.0, deadline - time.monotonic()))
+        finally:
+            sync._end_close()
 
 
 class AsyncConsumer:

@@ -662,20 +662,35 @@ class Producer:
     def _close(self, deadline: float) -> None:
         # close(), waiting for queued sends until the monotonic ``deadline`` (a
         # client closing its producers gives them one deadline together).
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            waiting = list(self._last_written.values())
-            self._last_written.clear()
+        waiting = self._begin_close()
+        if waiting is None:
+            return
         try:
             for fut in waiting:
                 fut.exception(max(0.0, deadline - time.monotonic()))
         except TimeoutError:
             pass
         finally:
-            self._broker.release_producer_name(self._partitions, self.name)
-            self.client._forget(self)
+            self._end_close()
+
+    def _begin_close(self) -> list[Future[Position]] | None:
+        """Refuse further sends; the queued sends to wait for (None: closed already).
+
+        Pair with :meth:`_end_close` once they are durable (or the wait ran
+        out); the asyncio producer awaits them on its loop in between.
+        """
+        with self._lock:
+            if self._closed:
+                return None
+            self._closed = True
+            waiting = list(self._last_written.values())
+            self._last_written.clear()
+        return waiting
+
+    def _end_close(self) -> None:
+        # The name is free again; the client no longer closes this producer.
+        self._broker.release_producer_name(self._partitions, self.name)
+        self.client._forget(self)
 
     def __enter__(self) -> Producer:
         return self

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Sequence
 
+import pytest
+
 from txnstream import TxnPosition, testing
-from txnstream.coordinator import TransactionCoordinator, TxnID
+from txnstream.coordinator import TransactionCoordinator, TxnID, TxnStatus
 from txnstream.testing import InMemoryTransactionLog
 
 
@@ -93,6 +96,49 @@ def test_futures_of_several_loops_are_settled_on_their_own_loops() -> None:
         for k, got in results.items():
             assert isinstance(got, TxnID), (k, got)
             assert tc.get_transaction(got).client_name == f"c{k}"
+    finally:
+        log.gate.set()
+        tc.close()
+
+
+@pytest.mark.parametrize("how", ["cancelled", "loop closed"])
+def test_a_transaction_started_for_a_caller_who_left_is_aborted(how: str) -> None:
+    """A cancelled ``new_transaction`` used to leave its transaction OPEN until its timeout.
+
+    The bulk call goes on and starts it; nobody gets its id, so nobody can
+    end it, and it held the low-water mark. Now it is aborted at once in
+    the background, as the blocking path does for an interrupted start.
+    """
+    log = GatedLog()
+    tc = TransactionCoordinator(0, log)
+    a = tc.aio()
+    try:
+        log.gate.clear()
+        loop = asyncio.new_event_loop()
+        tasks = [loop.create_task(a.new_transaction(timeout_ms=600_000)) for _ in range(5)]
+        loop.run_until_complete(asyncio.sleep(0))  # queued, and the bulk call is writing
+        assert log.entered.wait(30)
+        for t in tasks:
+            t.cancel()  # e.g. the request handler timed out
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        if how == "loop closed":
+            loop.close()
+        log.gate.set()
+
+        def aborted() -> bool:
+            return not tc.list_transactions(status=TxnStatus.OPEN) and tc.stats()["aborted"] == 5
+
+        if how == "cancelled":  # the answers reach the loop: it runs while we wait
+
+            async def wait() -> None:
+                deadline = time.monotonic() + 10
+                while not aborted():
+                    assert time.monotonic() < deadline, "the started transactions stay open"
+                    await asyncio.sleep(0.005)
+
+            loop.run_until_complete(wait())
+            loop.close()
+        testing.wait_until(aborted, 10_000)
     finally:
         log.gate.set()
         tc.close()

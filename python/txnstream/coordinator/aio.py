@@ -17,7 +17,6 @@ queued; a refusal (``TransactionNotFound``...) raises in the awaiting task.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -45,28 +44,48 @@ Batch = Callable[[Hashable, list[Any]], list[Any]]
 Loop = asyncio.AbstractEventLoop
 
 
-def _settle(futures: list[asyncio.Future[Any]], answers: list[Any]) -> None:
+#: Told the answers nobody received (their await was cancelled, or their loop
+#: closed): what the call made must not be left behind (a started transaction).
+Orphans = Callable[[list[Any]], None]
+
+
+def _settle(
+    futures: list[asyncio.Future[Any]], answers: list[Any], orphaned: Orphans | None
+) -> None:
     # On the futures' own loop: one callback per loop per finished batch.
+    unreceived = []
     for fut, answer in zip(futures, answers, strict=True):
         if fut.cancelled():
+            if not isinstance(answer, BaseException):
+                unreceived.append(answer)
             continue
         if isinstance(answer, BaseException):
             fut.set_exception(answer)
         else:
             fut.set_result(answer)
+    if unreceived and orphaned is not None:
+        orphaned(unreceived)
 
 
-def _deliver(calls: list[tuple[Loop, asyncio.Future[Any]]], answers: list[Any]) -> None:
+def _deliver(
+    calls: list[tuple[Loop, asyncio.Future[Any]]],
+    answers: list[Any],
+    orphaned: Orphans | None = None,
+) -> None:
     # Hand each answer to the loop its future belongs to (calls may come from
-    # several loops); a closed loop has nobody awaiting: its answers are dropped.
+    # several loops); a closed loop has nobody awaiting: its answers are orphans.
     by_loop: dict[Loop, tuple[list[asyncio.Future[Any]], list[Any]]] = {}
     for (loop, fut), answer in zip(calls, answers, strict=True):
         futs, ans = by_loop.setdefault(loop, ([], []))
         futs.append(fut)
         ans.append(answer)
     for loop, (futs, ans) in by_loop.items():
-        with contextlib.suppress(RuntimeError):  # the loop is closed
-            loop.call_soon_threadsafe(_settle, futs, ans)
+        try:
+            loop.call_soon_threadsafe(_settle, futs, ans, orphaned)
+        except RuntimeError:  # the loop is closed
+            unreceived = [a for a in ans if not isinstance(a, BaseException)]
+            if unreceived and orphaned is not None:
+                orphaned(unreceived)
 
 
 class _Lane:
@@ -76,9 +95,12 @@ class _Lane:
     stops, whatever happened to the loops its callers came from.
     """
 
-    def __init__(self, run: Batch, executor: ThreadPoolExecutor) -> None:
+    def __init__(
+        self, run: Batch, executor: ThreadPoolExecutor, orphaned: Orphans | None = None
+    ) -> None:
         self._run = run
         self._executor = executor
+        self._orphaned = orphaned
         self._lock = threading.Lock()
         self._queue: list[tuple[Hashable, Any, Loop, asyncio.Future[Any]]] = []
         self._busy = False
@@ -121,7 +143,7 @@ class _Lane:
                         answers = self._run(key, [i for i, _, _ in calls])
                     except BaseException as exc:  # e.g. a log write failure: every call fails
                         answers = [exc] * len(calls)
-                    _deliver([(lp, f) for _, lp, f in calls], answers)
+                    _deliver([(lp, f) for _, lp, f in calls], answers, self._orphaned)
         except BaseException:
             with self._lock:
                 self._busy = False  # a later call starts a new drain
@@ -140,7 +162,9 @@ class AsyncCoordinator:
         self._executor = ThreadPoolExecutor(
             workers, thread_name_prefix=f"txnstream-tc{tc.tc_id}-aio"
         )
-        self._new = _Lane(self._run_new, self._executor)
+        # A started transaction whose caller left is aborted at once (nobody
+        # else has its id), as the blocking path does for an interrupted start.
+        self._new = _Lane(self._run_new, self._executor, tc._abandoned)
         self._partitions = _Lane(self._run_partitions, self._executor)
         self._subscriptions = _Lane(self._run_subscriptions, self._executor)
         self._ends = _Lane(self._run_ends, self._executor)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -99,3 +100,70 @@ def test_async_ends_are_durable(tmp_path: Path) -> None:
         assert tc.recovery["live_records"] == 20
         assert tc.commit(txns[3]) is TxnStatus.COMMITTED
         assert tc.get_transaction(txns[15]).partitions == ("out",)
+
+
+def test_a_forked_child_gets_the_blocking_calls_error_at_once(tmp_path: Path) -> None:
+    """After fork() ``tc.aio()`` calls hung in the child: their lanes were the parent's threads.
+
+    Each now fails as the same blocking call does in the child (the log's
+    writer was made before the fork), without waiting.
+    """
+    import os
+    import time
+
+    tc = TransactionCoordinator.open(tmp_path, 0)
+
+    async def warm() -> list[TxnID]:  # the lanes' threads exist, idle, at the fork
+        a = tc.aio()
+        txns = [await a.new_transaction() for _ in range(5)]
+        await a.add_produced_partitions(txns[0], ["p"])
+        await a.commit(txns[0])
+        return txns[1:]
+
+    open_txns = asyncio.run(warm())
+    sync_txns, async_txns = open_txns[:2], open_txns[2:]
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        code = 3
+
+        def error_of(call: Any) -> type[BaseException] | None:
+            try:
+                call()
+            except BaseException as exc:
+                return type(exc)
+            return None
+
+        def run(coro: Any) -> Any:
+            return lambda: asyncio.run(asyncio.wait_for(coro(), 5))
+
+        try:
+            a = tc.aio()
+            pairs = [
+                (tc.new_transaction, run(a.new_transaction)),
+                (
+                    lambda: tc.add_produced_partitions(sync_txns[0], ["q"]),
+                    run(lambda: a.add_produced_partitions(async_txns[0], ["q"])),
+                ),
+                (lambda: tc.commit(sync_txns[1]), run(lambda: a.commit(async_txns[1]))),
+            ]
+            got = [(error_of(sync), error_of(aio)) for sync, aio in pairs]
+            hung = any(aio is TimeoutError for _, aio in got)  # wait_for cut it
+            same = all(s is not None and s is aio for s, aio in got)
+            code = 0 if same and not hung else 2
+        except BaseException:
+            code = 4
+        os._exit(code)
+    deadline = time.monotonic() + 30
+    status = None
+    while status is None and time.monotonic() < deadline:
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = st
+        else:
+            time.sleep(0.02)
+    if status is None:  # pragma: no cover - a hang the child's own deadline missed
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child hung")
+    assert os.waitstatus_to_exitcode(status) == 0
+    tc.close()

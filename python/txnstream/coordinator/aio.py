@@ -17,6 +17,7 @@ queued; a refusal (``TransactionNotFound``...) raises in the awaiting task.
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -159,8 +160,15 @@ class AsyncCoordinator:
 
     def __init__(self, tc: TransactionCoordinator, workers: int = 4) -> None:
         self.tc = tc
+        self._workers = workers
+        self._start_lanes()
+
+    def _start_lanes(self) -> None:
+        tc = self.tc
+        # The process the lanes' threads run in (one getpid, ~0.2 us, per call).
+        self._pid = os.getpid()
         self._executor = ThreadPoolExecutor(
-            workers, thread_name_prefix=f"txnstream-tc{tc.tc_id}-aio"
+            self._workers, thread_name_prefix=f"txnstream-tc{tc.tc_id}-aio"
         )
         # A started transaction whose caller left is aborted at once (nobody
         # else has its id), as the blocking path does for an interrupted start.
@@ -169,6 +177,14 @@ class AsyncCoordinator:
         self._subscriptions = _Lane(self._run_subscriptions, self._executor)
         self._ends = _Lane(self._run_ends, self._executor)
         self._lanes = (self._new, self._partitions, self._subscriptions, self._ends)
+
+    def _here(self) -> None:
+        # A child forked after the lanes started has none of their threads, and
+        # may hold a lane's lock or "busy" flag as the fork found them: a queued
+        # call would wait forever. The child gets lanes of its own, where each
+        # call runs (and fails at once, or answers) as the blocking call does.
+        if os.getpid() != self._pid:
+            self._start_lanes()
 
     # Bulk calls run on the lane threads.
 
@@ -210,6 +226,7 @@ class AsyncCoordinator:
             cfg.default_timeout_ms if timeout_ms is None else timeout_ms, cfg.max_timeout_ms
         )
         key = (timeout, client_arg(client_name))
+        self._here()
         txn: TxnID = await self._new.submit(asyncio.get_running_loop(), key, None)
         return txn
 
@@ -217,6 +234,7 @@ class AsyncCoordinator:
         """Record (durably) that the transaction produced to ``partitions``."""
         self.tc._table.seq_of(txn_id)  # a bad id fails this call alone, not the batch
         names = partition_names(partitions)
+        self._here()
         await self._partitions.submit(asyncio.get_running_loop(), None, (txn_id, names))
 
     async def add_acked_subscriptions(
@@ -225,6 +243,7 @@ class AsyncCoordinator:
         """Record (durably) that the transaction acked on these subscriptions."""
         self.tc._table.seq_of(txn_id)
         subs = subscription_pairs(subscriptions)
+        self._here()
         await self._subscriptions.submit(asyncio.get_running_loop(), None, (txn_id, subs))
 
     async def end_transaction(
@@ -238,6 +257,7 @@ class AsyncCoordinator:
         act = TxnAction.parse(action)
         trace_arg(trace)
         loop = asyncio.get_running_loop()
+        self._here()
         status: TxnStatus = await self._ends.submit(loop, None, (txn_id, act, trace))
         return status
 
@@ -255,6 +275,8 @@ class AsyncCoordinator:
 
     def close(self) -> None:
         """Stop the lane threads once queued calls are answered."""
+        if os.getpid() != self._pid:
+            return  # a forked child: the lanes' threads are the parent's, not here
         self._executor.shutdown(wait=True)
 
 

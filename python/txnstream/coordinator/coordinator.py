@@ -605,28 +605,28 @@ class TransactionCoordinator:
                     table.txns.pop(meta.seq, None)
                 else:
                     meta.pending = None
-                    meta.deadline = self._clock.monotonic_ms()
-                    if not table.closed:
-                        self._background.arm(meta)
+                    self._abort_now(meta)
 
     def _abandoned(self, txn_ids: Iterable[TxnID]) -> None:
         """Abort, in the background, started transactions nobody got the id of.
 
         E.g. an asyncio ``new_transaction`` whose await was cancelled while
         its NEW record was written: as :meth:`_start_failed` does for an
-        interrupted start, its timeout is made due now. One already being
-        ended (an admin found it) is left to that end.
+        interrupted start. One already being ended (an admin found it) is
+        left to that end.
         """
         table = self._table
         with table.lock:
-            now = self._clock.monotonic_ms()
             for txn_id in txn_ids:
                 meta = table.txns.get(table.seq_of(txn_id))
-                if meta is None or meta.pending is not None or meta.status is not TxnStatus.OPEN:
-                    continue
-                meta.deadline = now
-                if not table.closed:
-                    self._background.arm(meta)
+                if meta is not None and meta.pending is None and meta.status is TxnStatus.OPEN:
+                    self._abort_now(meta)
+
+    def _abort_now(self, meta: TxnMeta) -> None:
+        # Under the lock: its timeout is due now (the background aborts it).
+        meta.deadline = self._clock.monotonic_ms()
+        if not self._table.closed:
+            self._background.arm(meta)
 
     # ------------------------------------------------------------ adding
 

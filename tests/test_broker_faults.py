@@ -335,6 +335,11 @@ def test_flush_waits_until_a_transactional_send_is_durable_then_its_id_can_be_ac
         consumer = client.subscribe("t", "s")
         assert consumer.receive(5_000) is not None
         sent, acker = client.transaction(), client.transaction()
+        p.send(b"first", txn=sent)  # the partition joins the transaction now
+        # Nothing in flight when the disk stalls: a small write queued behind a
+        # running sync (here, the partition's registration) waits for it, so m
+        # would not be written and its id never assigned.
+        assert sent.wait_durable(10_000) and acker.wait_durable(10_000)
         ml = b.topic("t").ml
         testing.hold_fault(ml, "sync")  # every sync of the directory waits
         try:
@@ -354,6 +359,8 @@ def test_flush_waits_until_a_transactional_send_is_durable_then_its_id_can_be_ac
         consumer.redeliver_unacknowledged()
         got = consumer.receive(300)
         assert got is not None and got.value == b"warm"  # never acked
+        got = consumer.receive(5_000)
+        assert got is not None and got.value == b"first"  # committed, never acked
         assert consumer.receive(300) is None  # the committed ack of m sticks
 
 

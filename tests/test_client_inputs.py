@@ -527,6 +527,8 @@ def test_a_transaction_whose_abort_failed_cannot_commit(broker: Broker) -> None:
     client = broker.client()
     txn = client.transaction()
     client.producer("t").send(b"x", txn=txn)
+    # The fault hits the directory's next write: let none of the send's be pending.
+    assert txn.wait_durable(10_000)
     testing.inject_fault(testing.log_ledger(txn._tc), "write", errno=5, times=1)
     with pytest.raises(StorageError):
         txn.abort()  # its decision could not be logged: nothing changed

@@ -69,8 +69,8 @@ from __future__ import annotations
 import bisect
 import threading
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from typing import Any, Final, Literal, Protocol
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, Final, Literal, Protocol, TypeVar
 
 from prometheus_client.core import (
     REGISTRY,
@@ -636,14 +636,28 @@ _broker_collectors: weakref.WeakKeyDictionary[CollectorRegistry, BrokerCollector
 )
 
 
+_C = TypeVar("_C", BrokerCollector, "RemoteStoresCollector")
+
+
+def _registry_collector(
+    table: weakref.WeakKeyDictionary[CollectorRegistry, _C],
+    registry: CollectorRegistry,
+    make: Callable[[], _C] | None,
+) -> _C | None:
+    """Return the registry's one collector of a kind (made and registered by ``make``)."""
+    with _collectors_lock:
+        collector = table.get(registry)
+        if collector is None and make is not None:
+            collector = make()
+            registry.register(collector)
+            table[registry] = collector
+    return collector
+
+
 def register_broker(broker: BrokerSource, name: str, registry: CollectorRegistry = REGISTRY) -> str:
     """Export a broker's metrics under label ``broker=name``; returns ``name``."""
-    with _collectors_lock:
-        collector = _broker_collectors.get(registry)
-        if collector is None:
-            collector = BrokerCollector()
-            registry.register(collector)
-            _broker_collectors[registry] = collector
+    collector = _registry_collector(_broker_collectors, registry, BrokerCollector)
+    assert collector is not None
     collector.add(name, broker)
     return name
 
@@ -652,8 +666,7 @@ def unregister_broker(
     name: str, broker: BrokerSource | None = None, registry: CollectorRegistry = REGISTRY
 ) -> None:
     """Stop exporting broker ``name`` (with ``broker``: only if it is that one)."""
-    with _collectors_lock:
-        collector = _broker_collectors.get(registry)
+    collector = _registry_collector(_broker_collectors, registry, None)
     if collector is not None:
         collector.remove(name, broker)
 
@@ -732,12 +745,8 @@ def register_remote_store(
     One collector per registry: brokers sharing a registry (distinct
     ``metrics_label``) are samples of one family each, never two families.
     """
-    with _collectors_lock:
-        collector = _remote_collectors.get(registry)
-        if collector is None:
-            collector = RemoteStoresCollector()
-            registry.register(collector)
-            _remote_collectors[registry] = collector
+    collector = _registry_collector(_remote_collectors, registry, RemoteStoresCollector)
+    assert collector is not None
     collector.add(name, store)
     return name
 
@@ -746,7 +755,6 @@ def unregister_remote_store(
     name: str, store: RemoteStoreSource | None = None, registry: CollectorRegistry = REGISTRY
 ) -> None:
     """Stop exporting broker ``name``'s remote store (with ``store``: only if it is that one)."""
-    with _collectors_lock:
-        collector = _remote_collectors.get(registry)
+    collector = _registry_collector(_remote_collectors, registry, None)
     if collector is not None:
         collector.remove(name, store)

@@ -127,10 +127,10 @@ def test_asyncio_end_lane_answers_each_end_alone_when_the_bulk_call_fails(
     real = tc.end_transactions
     calls: list[int] = []
 
-    def ends_then_fail(items: Any, *, traces: Any = None, **early: Any) -> Any:
+    def ends_then_fail(items: Any, *, traces: Any = None) -> Any:
         items = list(items)
         calls.append(len(items))
-        real(items, traces=traces)  # every one of them ends (none answered early)...
+        real(items, traces=traces)  # every one of them ends...
         raise StorageError("a later write of the batch failed", errno=5)  # ...then a failure
 
     monkeypatch.setattr(tc, "end_transactions", ends_then_fail)

@@ -3,30 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import threading
-import time
-from collections.abc import Callable
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.test_coordinator_aio_loops import GatedLog
 from tests.test_coordinator_state import Env
-from txnstream import testing
-from txnstream.coordinator import (
-    NullParticipants,
-    Participant,
-    RetryPolicy,
-    TransactionCoordinator,
-    TxnID,
-    TxnStatus,
-)
+from txnstream.coordinator import TransactionCoordinator, TxnID, TxnStatus
 from txnstream.errors import (
     CoordinatorNotFound,
     InvalidArgumentError,
-    ParticipantsFailed,
     TransactionAlreadyCommitted,
     TransactionNotFound,
 )
@@ -181,145 +167,3 @@ def test_a_forked_child_gets_the_blocking_calls_error_at_once(tmp_path: Path) ->
         pytest.fail("the forked child hung")
     assert os.waitstatus_to_exitcode(status) == 0
     tc.close()
-
-
-# ---------------------------------------- one slow participant holds back only its own end
-
-DEADLINE_S = 10.0
-
-
-class HeldParticipants:
-    """Partition "held" keeps each end's future until :meth:`release`; others end at once.
-
-    With ``failing`` set, "held" raises instead (the end's attempt fails).
-    """
-
-    def __init__(self) -> None:
-        self.failing = False
-        self.held: list[Future[None]] = []
-        self._lock = threading.Lock()
-
-    def end(self, txn_id: TxnID, commit: bool) -> Future[None] | None:
-        if self.failing:
-            raise RuntimeError("partition held is down")
-        fut: Future[None] = Future()
-        with self._lock:
-            self.held.append(fut)
-        return fut
-
-    def partition(self, name: str) -> Participant:
-        return self if name == "held" else NullParticipants().partition(name)
-
-    def subscription(self, topic: str, subscription: str) -> Participant:
-        return NullParticipants().subscription(topic, subscription)
-
-    def release(self) -> None:
-        with self._lock:
-            for fut in self.held:
-                if not fut.done():
-                    fut.set_result(None)
-
-
-def _on(tc: TransactionCoordinator, partition: str) -> TxnID:
-    txn = tc.new_transaction(timeout_ms=600_000)
-    tc.add_produced_partitions(txn, [partition])
-    return txn
-
-
-async def _until(cond: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + DEADLINE_S
-    while not cond():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.002)
-
-
-def test_an_end_waiting_for_a_slow_participant_does_not_hold_the_lane() -> None:
-    """Every asyncio end of the coordinator waited while one batch waited for its participants.
-
-    The lane ran one bulk call at a time: a commit on a healthy partition
-    queued behind a stalled one for up to the end timeout.
-    """
-    env = Env()
-    parts = HeldParticipants()
-    env.tc.participants = parts
-    a = env.tc.aio()
-    slow, fast = _on(env.tc, "held"), _on(env.tc, "fast")
-
-    async def main() -> None:
-        waiting = asyncio.create_task(a.commit(slow))
-        await _until(lambda: len(parts.held) == 1)  # its batch waits for the participant
-        assert await asyncio.wait_for(a.commit(fast), DEADLINE_S) is TxnStatus.COMMITTED
-        assert not waiting.done()
-        parts.release()
-        assert await asyncio.wait_for(waiting, DEADLINE_S) is TxnStatus.COMMITTED
-
-    try:
-        asyncio.run(main())
-    finally:
-        parts.release()
-        env.tc.close()
-
-
-def test_each_end_of_a_batch_is_answered_once_it_is_final() -> None:
-    """Two commits ended by one bulk call: the healthy one no longer waits for the slow one."""
-    log = GatedLog()
-    parts = HeldParticipants()
-    tc = TransactionCoordinator(0, log, participants=parts)
-    a = tc.aio()
-    first, slow, fast = _on(tc, "fast"), _on(tc, "held"), _on(tc, "fast")
-
-    async def main() -> None:
-        log.entered.clear()
-        log.gate.clear()
-        ahead = asyncio.create_task(a.commit(first))  # its decision is held: the lane is busy
-        await _until(log.entered.is_set)
-        ends = [asyncio.create_task(a.commit(t)) for t in (slow, fast)]
-        await _until(lambda: testing.queued_calls(a) == 2)  # the next batch: both together
-        log.gate.set()
-        assert await asyncio.wait_for(ends[1], DEADLINE_S) is TxnStatus.COMMITTED
-        assert not ends[0].done() and len(parts.held) == 1
-        parts.release()
-        assert await asyncio.wait_for(ends[0], DEADLINE_S) is TxnStatus.COMMITTED
-        assert await ahead is TxnStatus.COMMITTED
-
-    try:
-        asyncio.run(main())
-    finally:
-        log.gate.set()
-        parts.release()
-        tc.close()
-
-
-def test_retried_ends_run_side_by_side_under_one_deadline() -> None:
-    """Ends that cannot join the batch's decision (here retries of decided ends) ran one by one.
-
-    Each waited up to its own full end timeout inside the lane's bulk call,
-    so k of them on a stuck participant took k end timeouts, and every
-    asyncio end queued meanwhile waited as long. Now each runs on a thread
-    of its own: all reach the participant at once.
-    """
-    env = Env(retry=RetryPolicy(initial_backoff_ms=0, max_attempts=1))
-    parts = HeldParticipants()
-    env.tc.participants = parts
-    a = env.tc.aio()
-    stuck = [_on(env.tc, "held") for _ in range(4)]
-    fast = _on(env.tc, "fast")
-
-    async def main() -> None:
-        parts.failing = True
-        first = await asyncio.gather(*(a.commit(t) for t in stuck), return_exceptions=True)
-        assert all(isinstance(e, ParticipantsFailed) for e in first), first
-        parts.failing = False  # the partition now holds each end: the retries wait on it
-        retries = [asyncio.create_task(a.commit(t)) for t in stuck]
-        await _until(lambda: len(parts.held) == len(stuck))  # all four in flight together
-        assert await asyncio.wait_for(a.commit(fast), DEADLINE_S) is TxnStatus.COMMITTED
-        assert not any(r.done() for r in retries)
-        parts.release()
-        done = await asyncio.wait_for(asyncio.gather(*retries), DEADLINE_S)
-        assert done == [TxnStatus.COMMITTED] * len(stuck)
-
-    try:
-        asyncio.run(main())
-    finally:
-        parts.release()
-        env.tc.close()

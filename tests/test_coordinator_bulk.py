@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -141,9 +140,7 @@ def test_bulk_on_ledger_survives_restart(tmp_path: Path) -> None:
         assert tc.recovery["live_records"] == 1
 
 
-def test_bulk_end_answers_each_item_when_one_ended_alone_fails(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_bulk_end_answers_each_item_when_one_ended_alone_fails(tmp_path: Path) -> None:
     """A log failure of a transaction ended on its own is its answer, not the call's.
 
     The other item of the batch committed: its answer must reach its caller
@@ -165,23 +162,20 @@ def test_bulk_end_answers_each_item_when_one_ended_alone_fails(
     try:
         t1 = tc.new_transaction(timeout_ms=600_000)
         t2 = tc.new_transaction(timeout_ms=600_000)
+        tc.add_partition_nowait(t2, "p")  # an ADD in flight: t2 is ended alone, after t1
         ml = testing.log_ledger(tc)
-        added = tc._deferred_done
 
-        def add_done(meta: Any, fut: Any) -> None:
-            # t2's ADD is durable with t1's decision (one flush); t2's own decision,
-            # written on its own thread once the ADD is done, hits the disk's failure.
-            testing.inject_fault(ml, "sync", errno=errno.ENOSPC, times=1_000)
-            added(meta, fut)
+        def hook(step: str, txn: TxnID) -> None:
+            if step == "final_logged" and txn == t1:
+                testing.inject_fault(ml, "sync", errno=errno.ENOSPC, times=3)
 
-        monkeypatch.setattr(tc, "_deferred_done", add_done)
-        tc.add_partition_nowait(t2, "p")  # an ADD in flight: t2 is ended alone, aside t1
+        testing.set_step_hook(tc, hook)
         got = tc.end_transactions([(t1, "commit"), (t2, "commit")])
+        testing.set_step_hook(tc, None)
         testing.clear_faults(ml)
         assert got[0] is TxnStatus.COMMITTED
         assert isinstance(got[1], StorageError)
     finally:
-        testing.clear_faults(testing.log_ledger(tc))
         tc.close()
 
 

@@ -165,8 +165,8 @@ class AsyncTransaction:
         The same steps and errors as ``Transaction.commit``, without a
         thread per call: the transaction's writes are awaited through a
         callback, and the end goes to the coordinator's asyncio front end,
-        which ends every commit queued meanwhile in one bulk call (one
-        batched write per step) and answers each as soon as it is final.
+        whose one worker ends every commit queued meanwhile in one bulk call
+        (one batched write per step).
 
         Cancelling the await (or the task leaving ``async with``) does not
         leave the transaction half-ended: the commit goes on without the

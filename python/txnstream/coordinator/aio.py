@@ -3,19 +3,11 @@
 Each call is queued in a *lane* (one per operation kind). A lane's worker
 thread takes everything queued so far, runs ONE bulk coordinator call for it
 (:meth:`~.coordinator.TransactionCoordinator.end_transactions` etc.: one
-batched log write per step, GIL released while it waits), and hands the
-answers back to the event loop, one ``call_soon_threadsafe`` per group of
-answers ready together. While a bulk call waits for its sync, new calls
-queue up for the next one, so the batch size follows the load (group
-commit) and no thread per transaction waits for the GIL.
-
-Ends are answered one by one as they become final: a commit waits for its
-own participants, never for a slow one of another transaction in its batch.
-Once a batch's decisions are logged its bulk call only waits for
-participants, and the lane starts its next drain meanwhile (on another of
-the :data:`LANE_THREADS`); ends that cannot be decided with the batch
-(another thread drives them, a retry of a decided end) run alongside it,
-under the batch's one deadline.
+batched log write per step, GIL released while it waits), and hands all the
+answers back to the event loop with ONE ``call_soon_threadsafe``. While a
+bulk call waits for its sync, new calls queue up for the next one, so the
+batch size follows the load (group commit) and no thread per transaction
+waits for the GIL.
 
 Semantics are those of the blocking calls: an answer is given only once its
 record is durable; bad arguments raise in the caller before anything is
@@ -27,9 +19,9 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-from collections.abc import Callable, Hashable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Final, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from txnstream.coordinator.ending import trace_arg
 from txnstream.coordinator.metadata import (
@@ -48,11 +40,9 @@ if TYPE_CHECKING:
     from txnstream.coordinator.coordinator import TransactionCoordinator
     from txnstream.coordinator.ending import EndTrace
 
+# One bulk call: (key, items) -> one answer (value or exception) per item.
+Batch = Callable[[Hashable, list[Any]], list[Any]]
 Loop = asyncio.AbstractEventLoop
-
-#: Most threads of one front end's lanes (made on demand): a drain whose batch
-#: waits for slow participants holds one until the end timeout.
-LANE_THREADS: Final = 64
 
 
 #: Told the answers nobody received (their await was cancelled, or their loop
@@ -99,63 +89,19 @@ def _deliver(
                 orphaned(unreceived)
 
 
-class _Batch:
-    """The calls one drain hands to one bulk call: each answered once, when known.
-
-    :meth:`answer` may be called from any thread, and again for a call
-    already answered (the first answer counts). :meth:`release` lets the
-    lane start its next drain while this bulk call goes on.
-    """
-
-    def __init__(self, lane: _Lane, calls: list[tuple[Loop, asyncio.Future[Any]]]) -> None:
-        self._lane = lane
-        self._calls = calls
-        self._given = [False] * len(calls)
-        self._lock = threading.Lock()
-        self.released = False
-
-    def answer(self, indexes: Sequence[int], answers: Sequence[Any]) -> None:
-        """Deliver ``answers[k]`` to call ``indexes[k]`` unless it was answered."""
-        with self._lock:
-            fresh = [(i, a) for i, a in zip(indexes, answers, strict=True) if not self._given[i]]
-            for i, _ in fresh:
-                self._given[i] = True
-        if fresh:
-            _deliver([self._calls[i] for i, _ in fresh], [a for _, a in fresh], self._lane.orphaned)
-
-    def answered(self, index: int) -> bool:
-        """Tell whether call ``index`` has its answer."""
-        with self._lock:
-            return self._given[index]
-
-    def release(self) -> None:
-        """Let the lane's next drain start: this bulk call holds the lane no longer."""
-        with self._lock:
-            if self.released:
-                return
-            self.released = True
-        self._lane.next_drain()
-
-
-#: One bulk call: (key, items, their batch) -> one answer (value or exception)
-#: per item; it may answer some earlier through the batch.
-Run = Callable[[Hashable, list[Any], _Batch], list[Any]]
-
-
 class _Lane:
-    """Queued calls of one kind, drained by bulk calls on worker threads.
+    """Queued calls of one kind, drained by bulk calls on a worker thread.
 
-    One drain at a time takes the queue; it always clears ``_busy`` when it
-    stops, whatever happened to the loops its callers came from, unless its
-    bulk call released the lane (:meth:`_Batch.release`) to the next drain.
+    At most one drain runs per lane; it always clears ``_busy`` when it
+    stops, whatever happened to the loops its callers came from.
     """
 
     def __init__(
-        self, run: Run, executor: ThreadPoolExecutor, orphaned: Orphans | None = None
+        self, run: Batch, executor: ThreadPoolExecutor, orphaned: Orphans | None = None
     ) -> None:
         self._run = run
         self._executor = executor
-        self.orphaned = orphaned
+        self._orphaned = orphaned
         self._lock = threading.Lock()
         self._queue: list[tuple[Hashable, Any, Loop, asyncio.Future[Any]]] = []
         self._busy = False
@@ -172,32 +118,19 @@ class _Lane:
             start = not self._busy
             self._busy = True
         if start:
-            self._start_drain()
+            try:
+                self._executor.submit(self._drain)
+            except RuntimeError:  # the coordinator closed: fail what is queued
+                with self._lock:
+                    queued, self._queue = self._queue, []
+                    self._busy = False
+                err = CoordinatorNotFound("transaction coordinator is closed")
+                _deliver([(lp, f) for _, _, lp, f in queued], [err] * len(queued))
         return fut
 
-    def next_drain(self) -> None:
-        # The running drain's bulk call goes on without the lane: the next one
-        # takes what is queued (or the next call starts it).
-        with self._lock:
-            start = bool(self._queue)
-            self._busy = start
-        if start:
-            self._start_drain()
-
-    def _start_drain(self) -> None:
-        try:
-            self._executor.submit(self._drain)
-        except RuntimeError:  # the coordinator closed: fail what is queued
-            with self._lock:
-                queued, self._queue = self._queue, []
-                self._busy = False
-            err = CoordinatorNotFound("transaction coordinator is closed")
-            _deliver([(lp, f) for _, _, lp, f in queued], [err] * len(queued))
-
     def _drain(self) -> None:
-        released = False
         try:
-            while not released:
+            while True:
                 with self._lock:
                     queued, self._queue = self._queue, []
                     if not queued:
@@ -207,17 +140,14 @@ class _Lane:
                 for key, item, loop, fut in queued:
                     groups.setdefault(key, []).append((item, loop, fut))
                 for key, calls in groups.items():
-                    batch = _Batch(self, [(lp, f) for _, lp, f in calls])
                     try:
-                        answers = self._run(key, [i for i, _, _ in calls], batch)
+                        answers = self._run(key, [i for i, _, _ in calls])
                     except BaseException as exc:  # e.g. a log write failure: every call fails
                         answers = [exc] * len(calls)
-                    released = released or batch.released
-                    batch.answer(range(len(calls)), answers)  # those not answered yet
+                    _deliver([(lp, f) for _, lp, f in calls], answers, self._orphaned)
         except BaseException:
-            if not released:
-                with self._lock:
-                    self._busy = False  # a later call starts a new drain
+            with self._lock:
+                self._busy = False  # a later call starts a new drain
             raise
 
 
@@ -228,7 +158,7 @@ class AsyncCoordinator:
     threads) at once; each answer is delivered on its caller's loop.
     """
 
-    def __init__(self, tc: TransactionCoordinator, workers: int = LANE_THREADS) -> None:
+    def __init__(self, tc: TransactionCoordinator, workers: int = 4) -> None:
         self.tc = tc
         self._workers = workers
         self._start_lanes()
@@ -258,36 +188,27 @@ class AsyncCoordinator:
 
     # Bulk calls run on the lane threads.
 
-    def _run_new(self, key: Hashable, items: list[Any], _: _Batch) -> list[Any]:
+    def _run_new(self, key: Hashable, items: list[Any]) -> list[Any]:
         timeout_ms, client = cast("tuple[int, str | None]", key)
         return list(self.tc.new_transactions(len(items), timeout_ms, client))
 
-    def _run_partitions(self, key: Hashable, items: list[Any], _: _Batch) -> list[Any]:
+    def _run_partitions(self, key: Hashable, items: list[Any]) -> list[Any]:
         return list(self.tc.add_produced_partitions_many(items))
 
-    def _run_subscriptions(self, key: Hashable, items: list[Any], _: _Batch) -> list[Any]:
+    def _run_subscriptions(self, key: Hashable, items: list[Any]) -> list[Any]:
         return list(self.tc.add_acked_subscriptions_many(items))
 
-    def _run_ends(self, key: Hashable, items: list[Any], batch: _Batch) -> list[Any]:
-        # Each end is answered as soon as it is final; the lane's next drain
-        # starts once this batch's decisions are logged.
+    def _run_ends(self, key: Hashable, items: list[Any]) -> list[Any]:
         ends = [(txn, act) for txn, act, _ in items]
         traces: list[EndTrace | None] = [trace for _, _, trace in items]
         try:
-            return list(
-                self.tc.end_transactions(
-                    ends, traces=traces, answer=batch.answer, decided=batch.release
-                )
-            )
+            return list(self.tc.end_transactions(ends, traces=traces))
         except TxnStreamError:
-            # One end's failure (e.g. the decision write of a batch of one) must
-            # not answer for the others, some of which may have committed: end
-            # each one not answered yet again (ends are idempotent), alone.
+            # One end's failure (e.g. a log write of a transaction ended one by
+            # one) must not answer for the others, some of which may have
+            # committed: end each again (ends are idempotent), each answered alone.
             out: list[Any] = []
-            for k, ((txn, act), trace) in enumerate(zip(ends, traces, strict=True)):
-                if batch.answered(k):
-                    out.append(None)  # ignored: its first answer counts
-                    continue
+            for (txn, act), trace in zip(ends, traces, strict=True):
                 try:
                     out.append(self.tc.end_transaction(txn, act, trace=trace))
                 except BaseException as exc:
@@ -359,4 +280,4 @@ class AsyncCoordinator:
         self._executor.shutdown(wait=True)
 
 
-__all__ = ["LANE_THREADS", "AsyncCoordinator"]
+__all__ = ["AsyncCoordinator"]

@@ -881,27 +881,17 @@ class TransactionCoordinator:
         items: Iterable[tuple[TxnID, TxnAction | str]],
         *,
         traces: list[EndTrace | None] | None = None,
-        answer: Callable[[list[int], list[TxnStatus | TxnStreamError]], None] | None = None,
-        decided: Callable[[], None] | None = None,
     ) -> list[TxnStatus | TxnStreamError]:
         """:meth:`end_transaction` for many transactions.
 
         The ending UPDATEs are written together, participants are ended per
         transaction, then the final UPDATEs are written together; a
-        transaction another thread is ending is waited for. All share one
-        deadline (``end_timeout_ms``). Returns, per
+        transaction another thread is ending is waited for. Returns, per
         item, the final status or that end's error (a refusal such as
         ``TransactionAlreadyAborted`` or ``TransactionNotFound``, or the log
         write failure of a transaction ended on its own); bad arguments and
         a failure of the batch's own writes raise. ``traces`` (one per item,
         or None) count each end's durable waits.
-
-        For callers that answer others (the asyncio front end):
-        ``answer(indexes, results)`` is told each item's result as soon as
-        it is final, so no end waits for another's slow participant (the
-        first telling of an item counts), and ``decided()`` is called once
-        the batch's decisions are logged (only participants are awaited
-        after that). Both are called from this call's threads.
         """
         table = self._table
         reqs = [(txn, table.seq_of(txn), TxnAction.parse(act)) for txn, act in items_arg(items)]
@@ -911,42 +901,27 @@ class TransactionCoordinator:
             )
         for i, t in enumerate(traces or ()):
             trace_arg(t, f"traces[{i}]")
-        for name, value in (("answer", answer), ("decided", decided)):
-            if value is not None and not callable(value):
-                raise bad_argument(name, value, "a callable or None")
-
-        def told(indexes: list[int], results: list[Any]) -> None:
-            assert answer is not None
-            got = zip(indexes, results, strict=True)
-            answer(indexes, [self._end_result(reqs[i], r) for i, r in got])
-
         with table.lock:
             table.enter()
         try:
-            got = self._driver.end_many(
-                reqs, traces, answer=None if answer is None else told, decided=decided
-            )
+            got = self._driver.end_many(reqs, traces)
         finally:
             table.leave()
-        return [self._end_result(req, result) for req, result in zip(reqs, got, strict=True)]
-
-    def _end_result(
-        self, req: tuple[TxnID, int, TxnAction], result: TxnStatus | TxnStreamError | None
-    ) -> TxnStatus | TxnStreamError:
-        # One bulk end's answer: None (not in memory) is answered from the store.
-        if result is not None:
-            return result
-        txn, _, act = req
-        rec = self.store.lookup(txn)
-        try:
-            if rec is None:
-                raise TransactionNotFound(
-                    f"transaction {txn} not found (unknown, or ended and not remembered)",
-                    txn_id=txn,
-                )
-            return end_answer(txn, act, rec.status, rec.timed_out)
-        except TransactionError as exc:
-            return exc
+        out: list[TxnStatus | TxnStreamError] = []
+        for (txn, _, act), result in zip(reqs, got, strict=True):
+            if result is None:
+                rec = self.store.lookup(txn)
+                try:
+                    if rec is None:
+                        raise TransactionNotFound(
+                            f"transaction {txn} not found (unknown, or ended and not remembered)",
+                            txn_id=txn,
+                        )
+                    result = end_answer(txn, act, rec.status, rec.timed_out)
+                except TransactionError as exc:
+                    result = exc
+            out.append(result)
+        return out
 
     # ------------------------------------------------------------ queries
 

@@ -85,11 +85,6 @@ log = logging.getLogger(__name__)
 #: Longest a background end waits for its participants in one run (ms).
 BACKGROUND_WAIT_MS: Final = 1_000
 
-#: Told a bulk end's results as they are final: ``(item indexes, results)``.
-EndAnswers = Callable[[list[int], list[Any]], None]
-#: The same inside the driver: ``(position, result)`` pairs.
-Told = Callable[[list[tuple[int, Any]]], None]
-
 #: Named steps of an end, reported to the step hook (crash tests stop there).
 STEPS = ("ending_logged", "participants_done", "terminated_stored", "final_logged")
 
@@ -274,50 +269,6 @@ def _all_done(futures: list[Future[Any]]) -> threading.Event:
     return all_done
 
 
-class _Answered:
-    """Which transactions of a bulk end have all their participants' futures done.
-
-    ``waiting`` maps a transaction's position to the futures it waits for
-    (one without any is done at once). Each is taken once by :meth:`take`;
-    :attr:`progress` is set whenever one is ready to take (wait on it with
-    a deadline).
-    """
-
-    def __init__(self, count: int, waiting: dict[int, list[tuple[str, Future[None]]]]) -> None:
-        self._lock = threading.Lock()
-        self.progress = threading.Event()
-        self._left = {i: len(futs) for i, futs in waiting.items()}
-        self._ready = [i for i in range(count) if i not in waiting]
-        if self._ready:
-            self.progress.set()
-        for i, futs in waiting.items():
-            for _, fut in futs:
-                fut.add_done_callback(functools.partial(self._one_done, i))
-
-    def _one_done(self, i: int, _: Future[None]) -> None:
-        with self._lock:
-            self._left[i] -= 1
-            if self._left[i] == 0:
-                self._ready.append(i)
-                self.progress.set()
-
-    def still_waiting(self) -> list[int]:
-        """Positions with a future not done yet (now)."""
-        with self._lock:
-            return [i for i, left in self._left.items() if left > 0]
-
-    def take(self) -> list[int]:
-        """Positions done since the last take (and clear :attr:`progress`)."""
-        with self._lock:
-            ready, self._ready = self._ready, []
-            self.progress.clear()
-        return ready
-
-
-def _item(values: list[EndTrace | None] | None, i: int) -> EndTrace | None:
-    return None if values is None else values[i]
-
-
 def _attempt(
     txn_id: TxnID,
     commit: bool,
@@ -437,19 +388,16 @@ class EndDriver:
         *,
         force: bool = False,
         trace: EndTrace | None = None,
-        deadline: int | None = None,
     ) -> TxnStatus | None:
         """End ``seq`` for a client: the final status, or None if it is not in memory.
 
         ``force`` (admin ``force_abort``): a decided end is finished instead
         of refused. Raises the refusal (``TransactionAlreadyCommitted``...),
-        ``TransactionEndPending`` after ``end_timeout_ms`` (or the monotonic
-        ``deadline``, ms, of a bulk call it is part of), or the log's
+        ``TransactionEndPending`` after ``end_timeout_ms``, or the log's
         error when the decision could not be logged (nothing changed then).
         """
         clock, table = self._clock, self._table
-        if deadline is None:
-            deadline = clock.monotonic_ms() + self._config.end_timeout_ms
+        deadline = clock.monotonic_ms() + self._config.end_timeout_ms
         waited: TxnMeta | None = None  # the transaction another thread was ending
         while True:
             with table.lock:
@@ -505,26 +453,14 @@ class EndDriver:
         self,
         reqs: list[tuple[TxnID, int, TxnAction]],
         traces: list[EndTrace | None] | None = None,
-        *,
-        answer: EndAnswers | None = None,
-        decided: Callable[[], None] | None = None,
     ) -> list[TxnStatus | TxnStreamError | None]:
         """Many clients' ends: per item the final status, its error, or None (not in memory).
 
         Transactions that can be decided now are driven together (one
         batched write per step); a log write failure of that batch raises.
         The others (another thread drives them, or the opposite end was
-        decided) are ended meanwhile, each on a thread of its own, each with
-        its own error if it fails. All share one deadline, ``end_timeout_ms``
-        from the call. The same end named twice gets one answer.
-
-        ``answer(indexes, results)``, if given, is told each item's result
-        as soon as it is final: an end waits for no other end's
-        participants. The first telling of an item counts (one outliving
-        this call's bounded wait for it may be told after its pending error
-        was returned). ``decided()``, if given, is called once the batch's
-        decisions are logged: from then on this call only waits for
-        participants, and its caller may start the next batch.
+        decided) are answered one by one afterwards, each with its own
+        error if it fails. The same end named twice gets one answer.
         """
         table = self._table
         deadline = self._clock.monotonic_ms() + self._config.end_timeout_ms
@@ -532,19 +468,17 @@ class EndDriver:
         claimed: list[tuple[int, TxnMeta]] = []
         later: list[int] = []
         seen: set[int] = set()
-        copies: dict[int, list[int]] = {}  # item -> later items naming the same end
+        again: list[tuple[int, int]] = []  # (item, the earlier item of the same end)
         first_of: dict[tuple[int, TxnAction], int] = {}
-        absent: list[int] = []
         with table.lock:
             for i, (_, seq, act) in enumerate(reqs):
                 earlier = first_of.setdefault((seq, act), i)
                 if earlier != i:
-                    copies.setdefault(earlier, []).append(i)  # the same end twice: one answer
+                    again.append((i, earlier))  # the same end twice: one answer
                     continue
                 meta = table.txns.get(seq)
                 if meta is None or not meta.visible:
-                    absent.append(i)  # None: answered from the store by the caller
-                    continue
+                    continue  # None: answered from the store by the caller
                 fresh = (
                     meta.decision is None
                     and not meta.deciding
@@ -557,104 +491,22 @@ class EndDriver:
                     seen.add(seq)
                 else:
                     later.append(i)
-
-        def tell(pairs: list[tuple[int, TxnStatus | TxnStreamError | None]]) -> None:
-            if answer is None or not pairs:
-                return
-            indexes: list[int] = []
-            told: list[Any] = []
-            for i, got in pairs:
-                for j in (i, *copies.get(i, ())):
-                    indexes.append(j)
-                    told.append(got)
-            answer(indexes, told)
-
-        tell([(i, None) for i in absent])
-        aside = [
-            (i, reqs[i][0], self._end_aside(reqs[i], _item(traces, i), deadline, i, tell))
-            for i in later
-        ]
-        try:
-            if claimed:
-                claimed_traces = None if traces is None else [traces[i] for i, _ in claimed]
-
-                def tell_claimed(
-                    pairs: list[tuple[int, TxnStatus | TxnStreamError | None]],
-                ) -> None:
-                    tell([(claimed[k][0], got) for k, got in pairs])
-
-                driven = self._drive_many(
-                    claimed, deadline, claimed_traces, tell=tell_claimed, decided=decided
-                )
-                for (i, _), got in zip(claimed, driven, strict=True):
-                    results[i] = got
-            elif decided is not None:
-                decided()
-        finally:
-            self._join_aside(aside, deadline, results)
-        for earlier, dups in copies.items():
-            for i in dups:
-                results[i] = results[earlier]
-        return results
-
-    def _end_aside(
-        self,
-        req: tuple[TxnID, int, TxnAction],
-        trace: EndTrace | None,
-        deadline: int,
-        index: int,
-        tell: Callable[[list[tuple[int, TxnStatus | TxnStreamError | None]]], None],
-    ) -> tuple[threading.Thread, list[Any]]:
-        """End one item of a bulk call on a thread of its own, under the call's ``deadline``.
-
-        Its result (or the exception it raised) goes to the returned list
-        and to ``tell``.
-        """
-        _, seq, act = req
-        out: list[Any] = []
-
-        def run() -> None:
-            got: TxnStatus | TxnStreamError | None
-            try:
-                got = self.end(seq, act, trace=trace, deadline=deadline)
-            except TxnStreamError as exc:
-                got = exc
-            except BaseException as exc:  # raised again in the bulk call's caller
-                out.append(exc)
-                return
-            out.append(got)
-            tell([(index, got)])
-
-        th = threading.Thread(target=run, name=f"txnstream-end-{req[0]}", daemon=True)
-        th.start()
-        return th, out
-
-    def _join_aside(
-        self,
-        aside: list[tuple[int, TxnID, tuple[threading.Thread, list[Any]]]],
-        deadline: int,
-        results: list[TxnStatus | TxnStreamError | None],
-    ) -> None:
-        """Wait (bounded) for the items ended aside; their results, or a pending error."""
-        raised: BaseException | None = None
-        for i, txn_id, (th, out) in aside:
-            th.join(self._aside_wait_s(deadline))
-            if not out:  # still running: it is told when done; this call answers pending
-                results[i] = _pending_error(txn_id, None, "still ending on another thread")
-                continue
-            got = out[0]
-            if isinstance(got, TxnStreamError) or not isinstance(got, BaseException):
+        if claimed:
+            claimed_traces = None if traces is None else [traces[i] for i, _ in claimed]
+            driven = self._drive_many(claimed, deadline, claimed_traces)
+            for (i, _), got in zip(claimed, driven, strict=True):
                 results[i] = got
-            elif raised is None:
-                raised = got
-        if raised is not None:
-            raise raised
-
-    def _aside_wait_s(self, deadline: int) -> float:
-        # Longest wait for an end driven by another thread of this call: until the
-        # call's deadline, plus its completion's two bounded writes (store, log).
-        left_ms = max(0, deadline - self._clock.monotonic_ms()) + 2 * self._config.end_timeout_ms
-        return min(left_ms / 1000.0 + 1.0, threading.TIMEOUT_MAX)
+        for i in later:
+            _, seq, act = reqs[i]
+            try:
+                results[i] = self.end(seq, act, trace=None if traces is None else traces[i])
+            except TxnStreamError as exc:
+                # This end's own failure (a refusal, or a log write of it) is
+                # its answer: the others' answers, commits among them, stand.
+                results[i] = exc
+        for i, earlier in again:
+            results[i] = results[earlier]
+        return results
 
     # -- background
 
@@ -936,22 +788,17 @@ class EndDriver:
         claimed: list[tuple[int, TxnMeta]],
         deadline: int,
         traces: list[EndTrace | None] | None = None,
-        *,
-        tell: Told | None = None,
-        decided: Callable[[], None] | None = None,
     ) -> list[TxnStatus | TransactionError | None]:
         """Run steps 1-3 for many claimed (fresh) transactions, each step one batch.
 
         With :attr:`completions` step 3 is handed off (the outcome is
         returned once participants ended). ``traces`` (one per claimed
-        transaction, or None) count their durable waits. ``tell`` gets
-        ``(position, result)`` pairs as results are final (each once);
-        ``decided()`` is called once the decisions are logged.
+        transaction, or None) count their durable waits.
         """
         table, clock, writer = self._table, self._clock, self._writer
         metas = [m for _, m in claimed]
         results: list[TxnStatus | TransactionError | None] = [None] * len(metas)
-        owned = set(range(len(metas)))  # claims this thread still drives: released at the end
+        handed: set[int] = set()
         try:
             now = clock.wall_ms()
             try:
@@ -981,13 +828,7 @@ class EndDriver:
                 if not isinstance(exc, TimeoutError | TxnStreamError):
                     raise  # an interrupt: it goes on up (the decisions are in doubt)
                 # Each is asked again, alone: its decision is logged again then.
-                for m in metas:
-                    self._release(m)
-                owned.clear()
-                results = [_pending_error(table.tid(m.seq), None, why) for m in metas]
-                if tell is not None:
-                    tell(list(enumerate(results)))
-                return results
+                return [_pending_error(table.tid(m.seq), None, why) for m in metas]
             try:
                 mono = clock.monotonic_ms()
                 with table.lock:
@@ -1005,13 +846,22 @@ class EndDriver:
                 for t in traces:
                     if t is not None:
                         t.waited("decision")
-            if decided is not None:
-                decided()
-            self._end_participants_many(metas, deadline, results, traces, owned, tell)
+            ready = self._end_participants_many(metas, deadline, results, traces)
+            if self.completions is not None:
+                for i in ready:
+                    outcome = metas[i].status.outcome
+                    assert outcome is not None
+                    results[i] = outcome
+                    self.completions.submit(metas[i])
+                    handed.add(i)
+                return results
+            for i, final in zip(ready, self._complete_many([metas[i] for i in ready]), strict=True):
+                results[i] = final
             return results
         finally:
-            for i in owned:
-                self._release(metas[i])
+            for i, m in enumerate(metas):
+                if i not in handed:
+                    self._release(m)
 
     def _end_participants_many(
         self,
@@ -1019,25 +869,19 @@ class EndDriver:
         deadline: int,
         results: list[TxnStatus | TransactionError | None],
         traces: list[EndTrace | None] | None,
-        owned: set[int],
-        tell: Told | None,
-    ) -> None:
-        """Run steps 2-3 for many decided transactions; each result in ``results``, told.
+    ) -> list[int]:
+        """Step 2 for many decided transactions at once; the indexes that finished.
 
-        Every participant of every transaction is started first (their
-        writes share syncs). A transaction whose participants all answered
-        goes on to step 3 and is told at once, together with the others
-        done by then: a slow participant holds back only its own
-        transaction. One with a failed participant retries on a thread of
-        its own (:meth:`_end_participants`, backoff until the shared
-        ``deadline``); one still unanswered at the deadline gets its error.
-        Indexes leave ``owned`` as their driver role is released or passed
-        on.
+        Every participant of every transaction is started first and their
+        futures awaited together (their writes share syncs); a transaction
+        with a failed participant falls back to :meth:`_end_participants`
+        (retries with backoff until the deadline; a refusal goes to
+        ``results``).
         """
         table, clock = self._table, self._clock
         resolver = self.participants
         failed: dict[int, tuple[str, str]] = {}  # index -> (participant, error) of a failure
-        waiting: dict[int, list[tuple[str, Future[None]]]] = {}
+        waiting: list[tuple[int, str, Future[None]]] = []
         for i, m in enumerate(metas):
             tid = table.tid(m.seq)
             self._hook("ending_logged", tid)
@@ -1048,155 +892,60 @@ class EndDriver:
                     label = f"partition {p}"
                     fut = resolver.partition(p).end(tid, commit)
                     if fut is not None:
-                        waiting.setdefault(i, []).append((label, fut))
+                        waiting.append((i, label, fut))
                 for t, sub in m.subscription_list():
                     label = f"subscription {t}/{sub}"
                     fut = resolver.subscription(t, sub).end(tid, commit)
                     if fut is not None:
-                        waiting.setdefault(i, []).append((label, fut))
+                        waiting.append((i, label, fut))
             except Exception as exc:
                 failed[i] = (label, repr(exc))
-        answered = _Answered(len(metas), waiting)
-        if traces is not None:
-            for i in answered.still_waiting():
-                trace = traces[i]
-                if trace is not None:
-                    trace.waited("participants")
-        retrying: list[tuple[int, threading.Thread, list[Any]]] = []
-
-        def retry(i: int) -> None:  # its driver role goes to the retry
-            owned.discard(i)
-            aside = self._retry_aside(metas, i, failed[i], deadline, results, tell)
-            if aside is not None:
-                retrying.append((i, *aside))
-
-        pending = set(range(len(metas)))
-        while pending:
-            ready = answered.take()
-            pending.difference_update(ready)
-            done: list[int] = []
-            for i in ready:
-                for label, fut in waiting.get(i, ()):
-                    err = fut.exception(timeout=0)
-                    if err is not None:
-                        failed.setdefault(i, (label, repr(err)))
-                if i in failed:
-                    retry(i)
-                else:
-                    done.append(i)
-                    owned.discard(i)
-            if done:
-                self._participants_ended(metas, done, results, tell)
-            remaining = deadline - clock.monotonic_ms()
-            if pending and remaining <= 0:
-                break
-            if pending:
-                clock.wait(answered.progress, remaining)
-        for i in sorted(pending):  # no answer in time: its last attempt fails at once
-            label = next((lb for lb, fut in waiting[i] if not fut.done()), "participant")
-            failed.setdefault(i, (label, repr(TimeoutError("no answer in time"))))
-            retry(i)
-        for i, th, out in retrying:
-            th.join(self._aside_wait_s(deadline))
-            if not out:  # still ending: told when done; this call answers pending
-                why = "its participants are being retried"
-                results[i] = _pending_error(table.tid(metas[i].seq), metas[i].status.outcome, why)
-
-    def _retry_aside(
-        self,
-        metas: list[TxnMeta],
-        i: int,
-        failure: tuple[str, str],
-        deadline: int,
-        results: list[TxnStatus | TransactionError | None],
-        tell: Told | None,
-    ) -> tuple[threading.Thread, list[Any]] | None:
-        """Retry the participants of ``metas[i]`` (its first attempt failed) on a thread of its own.
-
-        It takes over the driver role; its result goes to ``results[i]``,
-        the returned list and ``tell``. None: the retry policy allows no
-        more attempts, and it is answered at once.
-        """
-        m = metas[i]
-        tid = self._table.tid(m.seq)
+        if waiting:
+            all_done = _all_done([fut for _, _, fut in waiting])
+            if traces is not None and not all_done.is_set():
+                for i in {i for i, _, _ in waiting}:
+                    trace = traces[i]
+                    if trace is not None:
+                        trace.waited("participants")
+            clock.wait(all_done, deadline - clock.monotonic_ms())
+            for i, label, fut in waiting:
+                if not fut.done():
+                    failed.setdefault(i, (label, repr(TimeoutError("no answer in time"))))
+                elif fut.exception(timeout=0) is not None:
+                    failed.setdefault(i, (label, repr(fut.exception(timeout=0))))
         limit = self._config.retry.max_attempts
-        if limit is not None and limit <= 1:
-            outcome = m.status.outcome
-            label, err = failure
-            results[i] = ParticipantsFailed(
-                f"ending transaction {tid} ({outcome.name if outcome else '?'}, "
-                f"decided) failed on a participant after 1 attempt(s): {label}: "
-                f"{err}; it is completed in the background",
-                txn_id=tid,
-                outcome=outcome,
-                failures=[failure],
-            )
-            self._release(m)
-            if tell is not None:
-                tell([(i, results[i])])
-            return None
-        out: list[Any] = []
-
-        def run() -> None:
-            try:
+        ready: list[int] = []
+        for i, m in enumerate(metas):
+            tid = table.tid(m.seq)
+            if i in failed:
                 # That was attempt 1; the retries follow the same policy.
-                self._end_participants(
-                    m,
-                    tid,
-                    deadline,
-                    background=False,
-                    attempts=None if limit is None else limit - 1,
-                )
-            except TransactionError as exc:
-                results[i] = exc
-                self._release(m)
-            except BaseException:
-                self._release(m)  # this call answers it pending (``out`` stays empty)
-                raise
+                try:
+                    if limit is not None and limit <= 1:
+                        outcome = m.status.outcome
+                        label, err = failed[i]
+                        raise ParticipantsFailed(
+                            f"ending transaction {tid} ({outcome.name if outcome else '?'}, "
+                            f"decided) failed on a participant after 1 attempt(s): {label}: "
+                            f"{err}; it is completed in the background",
+                            txn_id=tid,
+                            outcome=outcome,
+                            failures=[failed[i]],
+                        )
+                    self._end_participants(
+                        m,
+                        tid,
+                        deadline,
+                        background=False,
+                        attempts=None if limit is None else limit - 1,
+                    )
+                except TransactionError as exc:
+                    results[i] = exc
+                    continue
             else:
-                self._participants_ended(metas, [i], results, None)
-            out.append(results[i])
-            if tell is not None:
-                tell([(i, results[i])])
-
-        th = threading.Thread(target=run, name=f"txnstream-end-{tid}", daemon=True)
-        th.start()
-        return th, out
-
-    def _participants_ended(
-        self,
-        metas: list[TxnMeta],
-        indexes: list[int],
-        results: list[TxnStatus | TransactionError | None],
-        tell: Told | None,
-    ) -> None:
-        """Step 3 for ``metas[indexes]``, whose participants all ended; their results told.
-
-        With :attr:`completions` it is handed off (the driver role goes
-        along); otherwise it runs here, and the driver role is released.
-        """
-        table = self._table
-        group = [metas[i] for i in indexes]
-        for m in group:
-            if not m.participants_done:
                 m.participants_done = True
-                self._hook("participants_done", table.tid(m.seq))
-        if self.completions is not None:
-            for i, m in zip(indexes, group, strict=True):
-                outcome = m.status.outcome
-                assert outcome is not None
-                results[i] = outcome
-                self.completions.submit(m)
-        else:
-            try:
-                finals = self._complete_many(group)
-            finally:
-                for m in group:
-                    self._release(m)
-            for i, final in zip(indexes, finals, strict=True):
-                results[i] = final
-        if tell is not None:
-            tell([(i, results[i]) for i in indexes])
+                self._hook("participants_done", tid)
+            ready.append(i)
+        return ready
 
     def _complete_many(self, metas: list[TxnMeta]) -> list[TxnStatus]:
         """Step 3 for many: store records one by one, the final records as one batch."""

@@ -142,3 +142,36 @@ def test_a_transaction_started_for_a_caller_who_left_is_aborted(how: str) -> Non
     finally:
         log.gate.set()
         tc.close()
+
+
+def test_a_new_transaction_cancelled_after_its_answer_arrived_is_aborted(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The cancel lands after the answer is set, before the awaiting task resumes.
+
+    The task raises CancelledError and nobody gets the id: the transaction
+    stayed OPEN until its timeout (here 10 minutes).
+    """
+    import txnstream.coordinator.aio as aio_mod
+
+    tc = TransactionCoordinator(0, InMemoryTransactionLog())
+    a = tc.aio()
+    tasks: list[asyncio.Task[TxnID]] = []
+    settle = aio_mod._settle
+
+    def settle_then_cancel(*args: object) -> None:
+        settle(*args)  # type: ignore[arg-type]
+        tasks[0].cancel()  # its answer is set: the task resumes into the cancel
+
+    monkeypatch.setattr(aio_mod, "_settle", settle_then_cancel)
+
+    async def main() -> None:
+        tasks.append(asyncio.create_task(a.new_transaction(timeout_ms=600_000)))
+        with pytest.raises(asyncio.CancelledError):
+            await tasks[0]
+
+    try:
+        asyncio.run(main())
+        testing.wait_until(lambda: not tc.list_transactions(TxnStatus.OPEN), 10_000)
+    finally:
+        tc.close()

@@ -227,7 +227,15 @@ class AsyncCoordinator:
         )
         key = (timeout, client_arg(client_name))
         self._here()
-        txn: TxnID = await self._new.submit(asyncio.get_running_loop(), key, None)
+        fut = self._new.submit(asyncio.get_running_loop(), key, None)
+        try:
+            txn: TxnID = await fut
+        except asyncio.CancelledError:
+            # Cancelled after its answer arrived but before this task resumed:
+            # nobody receives the id, so the transaction must not stay open.
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self.tc._abandoned([fut.result()])
+            raise
         return txn
 
     async def add_produced_partitions(self, txn_id: TxnID, partitions: Iterable[str]) -> None:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from tests.test_coordinator_state import Env
+from txnstream import testing
 from txnstream.coordinator import TransactionCoordinator, TxnID, TxnStatus
 from txnstream.errors import (
     CoordinatorNotFound,
@@ -109,7 +110,6 @@ def test_a_forked_child_gets_the_blocking_calls_error_at_once(tmp_path: Path) ->
     writer was made before the fork), without waiting.
     """
     import os
-    import time
 
     tc = TransactionCoordinator.open(tmp_path, 0)
 
@@ -153,17 +153,7 @@ def test_a_forked_child_gets_the_blocking_calls_error_at_once(tmp_path: Path) ->
         except BaseException:
             code = 4
         os._exit(code)
-    deadline = time.monotonic() + 30
-    status = None
-    while status is None and time.monotonic() < deadline:
-        done, st = os.waitpid(pid, os.WNOHANG)
-        if done:
-            status = st
-        else:
-            time.sleep(0.02)
-    if status is None:  # pragma: no cover - a hang the child's own deadline missed
-        os.kill(pid, 9)
-        os.waitpid(pid, 0)
-        pytest.fail("the forked child hung")
-    assert os.waitstatus_to_exitcode(status) == 0
+    exit_code = testing.wait_child(pid, 30_000)
+    assert exit_code is not None, "the forked child hung"
+    assert exit_code == 0
     tc.close()

@@ -172,6 +172,9 @@ def test_a_new_transaction_cancelled_after_its_answer_arrived_is_aborted(
 
     try:
         asyncio.run(main())
+        assert tc.stats()["created"] == 1  # it was started: it must end
         testing.wait_until(lambda: not tc.list_transactions(TxnStatus.OPEN), 10_000)
+        ended = tc.stats()
+        assert ended["aborted"] + ended["timed_out"] >= 1 and ended["committed"] == 0
     finally:
         tc.close()

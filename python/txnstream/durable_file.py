@@ -45,6 +45,17 @@ def make_dirs_durably(directory: Path) -> None:
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(directory))
 
 
+def temporary_path(path: Path) -> Path:
+    """Return the temp file :func:`write_atomically` writes ``path`` through."""
+    return path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+
+
+def is_own_temporary(name: str) -> bool:
+    """Tell whether ``name`` is a temp file of :func:`write_atomically` made by this process."""
+    parts = name.removesuffix(".tmp").rsplit(".", 2)  # .<name>, <pid>, <ns>
+    return name.endswith(".tmp") and len(parts) == 3 and parts[1] == str(os.getpid())
+
+
 def write_atomically(path: Path, data: bytes) -> None:
     """Replace ``path`` with ``data`` atomically and durably (creating its parents durably).
 
@@ -53,7 +64,7 @@ def write_atomically(path: Path, data: bytes) -> None:
     file is reused). Raises ``OSError``; the temp file is removed then.
     """
     make_dirs_durably(path.parent)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
+    tmp = temporary_path(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
     try:
         try:

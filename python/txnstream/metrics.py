@@ -642,12 +642,12 @@ _C = TypeVar("_C", BrokerCollector, "RemoteStoresCollector")
 def _registry_collector(
     table: weakref.WeakKeyDictionary[CollectorRegistry, _C],
     registry: CollectorRegistry,
-    make: Callable[[], _C] | None,
-) -> _C | None:
-    """Return the registry's one collector of a kind (made and registered by ``make``)."""
+    make: Callable[[], _C],
+) -> _C:
+    """Return the registry's one collector of a kind, made and registered on first use."""
     with _collectors_lock:
         collector = table.get(registry)
-        if collector is None and make is not None:
+        if collector is None:
             collector = make()
             registry.register(collector)
             table[registry] = collector
@@ -657,7 +657,6 @@ def _registry_collector(
 def register_broker(broker: BrokerSource, name: str, registry: CollectorRegistry = REGISTRY) -> str:
     """Export a broker's metrics under label ``broker=name``; returns ``name``."""
     collector = _registry_collector(_broker_collectors, registry, BrokerCollector)
-    assert collector is not None
     collector.add(name, broker)
     return name
 
@@ -666,7 +665,8 @@ def unregister_broker(
     name: str, broker: BrokerSource | None = None, registry: CollectorRegistry = REGISTRY
 ) -> None:
     """Stop exporting broker ``name`` (with ``broker``: only if it is that one)."""
-    collector = _registry_collector(_broker_collectors, registry, None)
+    with _collectors_lock:
+        collector = _broker_collectors.get(registry)
     if collector is not None:
         collector.remove(name, broker)
 
@@ -746,7 +746,6 @@ def register_remote_store(
     ``metrics_label``) are samples of one family each, never two families.
     """
     collector = _registry_collector(_remote_collectors, registry, RemoteStoresCollector)
-    assert collector is not None
     collector.add(name, store)
     return name
 
@@ -755,6 +754,7 @@ def unregister_remote_store(
     name: str, store: RemoteStoreSource | None = None, registry: CollectorRegistry = REGISTRY
 ) -> None:
     """Stop exporting broker ``name``'s remote store (with ``store``: only if it is that one)."""
-    collector = _registry_collector(_remote_collectors, registry, None)
+    with _collectors_lock:
+        collector = _remote_collectors.get(registry)
     if collector is not None:
         collector.remove(name, store)

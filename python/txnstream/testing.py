@@ -18,6 +18,7 @@ API of the components. It holds:
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -160,6 +161,19 @@ def wait_until(cond: Callable[[], bool], timeout_ms: int = 30_000) -> None:
         if time.monotonic() > end:
             raise AssertionError("condition not reached in time")
         time.sleep(0.002)
+
+
+def wait_child(pid: int, timeout_ms: int) -> int | None:
+    """Wait for forked child ``pid``; its exit code, or None if it hung (it is then killed)."""
+    end = time.monotonic() + timeout_ms / 1000.0
+    while time.monotonic() < end:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.02)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    return None
 
 
 # ---------------------------------------------------------------------- time

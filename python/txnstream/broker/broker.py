@@ -160,17 +160,24 @@ class Tiered:
         self.metadata = metadata
         self.offloader = offloader
         self.metadata_ml = metadata_ml
-        #: The clean-up of uploads a crash interrupted is still to run (the
-        #: maintenance round retries it until it succeeds).
-        self.clean_up_pending = True
+        self._swept = False  # the temporaries of interrupted writes (once per open)
+
+    @property
+    def clean_up_pending(self) -> bool:
+        """Tell whether uploads wait for their objects to be deleted (or the first sweep)."""
+        return not self._swept or bool(self.metadata.unfinished())
 
     def clean_up(self, cancelled: Callable[[], bool] | None = None) -> int:
-        """Run the pending clean-up of interrupted uploads; return how many it deleted."""
+        """Run the pending clean-up of interrupted uploads; return how many it deleted.
+
+        The maintenance round calls it every round: an upload whose deletes
+        failed (here or before a crash) is retried until they succeed.
+        """
         if not self.clean_up_pending:
             return 0
         n = self.offloader.clean_up(cancelled)
         if cancelled is None or not cancelled():
-            self.clean_up_pending = False
+            self._swept = True
         return n
 
     def reader(self) -> TieredReader:

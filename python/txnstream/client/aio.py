@@ -119,6 +119,12 @@ async def _settled(src: Future[T], timeout_s: float | None) -> T:
     return await _bounded(waiter, timeout_s)
 
 
+def _log_failure(done: Future[Any]) -> None:
+    # A pool call nobody awaits (the rest of a cancelled commit): its failure is logged.
+    if not done.cancelled() and (exc := done.exception()) is not None:
+        log.error("finishing a cancelled commit failed", exc_info=exc)
+
+
 class _LoopWaker:
     """A subscription waker (``set()`` from any thread) that resolves a future on a loop."""
 
@@ -180,7 +186,7 @@ class AsyncTransaction:
         try:
             await self._commit(txn)
         except asyncio.CancelledError:
-            self._client._submit(self._finish_cancelled_commit)
+            self._client._submit(self._finish_cancelled_commit).add_done_callback(_log_failure)
             raise
 
     async def _commit(self, txn: Transaction) -> None:
@@ -255,10 +261,11 @@ class AsyncTransaction:
 class AsyncProducer:
     """:class:`~txnstream.client.client.Producer` for asyncio."""
 
-    def __init__(self, producer: Producer) -> None:
+    def __init__(self, producer: Producer, client: AsyncClient | None = None) -> None:
         #: The sync producer.
         self.sync = producer
-        self._client = producer.client.aio()  # its pool runs the blocking send_many
+        # Its pool runs the blocking send_many.
+        self._client = producer.client.aio() if client is None else client
 
     async def send(
         self,
@@ -463,7 +470,7 @@ class AsyncClient:
 
     def producer(self, topic: str, name: str | None = None) -> AsyncProducer:
         """Return an async producer on ``topic``."""
-        return AsyncProducer(self.sync.producer(topic, name))
+        return AsyncProducer(self.sync.producer(topic, name), self)
 
     def subscribe(
         self, topic: str, subscription: str, isolation: str = "read_committed", **kwargs: Any

@@ -17,6 +17,7 @@ queued; a refusal (``TransactionNotFound``...) raises in the awaiting task.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import threading
 from collections.abc import Callable, Hashable, Iterable
@@ -40,6 +41,8 @@ if TYPE_CHECKING:
     from txnstream.coordinator.coordinator import TransactionCoordinator
     from txnstream.coordinator.ending import EndTrace
 
+log = logging.getLogger(__name__)
+
 # One bulk call: (key, items) -> one answer (value or exception) per item.
 Batch = Callable[[Hashable, list[Any]], list[Any]]
 Loop = asyncio.AbstractEventLoop
@@ -50,6 +53,17 @@ Loop = asyncio.AbstractEventLoop
 Orphans = Callable[[list[Any]], None]
 
 
+def _orphan(answers: list[Any], orphaned: Orphans | None) -> None:
+    # Hand the answers nobody receives (not the errors) to ``orphaned``; its
+    # failure is logged, never let stop the delivery of the other answers.
+    unreceived = [a for a in answers if not isinstance(a, BaseException)]
+    if unreceived and orphaned is not None:
+        try:
+            orphaned(unreceived)
+        except Exception:
+            log.exception("cleaning up after %d answers nobody received", len(unreceived))
+
+
 def _settle(
     futures: list[asyncio.Future[Any]], answers: list[Any], orphaned: Orphans | None
 ) -> None:
@@ -57,15 +71,12 @@ def _settle(
     unreceived = []
     for fut, answer in zip(futures, answers, strict=True):
         if fut.cancelled():
-            if not isinstance(answer, BaseException):
-                unreceived.append(answer)
-            continue
-        if isinstance(answer, BaseException):
+            unreceived.append(answer)
+        elif isinstance(answer, BaseException):
             fut.set_exception(answer)
         else:
             fut.set_result(answer)
-    if unreceived and orphaned is not None:
-        orphaned(unreceived)
+    _orphan(unreceived, orphaned)
 
 
 def _deliver(
@@ -84,9 +95,7 @@ def _deliver(
         try:
             loop.call_soon_threadsafe(_settle, futs, ans, orphaned)
         except RuntimeError:  # the loop is closed
-            unreceived = [a for a in ans if not isinstance(a, BaseException)]
-            if unreceived and orphaned is not None:
-                orphaned(unreceived)
+            _orphan(ans, orphaned)
 
 
 class _Lane:
@@ -172,11 +181,19 @@ class AsyncCoordinator:
         )
         # A started transaction whose caller left is aborted at once (nobody
         # else has its id), as the blocking path does for an interrupted start.
-        self._new = _Lane(self._run_new, self._executor, tc._abandoned)
+        self._new = _Lane(self._run_new, self._executor, self._abandoned)
         self._partitions = _Lane(self._run_partitions, self._executor)
         self._subscriptions = _Lane(self._run_subscriptions, self._executor)
         self._ends = _Lane(self._run_ends, self._executor)
         self._lanes = (self._new, self._partitions, self._subscriptions, self._ends)
+
+    def _abandoned(self, txn_ids: list[TxnID]) -> None:
+        # Off the event loop's thread (it takes the coordinator's table lock,
+        # which bulk calls hold): on a lane thread, or here once they stopped.
+        try:
+            self._executor.submit(self.tc._abandoned, txn_ids)
+        except RuntimeError:  # the lanes stopped (the coordinator closed)
+            self.tc._abandoned(txn_ids)
 
     def _here(self) -> None:
         # A child forked after the lanes started has none of their threads, and
@@ -234,7 +251,7 @@ class AsyncCoordinator:
             # Cancelled after its answer arrived but before this task resumed:
             # nobody receives the id, so the transaction must not stay open.
             if fut.done() and not fut.cancelled() and fut.exception() is None:
-                self.tc._abandoned([fut.result()])
+                self._abandoned([fut.result()])
             raise
         return txn
 

@@ -49,7 +49,7 @@ from txnstream._native import (
     export_segment,
 )
 from txnstream.errors import InvalidArgumentError, OperationTimeoutError, StorageError
-from txnstream.tiered.metadata import RemoteLogMetadataManager, SegmentInfo
+from txnstream.tiered.metadata import STARTED, RemoteLogMetadataManager, SegmentInfo
 from txnstream.tiered.remote import RemoteStorage, instance_arg, int_arg, object_name
 from txnstream.tiered.txn_index import TopicTxnIndexes
 
@@ -97,6 +97,11 @@ class Offloader:
             for seg in self.metadata.unfinished():
                 if cancelled is not None and cancelled():
                     break
+                if seg.state == STARTED:
+                    # As _abandon does: its FINISHED record may be durable after a
+                    # write that raised, so it is recorded abandoned before any
+                    # object goes (else a restart could read a segment with none).
+                    self.metadata.delete_started(seg)
                 for kind in ("segment", "offset_index", "txn_index"):
                     self.remote.delete(
                         object_name(seg.topic, seg.ledger_id, seg.segment_id, kind), kind

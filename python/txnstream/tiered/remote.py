@@ -25,7 +25,7 @@ from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
 from txnstream._native import Position, crc32c
-from txnstream.durable_file import make_dirs_durably, write_atomically
+from txnstream.durable_file import is_own_temporary, make_dirs_durably, write_atomically
 from txnstream.errors import CorruptEntryError, InvalidArgumentError, StorageError
 from txnstream.metrics import remote_store_families
 
@@ -306,10 +306,8 @@ class RemoteStorage:
         if self._fs is not None:
             return 0
         n = 0
-        pid = str(os.getpid())
         for tmp in Path(self._root).rglob(".*.tmp"):
-            parts = tmp.name[: -len(".tmp")].rsplit(".", 2)  # .<name>, <pid>, <ns>
-            if len(parts) == 3 and parts[1] == pid:
+            if is_own_temporary(tmp.name):
                 continue
             tmp.unlink(missing_ok=True)
             n += 1

@@ -292,25 +292,36 @@ fn a_blocking_put_from_a_compacted_topics_callback_fails_at_once() {
 #[test]
 fn the_last_handle_dropped_in_a_completion_callback_closes_the_directory_without_a_hang() {
     let dir = tempfile::tempdir().unwrap();
-    let ml = ManagedLedger::open(dir.path(), "last", LedgerOptions::default()).unwrap();
+    let inj = Arc::new(FaultInjector::new());
+    let o = LedgerOptions {
+        fault_injector: Some(Arc::clone(&inj)),
+        ..LedgerOptions::default()
+    };
+    let ml = ManagedLedger::open(dir.path(), "last", o).unwrap();
     let cursor = ml.open_cursor("sub").unwrap();
     let first = ml.append(b"first").unwrap();
     cursor.mark_delete(first).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     let held = Arc::clone(&ml);
-    drop(ml);
-    // The callback owns the only handle, so the store closes on the storage thread.
-    held.clone().append_many_async(
+    // The write completes only once this thread has let go of every other
+    // handle: the callback owns the only one, so the store closes on the
+    // storage thread.
+    inj.hold(FaultKind::Sync);
+    ml.append_many_async(
         vec![b"second".to_vec()],
         Box::new(move |r| {
+            let handles = Arc::strong_count(&held);
             drop(held);
-            let _ = tx.send(r.map_err(|e| e.to_string()));
+            let _ = tx.send((handles, r.map_err(|e| e.to_string())));
         }),
     );
-    let got = rx
+    drop(ml);
+    inj.clear();
+    let (handles, got) = rx
         .recv_timeout(Duration::from_secs(10))
         .expect("the callback never ran");
     assert!(got.is_ok(), "{got:?}");
+    assert_eq!(handles, 1, "the callback's handle was not the last");
     // The directory is released: it opens again (waiting for the close to
     // finish), with both entries and the cursor's mark-delete.
     let (otx, orx) = std::sync::mpsc::channel();
@@ -384,6 +395,12 @@ fn one_directorys_backpressure_does_not_hold_other_directories_batches() {
     assert!(
         arx.try_recv().is_err(),
         "A's record written while A was full"
+    );
+    // Not submitted either (A's held sync alone would keep it from completing).
+    assert_eq!(
+        wa.stats().flush_max_delay,
+        0,
+        "A's batch submitted while A was full"
     );
     // Once A has room again, its batch is written too.
     inj.clear();

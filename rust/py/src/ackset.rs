@@ -155,14 +155,7 @@ fn ackset_arg<'a, 'py>(
 
 /// Ack-set words: an iterable of signed 64-bit ints.
 fn words_arg(words: &Bound<'_, PyAny>) -> BindResult<Vec<i64>> {
-    let mut ws = Vec::with_capacity(crate::buffers::capacity_hint(words));
-    let items = words.try_iter().map_err(|_| {
-        txnstream_core::Error::invalid("words must be a sequence of signed 64-bit ints")
-    })?;
-    for (i, w) in items.enumerate() {
-        ws.push(i64_arg(&w?, &format!("words[{i}]"))?);
-    }
-    Ok(ws)
+    crate::args::seq_arg(words, "words", "a sequence of signed 64-bit ints", i64_arg)
 }
 
 /// The rows of `a` back to back (row-major), and the row width.

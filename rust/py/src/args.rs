@@ -10,7 +10,7 @@
 //! rather than as `u64`, `&str`, `Vec<...>` or `PyReadonlyArray`
 //! parameters (only the test hooks of `testing.rs` keep PyO3's own).
 
-use crate::errors::BindResult;
+use crate::errors::{BindError, BindResult};
 use numpy::ndarray::Dimension;
 use numpy::{
     Element, PyArray, PyArrayMethods, PyReadonlyArray, PyUntypedArray, PyUntypedArrayMethods,
@@ -230,16 +230,25 @@ pub fn seq_arg<'py, T>(
     Ok(out)
 }
 
-/// Runs `check` on an argument whose name must be built (an item of a
-/// sequence, a field of a tuple): first with a placeholder, and only if
-/// that fails again with the name, for the error. Per-message and
+/// The placeholder [`named`] checks with; an error naming it is renamed.
+const UNNAMED: &str = "\u{0}arg";
+
+/// Runs `check` once on an argument whose name must be built (an item of a
+/// sequence, a field of a tuple) with a placeholder name, and builds the
+/// name only for an error that names the placeholder. Per-message and
 /// per-record encoders call this for every item, and good input must not
-/// pay for formatting names.
+/// pay for formatting names. (Running `check` again with the name would
+/// read a one-shot iterator twice, and accept it empty the second time.)
 pub fn named<T>(
-    mut check: impl FnMut(&str) -> BindResult<T>,
+    check: impl FnOnce(&str) -> BindResult<T>,
     name: impl FnOnce() -> String,
 ) -> BindResult<T> {
-    check("?").or_else(|_| check(&name()))
+    check(UNNAMED).map_err(|e| match e {
+        BindError::Core(Error::InvalidArgument(msg)) if msg.contains(UNNAMED) => {
+            BindError::Core(Error::InvalidArgument(msg.replace(UNNAMED, &name())))
+        }
+        other => other,
+    })
 }
 
 /// A sequence of str.
@@ -302,16 +311,8 @@ pub fn array_arg<'py, T: Element, D: Dimension>(
 
 /// An optional `bool` flag (`None`: `default`); ints are not flags.
 pub fn bool_arg(obj: Option<&Bound<'_, PyAny>>, what: &str, default: bool) -> BindResult<bool> {
-    match obj.filter(|o| !o.is_none()) {
-        None => Ok(default),
-        Some(o) if o.is_instance_of::<PyBool>() => Ok(o.is_truthy()?),
-        Some(o) => Err(Error::invalid(format!(
-            "{what} must be a bool, not {} ({})",
-            type_name(o),
-            short_repr(o)
-        ))
-        .into()),
-    }
+    obj.filter(|o| !o.is_none())
+        .map_or(Ok(default), |o| flag_arg(o, what))
 }
 
 /// `obj` as a directory path: a `str` or `os.PathLike` of text, without NUL.

@@ -65,7 +65,12 @@ pub fn bytes_list<'py>(seq: &Bound<'py, PyAny>, arg: &str) -> BindResult<Vec<Bou
     })?;
     let mut out = Vec::with_capacity(capacity_hint(seq));
     for (i, item) in items.enumerate() {
-        out.push(record_bytes(&item?, &format!("{arg}[{i}]"))?);
+        let item = item?;
+        // Per record of append_many / write_many: the name only for an error.
+        out.push(crate::args::named(
+            |n| record_bytes(&item, n),
+            || format!("{arg}[{i}]"),
+        )?);
     }
     Ok(out)
 }

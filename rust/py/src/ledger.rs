@@ -14,7 +14,7 @@
 //! thread ([`crate::completion`]).
 
 use crate::ackset::PyAckSet;
-use crate::args::{array_arg, bool_arg, i64_arg, path_arg, str_arg, timeout_ms_arg};
+use crate::args::{array_arg, bool_arg, i64_arg, named, path_arg, str_arg, timeout_ms_arg};
 use crate::buffers::{bytes_list, record_bytes, with_slices};
 use crate::completion::{future_with_callback, object_list, Job};
 use crate::errors::BindResult;
@@ -62,8 +62,9 @@ pub(crate) fn pos_arg(obj: &Bound<'_, PyAny>, arg: &str) -> BindResult<Position>
     }
     if let Ok(t) = obj.cast::<PyTuple>() {
         if t.len() == 2 {
-            let l = id_arg(&t.get_item(0)?, &format!("{arg} ledger_id"))?;
-            let e = id_arg(&t.get_item(1)?, &format!("{arg} entry_id"))?;
+            let (l, e) = (t.get_item(0)?, t.get_item(1)?);
+            let l = named(|n| id_arg(&l, n), || format!("{arg} ledger_id"))?;
+            let e = named(|n| id_arg(&e, n), || format!("{arg} entry_id"))?;
             return Ok(Position::new(l, e));
         }
     }
@@ -594,7 +595,11 @@ impl PyCursor {
             )
         })?;
         for (i, item) in items.enumerate() {
-            recs.push(record_arg(&item?, &format!("positions[{i}]"))?);
+            let item = item?;
+            recs.push(named(
+                |n| record_arg(&item, n),
+                || format!("positions[{i}]"),
+            )?);
         }
         if recs.len() <= IN_PLACE_MAX {
             return Ok(self.inner.delete_batch_indexes(&recs)?);

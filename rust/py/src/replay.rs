@@ -41,7 +41,9 @@ fn cursor_of(ml: &PyManagedLedger, cursor: &Bound<'_, PyAny>) -> BindResult<Curs
         ))
         .into());
     }
-    Ok(ml.inner.open_cursor(&str_arg(cursor, "cursor")?)?)
+    let name = str_arg(cursor, "cursor")?;
+    // A new cursor is made durable (a journal write and sync): not under the GIL.
+    Ok(cursor.py().detach(|| ml.inner.open_cursor(&name))?)
 }
 
 fn pos(obj: Option<&Bound<'_, PyAny>>, arg: &str) -> BindResult<Option<Position>> {

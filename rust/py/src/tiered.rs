@@ -2,7 +2,7 @@
 //! segment offset index, and the export of a closed ledger as a segment
 //! (read, encoded and scanned for ABORT markers with the GIL released).
 
-use crate::args::{bool_arg, txn_arg, type_name};
+use crate::args::{bool_arg, named, txn_arg, type_name};
 use crate::buffers::record_bytes;
 use crate::errors::BindResult;
 use crate::ledger::{id_arg, pos_arg, PyManagedLedger};
@@ -52,8 +52,14 @@ fn aborts_arg(seq: &Bound<'_, PyAny>) -> BindResult<Vec<((u64, u64), Position)>>
                 ))
             })?;
         out.push((
-            txn_arg(&t.get_item(0)?, &format!("aborts[{i}] txn"))?,
-            pos_arg(&t.get_item(1)?, &format!("aborts[{i}] position"))?,
+            named(
+                |n| txn_arg(&t.get_item(0)?, n),
+                || format!("aborts[{i}] txn"),
+            )?,
+            named(
+                |n| pos_arg(&t.get_item(1)?, n),
+                || format!("aborts[{i}] position"),
+            )?,
         ));
     }
     Ok(out)

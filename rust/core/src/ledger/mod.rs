@@ -454,12 +454,9 @@ impl ManagedLedger {
         }
         // No cursor state may be encoded and journaled across the deletion.
         let _order = ml.cursor_journal.lock();
+        // Applying the durable deletion record forgets the cursor (state.rs):
+        // a second removal here could drop one a concurrent open made since.
         self.shared.store.delete_cursor(ml, name)?;
-        {
-            let mut m = ml.meta.lock();
-            m.persisted_cursors.remove(name);
-            ml.cursors.lock().remove(name);
-        }
         // It may have been the slowest: the flusher looks at trimming again.
         self.shared.store.cursor_changed(ml);
         Ok(())

@@ -342,20 +342,26 @@ impl Store {
             // waits for the journal's Close and joins the storage threads: on
             // one of them it would wait on itself. A thread of its own closes
             // the store; an open of the same directory waits for it meanwhile.
-            let store = Arc::clone(self);
-            let closing = Arc::clone(&c);
+            // Its result has no caller left to take it: every entry was durable
+            // when acknowledged, and a final cursor state that failed to be
+            // written only means those acks are redelivered after a reopen.
+            struct Closed(Arc<Store>, Arc<(Mutex<bool>, Condvar)>);
+            impl Drop for Closed {
+                fn drop(&mut self) {
+                    self.0.closed(&self.1); // even if the shutdown panicked
+                }
+            }
+            let done = Closed(Arc::clone(self), Arc::clone(&c));
             let spawned = std::thread::Builder::new()
                 .name("txnstream-close".into())
                 .spawn(move || {
-                    let _ = store.shutdown();
-                    store.closed(&closing);
+                    let _ = done.0.shutdown();
+                    drop(done);
                 });
             return match spawned {
                 Ok(_) => Ok(()),
-                Err(e) => {
-                    self.closed(&c);
-                    Err(io_err("starting the thread that closes the store", &e))
-                }
+                // The guard went with the closure: openers waiting go on.
+                Err(e) => Err(io_err("starting the thread that closes the store", &e)),
             };
         }
         let result = self.shutdown();
@@ -757,7 +763,8 @@ impl Store {
         if self.io.read_only {
             return Ok(());
         }
-        // Cursor states are made durable before close returns; the seal
+        // Cursor states are made durable before close returns (on a storage
+        // thread: before the store's shutdown, see below); the seal
         // need not be waited for (recovery seals an open ledger at its
         // durable end just the same, and the journal keeps it ahead of any
         // later append).

@@ -342,6 +342,9 @@ impl Inner {
 /// and at most (its `max_delay` between the two).
 const FULL_SINK_RETRY_MIN: Duration = Duration::from_millis(1);
 const FULL_SINK_RETRY_MAX: Duration = Duration::from_millis(10);
+/// Longest a due batch waits for room in its sink (the ledger's default
+/// `append_timeout`) before it is submitted over the limit.
+const FULL_SINK_WAIT_MAX: Duration = Duration::from_secs(30);
 
 impl Timed for Inner {
     fn on_timer(&self) {
@@ -349,8 +352,14 @@ impl Timed for Inner {
             return;
         };
         let _scope = defer::Scope::enter();
-        let mut st = me.state.lock();
         let now = Instant::now();
+        // A writer busy in another thread may hold its state while it waits for
+        // room in its sink: never wait for it on this process-wide thread.
+        let Some(mut st) = me.state.try_lock() else {
+            let target: Weak<dyn Timed> = me.me.clone();
+            me.scheduler.schedule(now + FULL_SINK_RETRY_MIN, target);
+            return;
+        };
         // An early, superseded deadline leaves the queued later one armed.
         if st.timer_at.is_some_and(|at| at <= now) {
             st.timer_at = None;
@@ -361,12 +370,15 @@ impl Timed for Inner {
         let Some(first) = st.batch.first_at.filter(|_| st.batch.records > 0) else {
             return;
         };
-        if first + st.cfg.max_delay <= now {
-            if !me.sink.has_room(st.batch.entry.len()) {
+        let due = first + st.cfg.max_delay;
+        if due <= now {
+            if now < due + FULL_SINK_WAIT_MAX && !me.sink.has_room(st.batch.entry.len()) {
                 // The sink's directory is full (backpressure). Waiting for room
                 // here would hold up every other writer's deadline on this
                 // process-wide thread: look again shortly. A write that fills
                 // the batch meanwhile flushes it, and waits, on its own thread.
+                // Past FULL_SINK_WAIT_MAX the batch is submitted all the same
+                // (this thread never waits for room: one batch over the limit).
                 let again = now
                     + st.cfg
                         .max_delay

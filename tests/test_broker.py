@@ -852,6 +852,10 @@ def test_admin_api_on_a_live_broker(broker: Broker) -> None:
     assert all(s["batch_enabled"] for s in admin.pending_ack_batch_stats().values())
     with client.transaction() as t2:
         p.send(b"y", txn=t2)
+    # A committed transaction is never turned into an abort: the answer says so,
+    # and its message stays visible.
+    assert admin.force_abort(t2.txn_id) == ts.TxnStatus.COMMITTED
+    assert b"y" in [bytes(m.value) for m in c.receive_many(10, 200)]
     admin.set_transaction_log_batch_enabled(False)
 
 

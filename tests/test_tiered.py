@@ -203,6 +203,17 @@ def test_tiered_apis_refuse_bad_arguments_with_typed_errors(tmp_path: Path) -> N
     for word, call in calls.items():
         with pytest.raises(InvalidArgumentError, match=word.strip()):
             call()
+    # A READ_COMMITTED read refuses bad arguments at the call, not at its
+    # first next() (found in review: a bad read, never iterated, said nothing).
+    lazy = {
+        "ml": lambda: reader.read_committed("t", "x", max_read_position=p),
+        "aborted": lambda: reader.read_committed("t", ml, max_read_position=p, aborted=5),
+        "start": lambda: reader.read_committed("t", ml, max_read_position=None, start="x"),
+        "max_read_position": lambda: reader.read_committed("t", ml, max_read_position="x"),
+    }
+    for word, call in lazy.items():
+        with pytest.raises(InvalidArgumentError, match=word):
+            call()
     # Positions as (ledger, entry) pairs are accepted, as everywhere else.
     idx.append("t", (1, 2), (1, 0), (1, 1), (1, 0))
     index = idx.load("t", 1)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import importlib
 import random
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -669,20 +671,39 @@ class _UnreachableFS(MemoryFileSystem):  # type: ignore[misc]
         super().pipe_file(path, value, *args, **kw)
 
 
+@pytest.fixture
+def unreachable_fs(tmp_path: Path) -> Iterator[type[_UnreachableFS]]:
+    """``_UnreachableFS`` registered with fsspec for one test, and up; unregistered after.
+
+    The test's objects are kept under ``tmp_path.name`` in the in-memory
+    store (one table for the process): they are dropped after it too.
+    """
+    fsspec.register_implementation(_UnreachableFS.protocol, _UnreachableFS, clobber=True)
+    try:
+        yield _UnreachableFS
+    finally:
+        _UnreachableFS.down = False
+        # fsspec has no unregister: its table behind the read-only ``registry`` view.
+        importlib.import_module("fsspec.registry")._registry.pop(_UnreachableFS.protocol, None)
+        for key in [k for k in MemoryFileSystem.store if tmp_path.name in k]:
+            del MemoryFileSystem.store[key]
+
+
 def _ok_sends(b: Broker) -> None:
     """A send to the tiered topic and one to a new topic both work."""
     b.client("c1").producer(TOPIC).send(b"x")
     b.client("c2").producer("persistent://public/default/another").send(b"y")
 
 
-def test_a_remote_store_down_at_start_blocks_no_local_produce(tmp_path: Path) -> None:
+def test_a_remote_store_down_at_start_blocks_no_local_produce(
+    tmp_path: Path, unreachable_fs: type[_UnreachableFS]
+) -> None:
     """A crash-interrupted upload to clean up while the store is down fails no send.
 
     Found in review: every topic open ran the clean-up, so every send (even
     to a new topic) raised StorageError while the store was down. It runs in
     the maintenance round, which retries it until the store is back.
     """
-    fsspec.register_implementation(_UnreachableFS.protocol, _UnreachableFS, clobber=True)
     location = f"{_UnreachableFS.protocol}://{tmp_path.name}"
     cfg = _config(offload_threshold_bytes=1 << 40, tiered_storage_location=location)
     data = tmp_path / "data"
@@ -698,21 +719,18 @@ def test_a_remote_store_down_at_start_blocks_no_local_produce(tmp_path: Path) ->
     remote.put(partial, b"partial", "segment")
     ml.close()
     _UnreachableFS.down = True
-    try:
-        with Broker.open(data, cfg, registry=None) as b:
-            _ok_sends(b)
-            b.maintain_now()  # the clean-up fails: recorded, the round goes on
-            assert isinstance(b.tiered_error, StorageError)
-            assert "unreachable" in str(b.tiered_error)
-            assert b.tiered.clean_up_pending
-            _ok_sends(b)
-            _UnreachableFS.down = False
-            b.maintain_now()  # retried
-            assert b.tiered_error is None and not b.tiered.clean_up_pending
-            assert b.tiered.metadata.unfinished() == []
-            assert not remote._fs.exists(remote._path(partial))
-    finally:
+    with Broker.open(data, cfg, registry=None) as b:
+        _ok_sends(b)
+        b.maintain_now()  # the clean-up fails: recorded, the round goes on
+        assert isinstance(b.tiered_error, StorageError)
+        assert "unreachable" in str(b.tiered_error)
+        assert b.tiered.clean_up_pending
+        _ok_sends(b)
         _UnreachableFS.down = False
+        b.maintain_now()  # retried
+        assert b.tiered_error is None and not b.tiered.clean_up_pending
+        assert b.tiered.metadata.unfinished() == []
+        assert not remote._fs.exists(remote._path(partial))
 
 
 def test_a_corrupt_remote_metadata_record_blocks_no_local_produce(tmp_path: Path) -> None:

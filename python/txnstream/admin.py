@@ -134,11 +134,14 @@ class Admin:
         return self._broker._coordinators().get_transaction(_txn_id(txn_id))
 
     def force_abort(self, txn_id: TxnID | tuple[int, int] | str) -> TxnStatus:
-        """Abort ``txn_id`` now, whatever its client does; its final status.
+        """Abort ``txn_id`` now, whatever its client does; return its final status.
 
-        Its messages become invisible, its acks are released and
-        redelivered; a later commit by its client gets
-        ``TransactionAlreadyAborted``.
+        An OPEN transaction is aborted (``ABORTED``): its messages become
+        invisible, its acks are released and redelivered, and a later commit
+        by its client gets ``TransactionAlreadyAborted``. A transaction whose
+        commit is already decided (COMMITTING) or done is never turned into
+        an abort -- its commit may already be visible -- so the answer is
+        ``COMMITTED``: check it. One decided to abort is finished now.
         """
         return self._broker._coordinators().force_abort(_txn_id(txn_id))
 

@@ -241,13 +241,27 @@ class TieredReader:
         remote segments. Markers and messages of aborted transactions are
         never returned.
         """
+        # Every argument is checked here, at the call, not at the first next():
+        # the generator below only reads.
         topic_arg(topic)
         if ml is not None:
             instance_arg(ml, "ml", ManagedLedger)
-        if max_read_position is None:
-            return
-        max_read_position = position_arg(max_read_position, "max_read_position")
         start = position_arg(start, "start") if start is not None else Position(0, 0)
+        local_aborted = None if aborted is None else _aborted_arg(aborted)
+        if max_read_position is None:
+            return iter(())
+        max_read_position = position_arg(max_read_position, "max_read_position")
+        return self._read_committed(topic, ml, max_read_position, local_aborted, start)
+
+    def _read_committed(
+        self,
+        topic: str,
+        ml: ManagedLedger | None,
+        max_read_position: Position,
+        local_aborted: set[tuple[int, int]] | None,
+        start: Position,
+    ) -> Iterator[ReadMessage]:
+        # The READ_COMMITTED read itself (checked arguments; see read_committed).
         local_ledgers: dict[int, int] = {}
         floor = Position(0, 0)
         if ml is not None:
@@ -272,7 +286,6 @@ class TieredReader:
         offloaded = {s.ledger_id for s in segments}
         newest_offloaded = max(offloaded, default=-1)
         interleaved = any(lid < newest_offloaded and lid not in offloaded for lid in local_ledgers)
-        local_aborted = None if aborted is None else _aborted_arg(aborted)
         for w in range(0, len(remote), WINDOW_SEGMENTS):
             window = remote[w : w + WINDOW_SEGMENTS]
             fetch_start = max(start, Position(window[0].ledger_id, window[0].first_entry))

@@ -133,6 +133,10 @@ class Subscription:
         self._reread_through: Key | None = None
         self._unacked: dict[Key, int] = {}  # delivered, not acked -> consumer id
         self._redeliveries: dict[Key, int] = {}
+        # A heap holding every key of _unacked and _redeliveries (and keys acked
+        # since, until popped or compacted): a cumulative ack pops what it covers
+        # instead of walking every delivered message (_track, _pop_through).
+        self._order: list[Key] = []
         self._consumers: set[int] = set()
         self._wakers: set[Waker] = set()
         self._closed_ledgers: dict[int, int] = {}  # ledger id -> entries (check_exists)
@@ -297,6 +301,7 @@ class Subscription:
             row = self._load(key)
             if row is None or (holds and pending.is_held(Position(key[0], key[1]), key[2])):
                 continue
+            self._track(key)
             unacked[key] = consumer
             out.append((row, self._redeliveries.get(key, 0)))
         buf = self._buffer
@@ -313,6 +318,7 @@ class Subscription:
                     TxnPosition(key[0], key[1], row[3], key[2])
                 ):
                     continue
+            self._track(key)
             unacked[key] = consumer
             out.append((row, self._redeliveries.get(key, 0)))
         self.delivered += len(out)
@@ -388,6 +394,7 @@ class Subscription:
     def _redeliver_locked(self, keys: Iterable[Key]) -> None:
         # Under the lock: deliver these again (counting a redelivery each).
         for key in list(keys):
+            self._track(key)
             self._unacked.pop(key, None)
             self._redeliveries[key] = self._redeliveries.get(key, 0) + 1
             heapq.heappush(self._redeliver, key)
@@ -460,13 +467,36 @@ class Subscription:
             )
 
     def _forget_through(self, position: TxnPosition) -> None:
-        # Under the lock: acknowledged up to ``position``.
-        bound = (position.ledger_id, position.entry_id, position.batch_index)
-        for key in [k for k in self._unacked if k <= bound]:
-            del self._unacked[key]
-        # Also keys not delivered now (negatively acked, waiting): their counts go.
-        for key in [k for k in self._redeliveries if k <= bound]:
-            del self._redeliveries[key]
+        # Under the lock: acknowledged up to ``position``. Also keys not
+        # delivered now (negatively acked, waiting): their counts go.
+        for key in self._pop_through(key_of(position)):
+            self._unacked.pop(key, None)
+            self._redeliveries.pop(key, None)
+
+    def _track(self, key: Key) -> None:
+        # Under the lock, before ``key`` goes into _unacked or _redeliveries.
+        if key in self._unacked or key in self._redeliveries:
+            return  # in the heap already
+        order = self._order
+        live = len(self._unacked) + len(self._redeliveries)
+        if len(order) > 2 * live + 64:
+            # Mostly keys acked since they were pushed: rebuild from the live
+            # ones (amortized O(1) per push; the heap stays within 2x the live keys).
+            order[:] = {*self._unacked, *self._redeliveries}
+            heapq.heapify(order)
+        heapq.heappush(order, key)
+
+    def _pop_through(self, bound: Key) -> list[Key]:
+        # Under the lock: take the keys up to ``bound`` out of the heap and
+        # return those still in _unacked or _redeliveries (once each), in
+        # order. O(log n) per key taken: a cumulative ack costs what it covers.
+        order = self._order
+        out: list[Key] = []
+        while order and order[0] <= bound:
+            key = heapq.heappop(order)
+            if (key in self._unacked or key in self._redeliveries) and (not out or out[-1] != key):
+                out.append(key)
+        return out
 
     def check_batch_size(self, position: TxnPosition) -> None:
         """Raise unless ``position``'s batch size is its entry's (ids built by callers).
@@ -583,8 +613,10 @@ class Subscription:
                 passed = [k for k in undelivered if self._was_read(k) and not self._buffered(k)]
                 self._redeliver_locked(again + passed)
                 if cumulative is not None:
-                    bound = key_of(cumulative)
-                    self._redeliver_locked([k for k in self._unacked if k <= bound])
+                    covered = self._pop_through(key_of(cumulative))
+                    for key in covered:  # back in the heap: they stay tracked
+                        heapq.heappush(self._order, key)
+                    self._redeliver_locked([k for k in covered if k in self._unacked])
                     # Messages it held without them being delivered: read again.
                     # What was read before may have been acked or nacked since.
                     if self._read_after is not None:

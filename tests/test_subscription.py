@@ -106,3 +106,39 @@ def test_cumulative_acks_over_a_backlog_visit_what_they_acknowledge_not_the_back
     assert sub.stats()["unacked"] == 0
     assert c.receive(100) is None
     assert sub.cursor.mark_delete_position == msgs[-1].message_id.position.position
+
+
+def test_a_negative_ack_then_an_aborted_transactional_ack_count_one_redelivery(
+    broker: Broker,
+) -> None:
+    # The negative ack counted the redelivery it scheduled; the abort that
+    # delivers the message (before the nack's delay) is that same redelivery.
+    client, c, msgs = backlog(broker, 1)
+    c.negative_ack(msgs[0])  # due in 60 s: still waiting at the abort
+    txn = client.transaction()
+    c.ack(msgs[0], txn=txn)
+    txn.abort()
+    again = c.receive(RECEIVE_MS)
+    assert again is not None
+    assert (again.message_id, again.redelivery_count) == (msgs[0].message_id, 1)
+
+
+def test_a_negative_ack_falling_due_while_held_then_an_abort_count_one_redelivery(
+    broker: Broker,
+) -> None:
+    # The negative ack falls due while a transaction holds the message (it is
+    # not delivered then); the abort delivers it: once, counted once.
+    client = broker.client()
+    client.producer("t").send(b"x")
+    c = client.subscribe("t", "s", negative_ack_redelivery_delay_ms=0)
+    first = c.receive(RECEIVE_MS)
+    assert first is not None
+    c.negative_ack(first)
+    txn = client.transaction()
+    c.ack(first, txn=txn)
+    assert c.receive(100) is None  # the nack is due, the transaction holds it
+    txn.abort()
+    got = c.receive_many(10, RECEIVE_MS)
+    assert [(m.message_id, m.redelivery_count) for m in got] == [(first.message_id, 1)]
+    c.ack(got[0])
+    assert c.receive(100) is None

@@ -133,6 +133,10 @@ class Subscription:
         self._reread_through: Key | None = None
         self._unacked: dict[Key, int] = {}  # delivered, not acked -> consumer id
         self._redeliveries: dict[Key, int] = {}
+        # Keys whose count in _redeliveries already includes a redelivery not
+        # made yet (queued, waiting out a nack, or dropped while a transaction
+        # held them): scheduling them again must not count it twice.
+        self._owed: set[Key] = set()
         # A heap holding every key of _unacked and _redeliveries (and keys acked
         # since, until popped or compacted): a cumulative ack pops what it covers
         # instead of walking every delivered message (_track, _pop_through).
@@ -303,6 +307,7 @@ class Subscription:
                 continue
             self._track(key)
             unacked[key] = consumer
+            self._owed.discard(key)
             out.append((row, self._redeliveries.get(key, 0)))
         buf = self._buffer
         while buf and len(out) < limit:
@@ -320,6 +325,7 @@ class Subscription:
                     continue
             self._track(key)
             unacked[key] = consumer
+            self._owed.discard(key)
             out.append((row, self._redeliveries.get(key, 0)))
         self.delivered += len(out)
         return out
@@ -396,8 +402,16 @@ class Subscription:
         for key in list(keys):
             self._track(key)
             self._unacked.pop(key, None)
-            self._redeliveries[key] = self._redeliveries.get(key, 0) + 1
+            self._count_redelivery(key)
             heapq.heappush(self._redeliver, key)
+
+    def _count_redelivery(self, key: Key) -> None:
+        # Under the lock: ``key`` will be delivered again. One more redelivery,
+        # unless one is counted and not made yet (a negative ack waiting, then
+        # its message's transaction aborts: one redelivery, not two).
+        if key not in self._owed:
+            self._owed.add(key)
+            self._redeliveries[key] = self._redeliveries.get(key, 0) + 1
 
     def redeliver_unacknowledged(self, consumer: int) -> int:
         """Deliver ``consumer``'s unacknowledged messages again; return how many."""
@@ -416,7 +430,7 @@ class Subscription:
                 if self._unacked.get(key) != consumer or self._held(key):
                     continue  # not delivered to it (or acked), or its transaction decides
                 del self._unacked[key]
-                self._redeliveries[key] = self._redeliveries.get(key, 0) + 1
+                self._count_redelivery(key)
                 heapq.heappush(self._nacked, (due, key))
                 self._nacked_keys.add(key)
             self._notify_locked()
@@ -433,6 +447,7 @@ class Subscription:
                 if self._unacked.pop(key, None) is None:
                     undelivered.append(key)
                 self._redeliveries.pop(key, None)
+                self._owed.discard(key)
             self._unbuffer(undelivered)  # acked by id while read ahead: never delivered now
 
     def ack_cumulative(self, position: TxnPosition) -> None:
@@ -472,6 +487,7 @@ class Subscription:
         for key in self._pop_through(key_of(position)):
             self._unacked.pop(key, None)
             self._redeliveries.pop(key, None)
+            self._owed.discard(key)
 
     def _track(self, key: Key) -> None:
         # Under the lock, before ``key`` goes into _unacked or _redeliveries.
@@ -604,6 +620,7 @@ class Subscription:
                     key = key_of(p)
                     self._unacked.pop(key, None)
                     self._redeliveries.pop(key, None)
+                    self._owed.discard(key)
                 if cumulative is not None:
                     self._forget_through(cumulative)
                     self._unbuffer_through(key_of(cumulative))

@@ -12,6 +12,7 @@ from txnstream.client import Client, Consumer, Message
 from txnstream.config import BrokerConfig
 from txnstream.coordinator import TxnID
 from txnstream.errors import (
+    AlreadyClosedError,
     InvalidArgumentError,
     InvalidTxnStatusError,
     TransactionConflictError,
@@ -19,6 +20,7 @@ from txnstream.errors import (
 from txnstream.pendingack import PendingAckStore
 from txnstream.proto import ABORT, ACK, COMMIT, Cumulative, PendingAckMetadataEntry
 from txnstream.replay import replay
+from txnstream.testing import wait_until
 
 
 @pytest.fixture
@@ -788,3 +790,42 @@ def test_subscriptions_whose_pending_ack_logs_share_a_name_never_share_acks(
             rest.append(m.value)
             owner.ack(m)
         assert rest == [b"a-b:m3", b"a-b:m4"]  # its committed acks are still its own
+
+
+def test_a_commit_whose_acks_failed_to_apply_stays_committed_after_its_coordinator_forgot_it(
+    tmp_path: Path,
+) -> None:
+    """Applying a committed ack to the cursor fails (what a closed ledger raises);
+    the coordinator, done with the transaction, forgets it (no terminated store).
+    The orphan sweep must apply the commit again, not ask the coordinator (which
+    now calls it aborted): the sweep used to abort it, and the message was
+    delivered again, in this process and after a restart."""
+    cfg = BrokerConfig.from_broker_conf_text("transactionMetaPersistCount=0\n")
+    with Broker.open(tmp_path, cfg, registry=None) as b:
+        client, c, msgs = setup(b, n=1)
+        st = store(b)
+        orig = st.acks.individual
+
+        def failing(positions: Iterable[TxnPosition]) -> None:
+            st.acks.individual = orig  # type: ignore[method-assign]
+            raise AlreadyClosedError("injected: the cursor's ledger is closed", what="ledger")
+
+        st.acks.individual = failing  # type: ignore[method-assign]
+        txn = client.transaction()
+        c.ack(msgs[0], txn=txn)
+        txn.commit()
+        assert st.transactions() == [txn.txn_id]  # held: not applied yet
+        wait_until(lambda: b.participant_outcome(txn.txn_id) is False)  # forgotten
+        with pytest.raises(InvalidTxnStatusError):
+            st.end(txn.txn_id, commit=False)
+        topic = b.topic("t")
+        topic.sweep_orphans()
+        topic.sweep_orphans()  # seen at two sweeps: ended
+        wait_until(lambda: st.transactions() == [])
+        assert st.acks.is_acked(msgs[0].message_id.position)
+        assert c.receive(200) is None
+        b.maintain_now()
+        assert list(replay(st.log_ml, st._log_cursor)) == []  # trimmed once applied
+    with Broker.open(tmp_path, cfg, registry=None) as b:
+        c = b.client().subscribe("t", "s")
+        assert c.receive(200) is None

@@ -40,7 +40,12 @@ once; a commit's once the cursor state holding its acks is durable
 (:meth:`trim` flushes the cursor first), so a crash never loses a committed
 ack. Recovery replays the live records: COMMIT applies the acks again
 (idempotent), ABORT drops them, and a transaction with only ACK records is
-reconciled with its coordinator like the transaction buffer does.
+reconciled with its coordinator like the transaction buffer does. A commit
+whose acks the cursor refused (a closed ledger) keeps its messages held and
+its records, COMMIT included, until the next end or orphan sweep applies
+them; it is never reconciled with its coordinator, which may have forgotten
+it and would call it aborted (Pulsar keeps the pending-ack log entry until
+the mark-delete passes it).
 """
 
 from __future__ import annotations
@@ -309,6 +314,12 @@ class PendingAckStore:
         self._held: dict[Position, TxnID | dict[TxnID, AckSet]] = {}
         self._cumulative: tuple[TxnID, TxnPosition] | None = None
         self._ending: dict[TxnID, tuple[bool, Future[TxnPosition]]] = {}
+        # Committed here (the COMMIT record at this position is durable) but the
+        # acks are not on the cursor yet (applying them failed): the messages
+        # stay held and the records stay, and every later end or sweep applies
+        # them again -- never asking the coordinator, which may have forgotten
+        # the transaction (and would then call it aborted).
+        self._unapplied: dict[TxnID, TxnPosition] = {}
         self._ended: set[TxnID] = set()
         self._ended_mark = 64
         # Log records to delete: after the next cursor flush / at once.
@@ -433,7 +444,7 @@ class PendingAckStore:
 
     def _check_live(self, txn: TxnID) -> None:
         # Under the lock: refuse work of a transaction that ended.
-        if txn in self._ended or txn in self._ending:
+        if txn in self._ended or txn in self._ending or txn in self._unapplied:
             raise InvalidTxnStatusError(
                 f"transaction {txn} has ended on subscription {self.subscription}",
                 txn_id=txn,
@@ -560,7 +571,9 @@ class PendingAckStore:
 
         None if it holds nothing here, else the COMMIT/ABORT record's
         future; the acks are applied (or released) before that future's
-        later callbacks run. Idempotent.
+        later callbacks run. Idempotent. A commit whose acks could not be
+        applied yet is applied again (no new record); aborting it raises
+        :class:`~txnstream.errors.InvalidTxnStatusError`.
         """
         with self._lock:
             busy = self._ending.get(txn_id)
@@ -575,9 +588,23 @@ class PendingAckStore:
             if txn_id not in self._txns:
                 self._remember_ended(txn_id)
                 return None
-            fut = self.writer.write(encode_end(txn_id, commit))
+            committed_at = self._unapplied.get(txn_id)
+            if committed_at is not None:
+                if not commit:
+                    raise InvalidTxnStatusError(
+                        f"transaction {txn_id} committed on subscription {self.subscription} "
+                        "(its acks are still being applied); it cannot abort",
+                        txn_id=txn_id,
+                    )
+                fut: Future[TxnPosition] = Future()
+                fut.set_result(committed_at)
+            else:
+                fut = self.writer.write(encode_end(txn_id, commit))
             self._ending[txn_id] = (commit, fut)
-        fut.add_done_callback(functools.partial(self._end_logged, txn_id, commit))
+        if committed_at is not None:
+            self._end_logged(txn_id, True, fut)  # applied before anyone sees the future
+        else:
+            fut.add_done_callback(functools.partial(self._end_logged, txn_id, commit))
         return fut
 
     def _end_logged(self, txn: TxnID, commit: bool, fut: Future[TxnPosition]) -> None:
@@ -595,10 +622,14 @@ class PendingAckStore:
         # may be trimmed (a trim flushes the cursor first: it must hold them).
         if commit and not self._apply(acks, messages):
             # The cursor does not hold them: the messages stay held (nobody
-            # takes or is sent them) and the records stay; the next end of it
-            # (the orphan sweep, or recovery at the next open) applies them.
+            # takes or is sent them) and the records stay, the COMMIT one too;
+            # the next end of it (the orphan sweep, or recovery at the next
+            # open) applies them.
             with self._lock:
                 self._ending.pop(txn, None)
+                if txn not in self._unapplied:
+                    acks.records.append(fut.result())
+                    self._unapplied[txn] = fut.result()
             return
         if commit and self.on_end is not None:
             # Still held: the subscription forgets them (its read-ahead buffer
@@ -613,7 +644,10 @@ class PendingAckStore:
                 self._ending.pop(txn, None)
                 self._release(txn)
                 self._remember_ended(txn)
-                records = [*acks.records, fut.result()]
+                if self._unapplied.pop(txn, None) is None:
+                    records = [*acks.records, fut.result()]
+                else:  # its COMMIT record is among them already
+                    records = list(acks.records)
                 if commit:
                     self._trim_after_flush.extend(records)
                     self.counts["commits"] += 1
@@ -738,7 +772,11 @@ class PendingAckStore:
         for txn in self.transactions():
             if only is not None and txn not in only:
                 continue
-            outcome = resolve_outcome(self._outcomes, txn, f"{self.partition}/{self.subscription}")
+            with self._lock:
+                committed = txn in self._unapplied
+            outcome = committed or resolve_outcome(
+                self._outcomes, txn, f"{self.partition}/{self.subscription}"
+            )
             if outcome is None:
                 continue
             fut = self.end(txn, outcome)

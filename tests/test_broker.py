@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import subprocess
 import sys
@@ -483,23 +484,53 @@ def test_keyless_retries_on_a_partitioned_topic_reach_the_original_partition(
     # A keyless message goes where its sequence id sends it, so a retry with
     # that id (after keyed sends took ids, after a restart, or as a batch)
     # reaches the partition that holds the original and writes nothing.
+    # (Keyless sends may skip ids to take the next partition in turn.)
     with Broker.open(tmp_path, registry=None) as b:
         b.admin.create_topic("pt", 3)
         p = b.client().producer("pt", name="p")
         p.send(b"keyed", key="k")  # sequence id 0
-        first = p.send(b"a")  # sequence id 1
-        assert p.send(b"a", sequence_id=1) == first
-        batch = p.send_many([b"x", b"y"])  # sequence ids 2, 3
-        assert p.send_many([b"x", b"y"], sequence_id=2) == batch
+        first = p.send(b"a")
+        first_seq = p.last_sequence_id
+        assert p.send(b"a", sequence_id=first_seq) == first
+        batch = p.send_many([b"x", b"y"])
+        assert p.send_many([b"x", b"y"], sequence_id=p.last_sequence_id - 1) == batch
     with Broker.open(tmp_path, registry=None) as b:
         client = b.client()
         p = client.producer("pt", name="p")
-        after = p.send(b"b")  # sequence id 4, the first send of this process
-        assert p.send(b"b", sequence_id=4) == after
-        assert p.send(b"a", sequence_id=1) == first
+        after = p.send(b"b")  # the first send of this process
+        assert p.send(b"b", sequence_id=p.last_sequence_id) == after
+        assert p.send(b"a", sequence_id=first_seq) == first
         got = values(drain(client.subscribe("pt", "s", initial_position="earliest")))
         assert sorted(got) == [b"a", b"b", b"keyed", b"x", b"y"]
         assert sum(b.topic(f"pt-partition-{i}").ml.entry_count() for i in range(3)) == 4
+
+
+def test_keyless_sends_take_the_partitions_in_turn_whatever_came_between(
+    broker: Broker,
+) -> None:
+    # Pulsar's RoundRobinPartition without batching: each keyless send goes to
+    # the next partition, whatever keyed sends or sends of other sizes took
+    # (ids used to pick the partition, so with keyed sends in between, every
+    # keyless one went to the same partition), and producers start at
+    # different partitions (every new producer's first send went to 0).
+    broker.admin.create_topic("pt", 2)
+    broker.admin.create_topic("p3", 3)
+    client = broker.client()
+    p = client.producer("pt")
+    keyless = []
+    for i in range(20):
+        p.send(b"k", key=f"user-{i}")
+        keyless.append(p.send(b"x").partition)
+    assert sorted(keyless) == [0] * 10 + [1] * 10
+    assert all(a != b for a, b in itertools.pairwise(keyless))
+    p3 = client.producer("p3")
+    mixed = []
+    for _ in range(6):
+        mixed.append(p3.send_many([b"a", b"b"])[0].partition)
+        mixed.append(p3.send(b"c").partition)
+    assert sorted(mixed) == [0] * 4 + [1] * 4 + [2] * 4
+    firsts = {client.producer("p3", name=f"job-{i}").send(b"x").partition for i in range(12)}
+    assert firsts == {0, 1, 2}
 
 
 def test_keyless_batches_spread_over_the_partitions(broker: Broker) -> None:

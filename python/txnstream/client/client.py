@@ -19,8 +19,12 @@ partition). A partitioned topic routes by key hash (Java ``String.hashCode``
 masked to 31 bits, modulo the partition count: Pulsar's default
 ``JavaStringHash``), and a keyless message by its sequence id (the
 first id divided by the number of messages in the entry, modulo the
-partition count): round robin for keyless sends of one size, and a retry
-with the same ids, explicit or not, lands on the partition of the
+partition count). Keyless sends take the partitions in turn, starting at
+the producer name's hash (Pulsar's round robin without batching; Pulsar
+starts at a random partition): their ids, when the producer picks them,
+skip ahead to the first ones leading to the next partition (ids only need
+to ascend), whatever keyed sends or sends of other sizes took in between.
+A retry with the same ids, explicit or not, lands on the partition of the
 original, also after a restart. A non-transactional ``send`` returns once the message is durable;
 a transactional one returns once its position is assigned (its durability
 is awaited by ``commit()``).
@@ -359,6 +363,9 @@ class Producer:
         for tn in self._partitions:
             last = max(last, client.broker.topic(tn).last_sequence_id(name))
         self._next_seq = last + 1
+        # Partition index the next keyless send with ids of our choosing goes to
+        # (None: start at the name's hash, as Pulsar starts at a random one).
+        self._next_keyless: int | None = None
 
     @property
     def last_sequence_id(self) -> int:
@@ -387,11 +394,23 @@ class Producer:
             return java_string_hash(key) % n
         return (seq // count) % n
 
-    def _sequence(self, sequence_id: object, count: int) -> int:
+    def _sequence(self, sequence_id: object, count: int, keyless: bool) -> int:
         # Under self._lock: the first sequence id of ``count`` messages.
         if sequence_id is None:
             seq = self._next_seq
-            self._next_seq += count
+            n = len(self._partitions)
+            if keyless and n > 1:
+                # Round robin over keyless sends, whatever keyed sends or other
+                # sizes took in between: skip to the first ids that _route sends
+                # to the next partition in turn (ids only need to ascend).
+                target = self._next_keyless
+                if target is None:
+                    target = java_string_hash(self.name) % n
+                q = seq // count
+                q += (target - q) % n
+                seq = max(seq, q * count)
+                self._next_keyless = (target + 1) % n
+            self._next_seq = seq + count
             return seq
         if isinstance(sequence_id, bool) or not isinstance(sequence_id, int):
             raise _bad("sequence_id", sequence_id, "a non-negative int or None")
@@ -426,8 +445,8 @@ class Producer:
         written: Future[Position] | None = None
         try:
             with self._lock:
-                before = self._next_seq
-                seq = self._sequence(sequence_id, count)
+                before = (self._next_seq, self._next_keyless)
+                seq = self._sequence(sequence_id, count, key is None)
                 try:
                     entry = entry_of(seq)
                     if len(entry) > MAX_ENTRY_SIZE:
@@ -438,7 +457,8 @@ class Producer:
                             value=len(entry),
                         )
                 except BaseException:
-                    self._next_seq = before  # nothing was sent: the ids are free again
+                    # Nothing was sent: the ids (and the partition's turn) are free again.
+                    self._next_seq, self._next_keyless = before
                     raise
                 index = self._route(key, seq, count)
                 tn = self._partitions[index]

@@ -533,6 +533,32 @@ def test_keyless_sends_take_the_partitions_in_turn_whatever_came_between(
     assert firsts == {0, 1, 2}
 
 
+def test_chosen_sequence_ids_stay_inside_the_id_space(tmp_path: Path) -> None:
+    # Found in review: the skip to the next partition in turn took chosen ids
+    # past MAX_SEQUENCE_ID (int64), and every dedup snapshot of the topic then
+    # failed, at each close and after a reopen. Near the top the turn is lost
+    # instead, and once no ids are left a send is refused, writing nothing.
+    from txnstream.client.client import MAX_SEQUENCE_ID
+
+    with Broker.open(tmp_path, registry=None) as b:
+        b.admin.create_topic("pt", 3)
+        p = b.client().producer("pt", name="p")
+        p.send(b"explicit", sequence_id=MAX_SEQUENCE_ID - 1500)
+        ids = p.send_many([b"x"] * 1000)
+        assert len(ids) == 1000
+        assert p.last_sequence_id <= MAX_SEQUENCE_ID - 1
+        p.send(b"explicit", sequence_id=MAX_SEQUENCE_ID - 3)
+        before = p.last_sequence_id
+        with pytest.raises(InvalidArgumentError, match="no sequence ids left") as e:
+            p.send_many([b"y"] * 5)
+        assert e.value.argument == "sequence_id"
+        assert p.last_sequence_id == before
+        p.send(b"last")  # ids are left for one message
+        assert p.last_sequence_id == MAX_SEQUENCE_ID - 1
+    with Broker.open(tmp_path, registry=None) as b:  # its snapshots were written
+        assert b.client().producer("pt", name="p").last_sequence_id == MAX_SEQUENCE_ID - 1
+
+
 def test_keyless_batches_spread_over_the_partitions(broker: Broker) -> None:
     broker.admin.create_topic("pt", 4)
     p = broker.client().producer("pt")

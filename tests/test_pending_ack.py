@@ -829,3 +829,47 @@ def test_a_commit_whose_acks_failed_to_apply_stays_committed_after_its_coordinat
     with Broker.open(tmp_path, cfg, registry=None) as b:
         c = b.client().subscribe("t", "s")
         assert c.receive(200) is None
+
+
+def test_a_commit_whose_acks_fail_to_apply_again_at_recovery_stays_held_and_committed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above, and applying it fails once more when the next open replays the
+    COMMIT record. Found in review: recovery then only marked it ended, so the
+    committed-acked message was delivered again and its records never trimmed."""
+    from txnstream.pendingack import cursor_acks
+
+    cfg = BrokerConfig.from_broker_conf_text("transactionMetaPersistCount=0\n")
+    orig = cursor_acks.CursorAcks.individual
+    fails = [0]
+
+    def failing(self: cursor_acks.CursorAcks, positions: Iterable[TxnPosition]) -> None:
+        if fails[0] > 0:
+            fails[0] -= 1
+            raise AlreadyClosedError("injected: the cursor's ledger is closed", what="ledger")
+        orig(self, positions)
+
+    monkeypatch.setattr(cursor_acks.CursorAcks, "individual", failing)
+    with Broker.open(tmp_path, cfg, registry=None) as b:
+        client, c, msgs = setup(b, n=1)
+        txn = client.transaction()
+        c.ack(msgs[0], txn=txn)
+        fails[0] = 1
+        txn.commit()
+        assert store(b).transactions() == [txn.txn_id]  # held: not applied
+    fails[0] = 2  # the replay's apply fails too, and so does the open's reconcile of it
+    with Broker.open(tmp_path, cfg, registry=None) as b:
+        st = store(b)
+        assert fails[0] == 0 and st.transactions() == [txn.txn_id]  # held, not ended
+        c = b.client().subscribe("t", "s")
+        assert c.receive(200) is None  # never delivered again
+        with pytest.raises(InvalidTxnStatusError):
+            st.end(txn.txn_id, commit=False)
+        b.topic("t").sweep_orphans()
+        b.topic("t").sweep_orphans()  # seen at two sweeps: applied, no coordinator asked
+        wait_until(lambda: st.transactions() == [])
+        assert st.acks.is_acked(msgs[0].message_id.position)
+        b.maintain_now()
+        assert list(replay(st.log_ml, st._log_cursor)) == []  # trimmed once applied
+    with Broker.open(tmp_path, cfg, registry=None) as b:
+        assert b.client().subscribe("t", "s").receive(200) is None

@@ -408,8 +408,19 @@ class Producer:
                     target = java_string_hash(self.name) % n
                 q = seq // count
                 q += (target - q) % n
-                seq = max(seq, q * count)
+                if q * count <= MAX_SEQUENCE_ID - count:  # else: no skip, the turn is lost
+                    seq = max(seq, q * count)
                 self._next_keyless = (target + 1) % n
+            if seq > MAX_SEQUENCE_ID - count:
+                # The ids an explicit sequence_id may take are used up: chosen
+                # ids obey the same bound (a larger one breaks dedup snapshots).
+                raise InvalidArgumentError(
+                    f"producer {self.name!r} has no sequence ids left for {count} "
+                    f"message(s) from {seq} (ids end at {MAX_SEQUENCE_ID - 1}); "
+                    "use a new producer name",
+                    argument="sequence_id",
+                    value=seq,
+                )
             self._next_seq = seq + count
             return seq
         if isinstance(sequence_id, bool) or not isinstance(sequence_id, int):

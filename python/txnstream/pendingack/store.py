@@ -737,15 +737,21 @@ class PendingAckStore:
         fold = fold_log(
             replay(self.log_ml, self._log_cursor), f"of {self.partition}/{self.subscription}"
         )
+        unapplied: dict[TxnID, TxnAcks] = {}
         for txn, ended in fold.committed:
-            self._ended.add(txn)
             if self._apply(ended, ended.messages()):
+                self._ended.add(txn)
                 self._trim_after_flush.extend(ended.records)
+            else:
+                # Committed, and the cursor refused its acks again: held as
+                # at run time (its records stay, the COMMIT one last), and
+                # the next end or sweep applies it (see _unapplied).
+                unapplied[txn] = ended
         for txn, ended in fold.aborted:
             self._trim_now.extend(ended.records)
             self._ended.add(txn)
         with self._lock:
-            for txn, acks in fold.pending.items():
+            for txn, acks in [*fold.pending.items(), *unapplied.items()]:
                 self._txns[txn] = acks
                 for entry, (_size, acked) in acks.individual.items():
                     if acked is None:
@@ -757,6 +763,8 @@ class PendingAckStore:
                         h[txn] = acked
                 if acks.cumulative is not None:
                     self._cumulative = (txn, acks.cumulative)
+            for txn, ended in unapplied.items():
+                self._unapplied[txn] = ended.records[-1]
         return {
             "records": fold.records,
             "pending": len(fold.pending),

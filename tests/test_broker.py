@@ -551,7 +551,7 @@ def test_chosen_sequence_ids_stay_inside_the_id_space(tmp_path: Path) -> None:
         before = p.last_sequence_id
         with pytest.raises(InvalidArgumentError, match="no sequence ids left") as e:
             p.send_many([b"y"] * 5)
-        assert e.value.argument == "sequence_id"
+        assert e.value.argument == "sequence_id"  # type: ignore[attr-defined]
         assert p.last_sequence_id == before
         p.send(b"last")  # ids are left for one message
         assert p.last_sequence_id == MAX_SEQUENCE_ID - 1

@@ -338,3 +338,33 @@ def test_bad_arguments_to_the_storage_classes_are_typed_errors(tmp_path: Path) -
     w.close()
     ct.close()
     ml.close()
+
+
+def test_a_deleted_ledger_name_is_created_again_fresh(tmp_path: Path) -> None:
+    # The old ledger's files were removed by the first checkpoint after its
+    # deletion, and before the fix that was the re-created ledger's file too:
+    # its acknowledged entries were gone after the checkpoint.
+    with ManagedLedger.open(tmp_path, "keep") as keep:
+        old = ManagedLedger.open(tmp_path, "topic", max_entries_per_ledger=2)
+        old_ps = old.append_many([b"old-%d" % i for i in range(5)])
+        old.open_cursor("sub")
+        old.delete()
+        assert old.closed
+        ml = ManagedLedger.open(tmp_path, "topic")
+        assert ml.first_position is None and ml.cursor_names() == []
+        new_ps = [ml.append(b"new-%d" % i) for i in range(3)]
+        ml.checkpoint()
+        assert [d for _, d in ml.read_range(new_ps[0], new_ps[-1])] == [
+            b"new-0",
+            b"new-1",
+            b"new-2",
+        ]
+        for p in old_ps:
+            if p not in new_ps:
+                with pytest.raises(PositionNotFoundError):
+                    ml.read(p)
+        ml.close()
+        assert not keep.closed
+    with ManagedLedger.open(tmp_path, "topic") as ml:
+        assert ml.entry_count() == 3
+        assert [ml.read(p) for p in new_ps] == [b"new-0", b"new-1", b"new-2"]

@@ -47,7 +47,9 @@ use super::fault::FaultKind;
 use super::fs::{FsFile, OpenMode};
 use super::journal::{self, Kind, RECORD_HEADER_LEN, SEGMENT_HEADER_LEN};
 use super::ledger_file;
-use super::state::{Applied, FileOpen, MlState, Rollover, StoreIo, CREATED, CREATE_FAILED};
+use super::state::{
+    Applied, FileOpen, MlState, Rollover, StoreIo, CREATED, CREATE_FAILED, FIRST_LEDGER_ID,
+};
 use crate::error::{Error, Result};
 use crate::position::Position;
 use crate::sink::AppendCallback;
@@ -1071,8 +1073,10 @@ impl WriterThread {
             Command::Meta { ml, op, done } => {
                 match op {
                     MetaOp::Create => {
-                        let name = ml.name.clone().into_bytes();
-                        self.push_rec(&mut recs, Kind::MlCreate, ml.id, 0, 0, name, true);
+                        // Set by the creating open before it queued this.
+                        let first = ml.meta.lock().next_ledger_id;
+                        let body = journal::encode_ml_create(&ml.name, first, FIRST_LEDGER_ID);
+                        self.push_rec(&mut recs, Kind::MlCreate, ml.id, 0, 0, body, true);
                     }
                     MetaOp::Seal => {
                         let mut w = self.writer_ml(&ml);
@@ -1131,7 +1135,11 @@ impl WriterThread {
                         );
                     }
                     MetaOp::Delete => {
-                        self.push_rec(&mut recs, Kind::MlDelete, ml.id, 0, 0, Vec::new(), false);
+                        // Past every ledger id the writer ever gave it (a
+                        // failed group may have written files of ledgers the
+                        // state never saw): the name's next creation starts there.
+                        let next = self.writer_ml(&ml).next_ledger_id;
+                        self.push_rec(&mut recs, Kind::MlDelete, ml.id, next, 0, Vec::new(), false);
                         self.mls.remove(&ml.id);
                     }
                 }

@@ -71,7 +71,8 @@ const SCAN_CHUNK: usize = 4 << 20;
 pub enum Kind {
     /// `ml`, `a` = ledger id, `b` = entry id; body = payload.
     Entry = 1,
-    /// A new managed ledger `ml`; body = its name.
+    /// A new managed ledger `ml`; body = its name, then (only if its first
+    /// ledger id is not 1) a NUL and that id, u64 LE: see [`encode_ml_create`].
     MlCreate = 2,
     /// `ml` starts ledger `a` (the one before it is sealed).
     LedgerOpen = 3,
@@ -90,7 +91,11 @@ pub enum Kind {
     ReplaceCommit = 9,
     /// `ml` is a compacted topic.
     SetCompacted = 10,
-    /// `ml` is removed with all its ledgers and cursors.
+    /// `ml` is removed with all its ledgers and cursors; `a` = the lowest
+    /// ledger id it never used (0 in directories written before it was
+    /// recorded): a later managed ledger of the same name starts there, so
+    /// that its files never take the names of files of this one still
+    /// waiting to be removed.
     MlDelete = 11,
     /// `ml`, `a` = ledger id, `b` = entry id of a large entry whose record
     /// was written straight into its ledger file (synced in the same group as
@@ -129,6 +134,33 @@ impl EntryRef {
             crc: le_u32(&b[12..]),
         })?;
         (r.len as usize <= super::options::MAX_ENTRY_SIZE).then_some(r)
+    }
+}
+
+/// The body of a [`Kind::MlCreate`] record: the name, and the first ledger
+/// id if it is not `default_first` (a name created again after a deletion
+/// starts past the ledger ids of the deleted one). Names never hold a NUL.
+pub fn encode_ml_create(name: &str, first_ledger_id: u64, default_first: u64) -> Vec<u8> {
+    let mut b = name.as_bytes().to_vec();
+    if first_ledger_id != default_first {
+        b.push(0);
+        b.extend_from_slice(&first_ledger_id.to_le_bytes());
+    }
+    b
+}
+
+/// Decodes a [`Kind::MlCreate`] body: the name and its first ledger id, if
+/// recorded; `None` if malformed.
+pub fn decode_ml_create(b: &[u8]) -> Option<(&str, Option<u64>)> {
+    match b.iter().position(|&c| c == 0) {
+        None => Some((std::str::from_utf8(b).ok()?, None)),
+        Some(i) => {
+            let id: [u8; 8] = b.get(i + 1..)?.try_into().ok()?;
+            Some((
+                std::str::from_utf8(&b[..i]).ok()?,
+                Some(u64::from_le_bytes(id)),
+            ))
+        }
     }
 }
 

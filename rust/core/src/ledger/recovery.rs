@@ -162,9 +162,14 @@ impl Store {
         };
         match h.kind {
             Kind::MlCreate => {
-                let name = std::str::from_utf8(seen.body)
-                    .map_err(|_| bad("managed ledger name is not UTF-8".to_owned()))?
-                    .to_owned();
+                let (name, first) = journal::decode_ml_create(seen.body)
+                    .ok_or_else(|| bad("malformed managed ledger creation".to_owned()))?;
+                let name = name.to_owned();
+                if first.is_some_and(|f| f == 0 || f == u64::MAX) {
+                    return Err(bad(format!(
+                        "managed ledger {name:?} created with a bad first ledger id {first:?}"
+                    )));
+                }
                 // The catalog refuses u64::MAX (no next id after it): so does this.
                 let Some(next_id) = h.ml.checked_add(1) else {
                     return Err(bad(format!(
@@ -190,6 +195,9 @@ impl Store {
                     Arc::clone(&self.io),
                     Self::rollover_default(&self.opts),
                 ));
+                if let Some(first) = first {
+                    ml.meta.lock().next_ledger_id = first;
+                }
                 names.insert(name, h.ml);
                 mls.insert(h.ml, ml);
                 self.next_ml_id.fetch_max(next_id, Ordering::AcqRel);
@@ -199,7 +207,16 @@ impl Store {
                 let ml = self.mls.write().remove(&h.ml);
                 let Some(ml) = ml else { return Ok(Vec::new()) };
                 self.names.lock().remove(&ml.name);
-                ml.meta.lock().deleted = true;
+                let next = {
+                    let mut m = ml.meta.lock();
+                    m.deleted = true;
+                    m.next_ledger_id = m.next_ledger_id.max(h.a);
+                    m.next_ledger_id
+                };
+                if !self.io.read_only {
+                    // Its files go with the first checkpoint (see `Store::retired`).
+                    self.retire(&ml.name, next);
+                }
                 let ids: Vec<u64> = std::mem::take(&mut *ml.ledgers.write())
                     .into_keys()
                     .collect();

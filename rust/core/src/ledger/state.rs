@@ -753,7 +753,9 @@ impl MlState {
                 out.appended = n > 0;
             }
             Kind::SetCompacted => m.compacted = true,
-            Kind::MlCreate | Kind::MlDelete => {}
+            // Its ledger ids end here (see `Kind::MlDelete`).
+            Kind::MlDelete => m.next_ledger_id = m.next_ledger_id.max(head.a),
+            Kind::MlCreate => {}
         }
         Ok(out)
     }

@@ -61,7 +61,7 @@ use super::journal::{self, JOURNAL_DIR};
 use super::ledger_file;
 use super::options::LedgerOptions;
 use super::recovery::list_segments;
-use super::state::{FileCache, MlState, Rollover, StoreIo};
+use super::state::{FileCache, MlState, Rollover, StoreIo, FIRST_LEDGER_ID};
 use crate::error::{Error, Result};
 use crate::fork;
 use crate::position::Position;
@@ -175,6 +175,12 @@ pub(crate) struct Store {
     /// id, is index). Checked against each managed ledger's state when it
     /// is first opened.
     pub(super) listing: Mutex<HashMap<String, Vec<(u64, bool)>>>,
+    /// Names of deleted managed ledgers whose files may not all be removed
+    /// yet: the lowest ledger id none of them used. A managed ledger created
+    /// again under such a name starts there (its files must never take the
+    /// names of files a checkpoint is about to remove). Forgotten once a
+    /// checkpoint removed them all (see `flusher`).
+    pub(super) retired: Mutex<HashMap<String, u64>>,
 }
 
 impl std::fmt::Debug for Store {
@@ -422,6 +428,7 @@ impl Store {
             closing: AtomicBool::new(false),
             serial: Mutex::new(()),
             listing: Mutex::new(HashMap::new()),
+            retired: Mutex::new(HashMap::new()),
         }
     }
 
@@ -630,6 +637,7 @@ impl Store {
             }
         }
         let dir = catalog::ledger_prefix(&self.io.data_dir, name)?;
+        let first = self.first_ledger_id(name)?;
         let id = self.next_ml_id.fetch_add(1, Ordering::AcqRel);
         let ml = Arc::new(MlState::new(
             id,
@@ -638,6 +646,8 @@ impl Store {
             Arc::clone(&self.io),
             rollover,
         ));
+        // Journaled with its creation (see `journal::encode_ml_create`).
+        ml.meta.lock().next_ledger_id = first;
         self.check_files(&ml)?;
         // Registered before its creation record is durable, so that a
         // concurrent open of the same name sees it (and refuses a second
@@ -665,6 +675,29 @@ impl Store {
             return Err(e);
         }
         Ok(ml)
+    }
+
+    /// The first ledger id of a new managed ledger `name`: past the ids of
+    /// any files a managed ledger of that name deleted before may have left
+    /// (found at open, or deleted since).
+    fn first_ledger_id(&self, name: &str) -> Result<u64> {
+        let escaped = catalog::escape_name(name)?;
+        let listed = self
+            .listing
+            .lock()
+            .get(&escaped)
+            .and_then(|files| files.iter().map(|&(id, _)| id).max())
+            .map_or(0, |id| id.saturating_add(1));
+        let retired = self.retired.lock().get(name).copied().unwrap_or(0);
+        Ok(FIRST_LEDGER_ID.max(listed).max(retired))
+    }
+
+    /// A managed ledger `name` was deleted; none of its ledger ids reached
+    /// `next` (see `retired`).
+    pub(super) fn retire(&self, name: &str, next: u64) {
+        let mut r = self.retired.lock();
+        let floor = r.entry(name.to_owned()).or_insert(next);
+        *floor = (*floor).max(next);
     }
 
     /// Checks `ml`'s files against its state, once per store: removes
@@ -750,9 +783,20 @@ impl Store {
             }
         }
         drop(ledgers);
+        // Files of a deleted managed ledger of the same name are removed by
+        // the checkpoint that stops listing it, not here: until then a crash
+        // replays that ledger's journal records, which may point into them.
+        if self.retired.lock().contains_key(&ml.name) {
+            leftovers.clear();
+        }
         for path in leftovers {
-            fs.remove_file(&path)
-                .map_err(|e| io_err(format!("removing {}", path.display()), &e))?;
+            match fs.remove_file(&path) {
+                Ok(()) => {}
+                // The listing is from the store's open: a checkpoint may
+                // have removed it since.
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io_err(format!("removing {}", path.display()), &e)),
+            }
         }
         ml.checked.store(true, Ordering::Release);
         Ok(())
@@ -908,13 +952,21 @@ impl Store {
         })?;
         names.remove(&ml.name);
         self.mls.write().remove(&ml.id);
-        ml.meta.lock().deleted = true;
+        // Applying the durable record moved it past every id it used.
+        let next = {
+            let mut m = ml.meta.lock();
+            m.deleted = true;
+            m.next_ledger_id
+        };
         ml.open.store(false, Ordering::Release);
         let ids: Vec<u64> = std::mem::take(&mut *ml.ledgers.write())
             .into_keys()
             .collect();
         self.io.files.lock().evict_ml(ml.id);
         let mut f = self.signals.flush.lock();
+        // Under the flush lock, with its files' removal: a checkpoint
+        // forgets the name only once no removal of it is pending.
+        self.retire(&ml.name, next);
         f.dirty.remove(&ml.id);
         f.deletes
             .extend(ids.into_iter().map(|id| (Arc::clone(ml), id)));

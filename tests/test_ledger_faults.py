@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from txnstream import (
+    ConfigError,
     CorruptLedgerError,
     InvalidArgumentError,
     ManagedLedger,
@@ -330,3 +331,38 @@ def test_read_only_open_of_a_crashed_directory_with_a_damaged_hint(tmp_path: Pat
     with ManagedLedger.open(img, "h", read_only=True) as ro:
         assert ro.last_position == ps[-1]
         assert [d for _, d in ro.read_range(ps[0], END)] == [payload(i) for i in range(12)]
+
+
+def test_close_on_a_stalled_sync_returns_a_timeout_error(tmp_path: Path) -> None:
+    # Before: close() waited for the cursor states' sync with no deadline,
+    # and a sync that never returns hung the caller for good.
+    ml = ManagedLedger.open(tmp_path, "t", close_timeout_ms=500, preallocate_bytes=0)
+    ps = ml.append_many([payload(i) for i in range(4)])
+    cur = ml.open_cursor("sub")
+    cur.mark_delete(ps[1])
+    ml.flush()
+    cur.mark_delete(ps[2])
+    testing.hold_fault(ml, "sync")
+    try:
+        with cf.ThreadPoolExecutor(1) as pool:
+            closing = pool.submit(ml.close)
+            # Only a hang takes 60 s (the close timeout is 0.5 s).
+            err = closing.exception(timeout=60)
+        assert isinstance(err, StorageError), repr(err)
+        assert err.errno == errno.ETIMEDOUT
+        assert "close_timeout" in str(err)
+        assert ml.closed
+    finally:
+        testing.clear_faults(ml)
+    # The background shutdown finishes once syncs pass; the open waits for it.
+    with ManagedLedger.open(tmp_path, "t") as again:
+        assert [again.read(p) for p in ps] == [payload(i) for i in range(4)]
+        md = again.open_cursor("sub").mark_delete_position
+        assert md is not None and md >= ps[1]
+
+
+def test_close_timeout_is_validated_by_name(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="close_timeout_ms=-1"):
+        ManagedLedger.open(tmp_path, "t", close_timeout_ms=-1)
+    with pytest.raises(ConfigError, match="close_timeout=0ns"):
+        ManagedLedger.open(tmp_path, "t", close_timeout_ms=0)

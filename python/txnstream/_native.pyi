@@ -162,6 +162,7 @@ class ManagedLedger:
         max_open_files: _Index | None = None,
         storage_threads: _Index | None = None,
         direct_entry_bytes: _Index | None = None,
+        close_timeout_ms: _Index | None = None,
     ) -> ManagedLedger: ...
     @staticmethod
     def names(directory: str | os.PathLike[str]) -> list[str]: ...

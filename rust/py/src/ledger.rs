@@ -118,6 +118,7 @@ struct OpenArgs {
     checkpoint_interval_ms: Option<i64>,
     max_pending_bytes: Option<i64>,
     append_timeout_ms: Option<i64>,
+    close_timeout_ms: Option<i64>,
     max_open_files: Option<i64>,
     storage_threads: Option<i64>,
     direct_entry_bytes: Option<i64>,
@@ -176,6 +177,7 @@ fn options(a: OpenArgs) -> BindResult<LedgerOptions> {
             d.max_pending_bytes,
         )?,
         append_timeout: ms("append_timeout_ms", a.append_timeout_ms, d.append_timeout)?,
+        close_timeout: ms("close_timeout_ms", a.close_timeout_ms, d.close_timeout)?,
         max_open_files: opt_u64("max_open_files", a.max_open_files, d.max_open_files as u64)?
             .min(usize::MAX as u64) as usize,
         direct_entry_bytes: opt_u64(
@@ -218,7 +220,7 @@ impl PyManagedLedger {
         read_only=None, preallocate_bytes=None, cursor_flush_interval_ms=None, max_batch_bytes=None,
         journal_segment_bytes=None, checkpoint_bytes=None, checkpoint_interval_ms=None,
         max_pending_bytes=None, append_timeout_ms=None, max_open_files=None, storage_threads=None,
-        direct_entry_bytes=None))]
+        direct_entry_bytes=None, close_timeout_ms=None))]
     #[allow(clippy::too_many_arguments)]
     fn open(
         py: Python<'_>,
@@ -238,6 +240,7 @@ impl PyManagedLedger {
         max_open_files: Option<Bound<'_, PyAny>>,
         storage_threads: Option<Bound<'_, PyAny>>,
         direct_entry_bytes: Option<Bound<'_, PyAny>>,
+        close_timeout_ms: Option<Bound<'_, PyAny>>,
     ) -> BindResult<Self> {
         let directory = path_arg(directory, "directory")?;
         let name = str_arg(name, "name")?;
@@ -265,6 +268,7 @@ impl PyManagedLedger {
             )?,
             max_pending_bytes: int_opt(max_pending_bytes.as_ref(), "max_pending_bytes")?,
             append_timeout_ms: int_opt(append_timeout_ms.as_ref(), "append_timeout_ms")?,
+            close_timeout_ms: int_opt(close_timeout_ms.as_ref(), "close_timeout_ms")?,
             max_open_files: int_opt(max_open_files.as_ref(), "max_open_files")?,
             storage_threads: int_opt(storage_threads.as_ref(), "storage_threads")?,
             direct_entry_bytes: int_opt(direct_entry_bytes.as_ref(), "direct_entry_bytes")?,

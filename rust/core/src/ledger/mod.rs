@@ -56,6 +56,7 @@ use std::fmt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 use store::Store;
 
 /// What a handle and its cursors share.
@@ -507,6 +508,15 @@ impl ManagedLedger {
     /// directory (the last handle closes it: checkpoint, threads stopped,
     /// lock released). Later calls return `Ok`; other calls fail with
     /// `LedgerClosed`.
+    ///
+    /// Returns within the directory's `close_timeout` whatever the disk
+    /// does: past it (a sync that does not return) it fails with an `Io`
+    /// error of errno `ETIMEDOUT` naming what it waited for. The handle is
+    /// closed all the same; the store's shutdown goes on in the background
+    /// (an open of the directory in this process waits for it, with its own
+    /// deadline), and the next open recovers from the files whatever it
+    /// did not finish (entries acknowledged were durable already; cursor
+    /// states not made durable are redelivered from the last durable ones).
     pub fn close(&self) -> Result<()> {
         let _g = self.closing.lock();
         if self.shared.closed.swap(true, Ordering::AcqRel) {
@@ -516,8 +526,9 @@ impl ManagedLedger {
             // Opened before fork(): nothing of the parent's runs here.
             return Ok(());
         }
-        let r = self.shared.store.close_ml(&self.shared.ml);
-        let r2 = self.shared.store.release();
+        let deadline = Instant::now() + self.shared.store.opts.close_timeout;
+        let r = self.shared.store.close_ml(&self.shared.ml, deadline);
+        let r2 = self.shared.store.release_by(deadline);
         r.and(r2)
     }
 }

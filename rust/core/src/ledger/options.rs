@@ -48,6 +48,12 @@ pub struct LedgerOptions {
     pub max_pending_bytes: u64,
     /// Data directory: the longest an append waits for queue space.
     pub append_timeout: Duration,
+    /// Data directory: the longest `close()` waits for the final cursor
+    /// states and (last handle) the store's shutdown to be durable. On a disk
+    /// that stops answering it then fails with an `Io` error of errno
+    /// `ETIMEDOUT`; the shutdown goes on in the background, and whatever it
+    /// did not finish is recovered from the files at the next open.
+    pub close_timeout: Duration,
     /// Data directory: entries of at least this many bytes are written once,
     /// straight into their ledger file (synced with the group, a small
     /// reference in the journal), instead of into the journal and again
@@ -81,6 +87,7 @@ impl Default for LedgerOptions {
             checkpoint_interval: Duration::from_secs(10),
             max_pending_bytes: 256 << 20,
             append_timeout: Duration::from_secs(30),
+            close_timeout: Duration::from_secs(30),
             direct_entry_bytes: 64 << 10,
             max_open_files: 128,
             storage_threads: 3,
@@ -165,6 +172,15 @@ impl LedgerOptions {
                 "must be <= 1 day",
             ));
         }
+        if self.close_timeout < Duration::from_millis(1)
+            || self.close_timeout > Duration::from_secs(86_400)
+        {
+            return Err(bad(
+                "close_timeout",
+                format!("{:?}", self.close_timeout),
+                "must be between 1 ms and 1 day",
+            ));
+        }
         if !(2..=3).contains(&self.storage_threads) {
             return Err(bad(
                 "storage_threads",
@@ -209,6 +225,7 @@ impl LedgerOptions {
         check!(checkpoint_interval);
         check!(max_pending_bytes);
         check!(append_timeout);
+        check!(close_timeout);
         check!(max_open_files);
         check!(direct_entry_bytes);
         check!(storage_threads);

@@ -328,8 +328,17 @@ impl Store {
         }
     }
 
-    /// One handle fewer; the last one closes the store.
+    /// One handle fewer; the last one closes the store (waiting for that
+    /// up to the directory's `close_timeout`).
     pub fn release(self: &Arc<Self>) -> Result<()> {
+        self.release_by(Instant::now() + self.opts.close_timeout)
+    }
+
+    /// One handle fewer; the last one closes the store, waiting for that
+    /// until `deadline`: past it, a `close_timed_out` error, the shutdown
+    /// going on on its own thread (an open of the same directory waits for
+    /// it meanwhile, with its own deadline).
+    pub fn release_by(self: &Arc<Self>, deadline: Instant) -> Result<()> {
         if self.generation != fork::generation() {
             return Ok(()); // a parent's store in a forked child: nothing runs
         }
@@ -343,36 +352,75 @@ impl Store {
             Some(c)
         });
         let Some(c) = last else { return Ok(()) };
-        if group_commit::on_storage_thread() {
-            // The last handle went in a completion callback. Shutting down
-            // waits for the journal's Close and joins the storage threads: on
-            // one of them it would wait on itself. A thread of its own closes
-            // the store; an open of the same directory waits for it meanwhile.
-            // Its result has no caller left to take it: every entry was durable
-            // when acknowledged, and a final cursor state that failed to be
-            // written only means those acks are redelivered after a reopen.
-            struct Closed(Arc<Store>, Arc<(Mutex<bool>, Condvar)>);
-            impl Drop for Closed {
-                fn drop(&mut self) {
-                    self.0.closed(&self.1); // even if the shutdown panicked
-                }
-            }
-            let done = Closed(Arc::clone(self), Arc::clone(&c));
-            let spawned = std::thread::Builder::new()
-                .name("txnstream-close".into())
-                .spawn(move || {
-                    let _ = done.0.shutdown();
-                    drop(done);
-                });
-            return match spawned {
-                Ok(_) => Ok(()),
-                // The guard went with the closure: openers waiting go on.
-                Err(e) => Err(io_err("starting the thread that closes the store", &e)),
-            };
+        if self.io.read_only {
+            // Nothing to write or sync: no disk to wait for.
+            let r = self.shutdown();
+            self.closed(&c);
+            return r;
         }
-        let result = self.shutdown();
-        self.closed(&c);
-        result
+        // A thread of its own closes the store, and the caller waits for it
+        // until the deadline: shutting down waits for syncs (the journal's
+        // Close, the final checkpoint) that a stalled disk may never answer,
+        // and that thread, not the caller, is their owner. (The last handle
+        // may also go in a completion callback: on a storage thread the
+        // shutdown would wait on itself; that caller does not wait at all.)
+        // A result after the deadline has no caller left to take it: every
+        // entry was durable when acknowledged, and a final cursor state that
+        // failed to be written only means those acks are redelivered after a
+        // reopen.
+        struct Closed(Arc<Store>, Arc<(Mutex<bool>, Condvar)>);
+        impl Drop for Closed {
+            fn drop(&mut self) {
+                self.0.closed(&self.1); // even if the shutdown panicked
+            }
+        }
+        let result: Arc<Mutex<Option<Result<()>>>> = Arc::new(Mutex::new(None));
+        let done = Closed(Arc::clone(self), Arc::clone(&c));
+        let slot = Arc::clone(&result);
+        let spawned = std::thread::Builder::new()
+            .name("txnstream-close".into())
+            .spawn(move || {
+                let r = done.0.shutdown();
+                *slot.lock() = Some(r);
+                drop(done); // after the result is in its slot
+            });
+        if let Err(e) = spawned {
+            // The guard went with the closure: openers waiting go on.
+            return Err(io_err("starting the thread that closes the store", &e));
+        }
+        if group_commit::on_storage_thread() {
+            return Ok(());
+        }
+        let (m, cv) = &*c;
+        let mut finished = m.lock();
+        while !*finished {
+            if cv.wait_until(&mut finished, deadline).timed_out() && !*finished {
+                return Err(self.close_timed_out("the data directory's shutdown"));
+            }
+        }
+        drop(finished);
+        let r = result.lock().take();
+        r.unwrap_or_else(|| {
+            Err(Error::Stopped(format!(
+                "the shutdown of data directory {} panicked",
+                self.io.data_dir.display()
+            )))
+        })
+    }
+
+    /// `close()` waited its `close_timeout` for `what` in vain.
+    pub(super) fn close_timed_out(&self, what: &str) -> Error {
+        Error::Io {
+            context: format!(
+                "closing data directory {}: waiting {:?} (close_timeout) for {what}",
+                self.io.data_dir.display(),
+                self.opts.close_timeout
+            ),
+            errno: Some(libc::ETIMEDOUT),
+            message: "the disk did not answer in time; the close goes on in the background \
+                      and the next open recovers from the files"
+                .to_owned(),
+        }
     }
 
     /// The close registered as `c` has finished: an open waiting for it goes on.
@@ -802,8 +850,8 @@ impl Store {
         Ok(())
     }
 
-    /// A handle on `ml` closes.
-    pub fn close_ml(&self, ml: &Arc<MlState>) -> Result<()> {
+    /// A handle on `ml` closes (its cursor states made durable by `deadline`).
+    pub fn close_ml(&self, ml: &Arc<MlState>, deadline: Instant) -> Result<()> {
         if self.io.read_only {
             return Ok(());
         }
@@ -817,7 +865,8 @@ impl Store {
             // On a storage thread (a handle closed in a completion callback) the
             // states are queued, not waited for: the store's shutdown, queued
             // after them, makes them durable before it releases the directory.
-            self.persist_cursors(ml, !group_commit::on_storage_thread())
+            let wait = !group_commit::on_storage_thread();
+            self.persist_cursors_by(ml, wait, Some(deadline))
         } else {
             Ok(())
         };
@@ -833,6 +882,17 @@ impl Store {
     /// Journals `ml`'s cursor states and trims the ledgers every cursor has
     /// passed; with `wait`, returns once that is durable.
     pub fn persist_cursors(&self, ml: &Arc<MlState>, wait: bool) -> Result<()> {
+        self.persist_cursors_by(ml, wait, None)
+    }
+
+    /// [`persist_cursors`](Self::persist_cursors), waiting no later than
+    /// `deadline` if one is given (a `close_timed_out` error then).
+    fn persist_cursors_by(
+        &self,
+        ml: &Arc<MlState>,
+        wait: bool,
+        deadline: Option<Instant>,
+    ) -> Result<()> {
         if self.io.read_only {
             return Ok(());
         }
@@ -885,14 +945,26 @@ impl Store {
         drop(order); // queued: journal order is fixed now
         if wait {
             for _ in 0..count {
-                match rx.recv() {
+                let got = match deadline {
+                    Some(d) => rx.recv_deadline(d).map_err(|e| e.is_timeout()),
+                    None => rx.recv().map_err(|_| false),
+                };
+                match got {
                     Ok(r) => {
                         if let Err(e) = r {
                             ml.cursors_dirty.store(true, Ordering::Release);
                             return Err(e);
                         }
                     }
-                    Err(_) => return Err(Error::LedgerClosed(ml.name.clone())),
+                    Err(true) => {
+                        // Still queued: journaled when the disk answers (the
+                        // shutdown then writes them), or not, and redelivered.
+                        return Err(self.close_timed_out(&format!(
+                            "the cursor states of managed ledger {:?}",
+                            ml.name
+                        )));
+                    }
+                    Err(false) => return Err(Error::LedgerClosed(ml.name.clone())),
                 }
             }
         }

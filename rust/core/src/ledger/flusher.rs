@@ -14,7 +14,7 @@ use super::fs::FsFile;
 use super::group_commit::Published;
 use super::journal::{self, Kind};
 use super::ledger_file::{self, NewRecord};
-use super::state::{Applied, FileOpen, MlState};
+use super::state::{Applied, FileOpen, MlState, CREATED};
 use super::store::*;
 use crate::error::{Error, Result};
 use crate::position::Position;
@@ -421,6 +421,12 @@ impl Store {
                 let mut v: Vec<ManagedLedgerState> = mls
                     .values()
                     .filter(|ml| !ml.meta.lock().deleted)
+                    // One whose creation record is not published yet is not
+                    // listed: that record is past `at` (`synced` moves only
+                    // after publishing), so the replay from `at` creates it if
+                    // it became durable; listing it would bring back a
+                    // creation that failed.
+                    .filter(|ml| ml.created.load(Ordering::Acquire) == CREATED)
                     .map(|ml| ml.snapshot())
                     .collect();
                 v.sort_by_key(|s| s.id);

@@ -1,0 +1,85 @@
+//! A managed ledger whose creation record failed does not come back after a
+//! crash: a checkpoint taken while the creation was in flight used to list
+//! it in the CATALOG (nothing rewrote that catalog before the crash).
+#![cfg(feature = "testing")]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use txnstream_core::ledger::fs::Fs;
+use txnstream_core::ledger::simfs::SimFs;
+use txnstream_core::ledger::{FaultInjector, FaultKind, LedgerOptions, ManagedLedger};
+
+const DATA: &str = "/data";
+
+fn checkpoints(ml: &ManagedLedger) -> u64 {
+    ml.storage_stats()
+        .iter()
+        .find(|(k, _)| *k == "checkpoints")
+        .map(|s| s.1)
+        .unwrap()
+}
+
+/// Waits (bounded) until `ml`'s directory has run more than `n` checkpoints.
+fn checkpoint_after(ml: &ManagedLedger, n: u64) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while checkpoints(ml) <= n {
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    true
+}
+
+#[test]
+fn a_failed_creation_is_not_brought_back_by_a_checkpoint_and_a_crash() {
+    let fs = Arc::new(SimFs::new());
+    let inj = Arc::new(FaultInjector::new());
+    let o = LedgerOptions {
+        fs: Some(Arc::clone(&fs) as Arc<dyn Fs>),
+        fault_injector: Some(Arc::clone(&inj)),
+        preallocate_bytes: 0,
+        // Due one second after the journal grew: while the creation below
+        // is held at its sync.
+        checkpoint_interval: Duration::from_secs(1),
+        ..LedgerOptions::default()
+    };
+    let keep = ManagedLedger::open(Path::new(DATA), "keep", o.clone()).unwrap();
+    keep.append(b"1").unwrap();
+    assert!(checkpoint_after(&keep, checkpoints(&keep)));
+    keep.append(b"2").unwrap(); // the journal grew: a checkpoint is due in 1 s
+    let n = checkpoints(&keep);
+    inj.hold(FaultKind::Sync);
+    let o2 = o.clone();
+    let create = std::thread::spawn(move || ManagedLedger::open(Path::new(DATA), "x", o2));
+    assert!(inj.wait_held(FaultKind::Sync, Duration::from_secs(30)));
+    assert!(
+        checkpoint_after(&keep, n),
+        "no checkpoint ran while the creation was held"
+    );
+    inj.inject(FaultKind::Sync, libc::EIO, 1);
+    inj.release(FaultKind::Sync);
+    assert!(create.join().unwrap().is_err(), "the creation failed");
+    // A crash now (before any later checkpoint rewrites the catalog).
+    let image = Arc::new(fs.power_cut(7));
+    inj.clear();
+    drop(keep);
+    let o3 = LedgerOptions {
+        fs: Some(Arc::clone(&image) as Arc<dyn Fs>),
+        preallocate_bytes: 0,
+        ..LedgerOptions::default()
+    };
+    let keep = ManagedLedger::open(Path::new(DATA), "keep", o3.clone()).unwrap();
+    assert_eq!(keep.entry_count(), 2);
+    let ro = LedgerOptions {
+        read_only: true,
+        ..o3
+    };
+    match ManagedLedger::open(Path::new(DATA), "x", ro) {
+        Err(txnstream_core::Error::Io { errno: Some(e), .. }) if e == libc::ENOENT => {}
+        other => panic!("the failed creation came back: {other:?}"),
+    }
+    keep.close().unwrap();
+}

@@ -200,6 +200,13 @@ impl SnapshotDemux {
         self.slots.remove(topic).filter(|r| r.value.is_some())
     }
 
+    /// Lets `topic` answer again (it was unloaded and will recover anew):
+    /// records of it routed from here on are kept. Call before writing its
+    /// newest snapshot, so the next answer is that one.
+    pub fn reopen(&mut self, topic: &str) {
+        self.done.remove(topic);
+    }
+
     /// Forgets `topic`'s slot (a topic deleted while recovery runs).
     pub fn forget(&mut self, topic: &str) {
         self.slots.remove(topic);

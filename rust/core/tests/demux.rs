@@ -115,3 +115,28 @@ fn compaction_under_an_open_reader_restarts_routing_and_drops_deleted_topics() {
     }
     assert_eq!(d2.take_routed("t4").unwrap().value.unwrap(), vec![1, 4]);
 }
+
+#[test]
+fn a_reopened_topic_answers_its_snapshot_written_after_reopening() {
+    // A topic unloaded and loaded again in one broker asks the same demux a
+    // second time: its newest snapshot (written at the unload) must be kept.
+    let dir = tempfile::tempdir().unwrap();
+    let ml = ManagedLedger::open(
+        dir.path(),
+        "public/default/__transaction_buffer_snapshot",
+        LedgerOptions::default(),
+    )
+    .unwrap();
+    ml.append(&rec("a", Some(b"a-1"))).unwrap();
+    let mut d = SnapshotDemux::new();
+    assert_eq!(d.take(&ml, "a").unwrap().unwrap().value.unwrap(), b"a-1");
+    ml.append(&rec("a", Some(b"a-2"))).unwrap();
+    assert!(d.take(&ml, "a").unwrap().is_none()); // done: later records dropped
+    d.reopen("a");
+    ml.append(&rec("a", Some(b"a-3"))).unwrap();
+    ml.append(&rec("b", Some(b"b-1"))).unwrap();
+    assert_eq!(d.take(&ml, "a").unwrap().unwrap().value.unwrap(), b"a-3");
+    assert_eq!(d.take(&ml, "b").unwrap().unwrap().value.unwrap(), b"b-1");
+    d.reopen("never-asked"); // a topic that never asked: nothing changes
+    assert!(d.take(&ml, "never-asked").unwrap().is_none());
+}

@@ -89,6 +89,13 @@ impl PySnapshotDemux {
         Ok(answer(py, r)?)
     }
 
+    /// Let `topic` answer again (unloaded; it recovers anew): its later records are kept.
+    fn reopen(&self, py: Python<'_>, topic: &Bound<'_, PyAny>) -> BindResult<()> {
+        let topic = topic_arg(topic, "topic")?;
+        py.detach(|| self.inner.lock().reopen(&topic));
+        Ok(())
+    }
+
     /// Forget `topic` (deleted while recovery runs): its records are not kept.
     fn forget(&self, py: Python<'_>, topic: &Bound<'_, PyAny>) -> BindResult<()> {
         let topic = topic_arg(topic, "topic")?;

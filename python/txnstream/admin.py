@@ -25,6 +25,7 @@ What users of Pulsar and Kafka transactions ask for, built in:
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from txnstream._native import Position
@@ -225,9 +226,26 @@ class Admin:
         """Every topic of the data directory with its partition count."""
         return self._broker.topic_names()
 
+    def loaded_topics(self) -> dict[str, Any]:
+        """Partitions loaded now (``loaded``, their ``names``) and ``unloaded`` since open.
+
+        Idle partitions unload after ``topic_idle_unload_ms`` (``idle_unload_ms``).
+        """
+        names = sorted(t.full for t in self._broker.loaded_topics())
+        return {
+            "loaded": len(names),
+            "names": names,
+            "unloaded": self._broker.topics_unloaded,
+            "idle_unload_ms": self._broker.config.topic_idle_unload_ms,
+        }
+
     def topic_stats(self, topic: str) -> list[dict[str, object]]:
         """Per partition of ``topic``: transaction buffer, deduplication, subscriptions."""
-        return [self._broker.topic(tn).stats() for tn in self._partitions(topic)]
+        out: list[dict[str, object]] = []
+        for tn in self._partitions(topic):
+            with self._broker.using_topic(tn) as t:
+                out.append(t.stats())
+        return out
 
     def read_committed_lag(self, topic: str | None = None) -> dict[str, int]:
         """Entries from ``max_read_position`` to the log end, per partition.
@@ -239,7 +257,8 @@ class Admin:
             return {t.full: t.tb.lag() for t in self._broker.loaded_topics()}
         out: dict[str, int] = {}
         for tn in self._partitions(topic):  # a read: an unknown topic is an error, not created
-            out[tn.full] = self._broker.topic(tn).tb.lag()
+            with self._broker.using_topic(tn) as t:
+                out[tn.full] = t.tb.lag()
         return out
 
     def _partitions(self, topic: str) -> list[TopicName]:
@@ -267,14 +286,16 @@ class Admin:
         lwm = {str(k): v for k, v in self._broker._coordinators().low_water_marks().items()}
         out: list[dict[str, Any]] = []
         for tn in partitions:
-            tb = self._broker.topic(tn).tb
-            stats = tb.stats()
-            with tb.lock:
-                ongoing = list(tb.ongoing.items())
+            with self._broker.using_topic(tn) as t:
+                tb = t.tb
+                stats = tb.stats()
+                with tb.lock:
+                    ongoing = list(tb.ongoing.items())
+                max_read = tb.max_read_position
             out.append(
                 {
                     "topic": tn.full,
-                    "max_read_position": position_str(tb.max_read_position),
+                    "max_read_position": position_str(max_read),
                     "last_position": _pos(stats["last_durable"]),
                     "lag": stats["lag"],
                     "ongoing": stats["ongoing"],
@@ -305,10 +326,10 @@ class Admin:
         out: list[dict[str, Any]] = []
         for tn in partitions:
             sub = subscription_arg(subscription, tn)
-            t = self._broker.topic(tn)
-            if sub not in t.ml.cursor_names():
-                continue
-            stats = t.subscription(sub).stats()
+            with self._broker.using_topic(tn) as t:
+                if sub not in t.ml.cursor_names():
+                    continue
+                stats = t.subscription(sub).stats()
             pending = dict(stats["pending_ack"])  # type: ignore[call-overload]
             out.append(
                 {
@@ -337,10 +358,11 @@ class Admin:
         :func:`txnstream.datadir.ledger_internal_stats` (and the CLI's
         ``topic-internal-stats``) report them.
         """
-        return {
-            tn.full: ledger_internal_stats(self._broker.topic(tn).ml)
-            for tn in self._partitions(topic)
-        }
+        out: dict[str, dict[str, Any]] = {}
+        for tn in self._partitions(topic):
+            with self._broker.using_topic(tn) as t:
+                out[tn.full] = ledger_internal_stats(t.ml)
+        return out
 
     # ------------------------------------------------------------ tiered storage
 
@@ -360,14 +382,15 @@ class Admin:
         tiered = self._broker.tiered
         out: list[SegmentInfo] = []
         for tn in partitions:
-            ml = self._broker.topic(tn).ml
-            # Before the first upload: no ledger after it is trimmed un-uploaded.
-            tiered.offloader.hold_trimming(ml)
-            for lid, n, sealed in ml.ledgers():
-                if sealed and n:
-                    self._broker._check_open()  # a closing broker waits for one upload
-                    out.append(tiered.offloader.offload(ml, lid))
-            tiered.offloader.hold_trimming(ml)  # up to what is uploaded now
+            with self._broker.using_topic(tn) as t:  # not unloaded while uploading
+                ml = t.ml
+                # Before the first upload: no ledger after it is trimmed un-uploaded.
+                tiered.offloader.hold_trimming(ml)
+                for lid, n, sealed in ml.ledgers():
+                    if sealed and n:
+                        self._broker._check_open()  # a closing broker waits for one upload
+                        out.append(tiered.offloader.offload(ml, lid))
+                tiered.offloader.hold_trimming(ml)  # up to what is uploaded now
         return out
 
     def release_offload_hold(self, topic: str) -> int:
@@ -385,9 +408,13 @@ class Admin:
         Trimming a ledger after its remote ones before it is uploaded would
         lose the ABORT markers READ_COMMITTED reads of them need.
         """
+        with contextlib.ExitStack() as using:  # the partitions stay loaded throughout
+            return self._release_offload_hold(topic, using)
+
+    def _release_offload_hold(self, topic: str, using: contextlib.ExitStack) -> int:
         held = []
         for tn in self._partitions(topic):
-            ml = self._broker.topic(tn).ml
+            ml = using.enter_context(self._broker.using_topic(tn)).ml
             names = ml.cursor_names()
             if HOLD_CURSOR in names or LEGACY_HOLD_CURSOR in names:
                 held.append((tn, ml))

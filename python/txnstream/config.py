@@ -297,6 +297,7 @@ BROKER_SETTINGS: Final[dict[str, tuple[str, Any, int | None, int | None]]] = {
     "transactionBufferSnapshotMinTimeInMillis": ("tb_snapshot_min_time_ms", _as_int, 1, 1 << 40),
     "topicRecoveryMode": ("topic_recovery", _as_recovery_mode, None, None),
     "topicRecoveryThreads": ("topic_recovery_threads", _as_int, 1, 64),
+    "topicIdleUnloadMs": ("topic_idle_unload_ms", _as_int, 0, 1 << 40),
 }
 _SETTING_KEY: Final = {attr: key for key, (attr, _, _, _) in BROKER_SETTINGS.items()}
 
@@ -422,6 +423,13 @@ class BrokerConfig:
     #: recovers in the background from open, on ``topic_recovery_threads`` threads.
     topic_recovery: str = "lazy"
     topic_recovery_threads: int = 4
+    #: A loaded partition idle this long (no producer or consumer attached,
+    #: nothing in flight) is unloaded by the maintenance round and reloads on
+    #: next use, as after a restart (0: never). Memory then follows the
+    #: partitions in use, not every partition ever used. Ten minutes: a
+    #: reload costs a snapshot read and the subscriptions' pending-ack
+    #: recovery, so a partition used every few minutes stays loaded.
+    topic_idle_unload_ms: int = 600_000
 
     def __post_init__(self) -> None:
         """Validate every section under its Pulsar key names."""

@@ -575,6 +575,16 @@ class BrokerCollector(Collector):
             GaugeMetricFamily(
                 "txnstream_subscription_backlog", "Entries after the mark-delete.", labels=s
             ),
+            GaugeMetricFamily(
+                "txnstream_broker_loaded_topics",
+                "Partitions loaded (idle ones unload after topic_idle_unload_ms).",
+                labels=["broker"],
+            ),
+            CounterMetricFamily(
+                "txnstream_broker_topics_unloaded",
+                "Partitions unloaded while idle since the broker opened.",
+                labels=["broker"],
+            ),
             CounterMetricFamily(
                 "txnstream_client_commits", "Transactions committed by clients.", labels=["broker"]
             ),
@@ -600,7 +610,8 @@ class BrokerCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         """Read one snapshot per broker and yield every family."""
         fams = self._families()
-        lag, ongoing, aborted, txns, held, backlog, commits, aborts, waits, latency = fams
+        lag, ongoing, aborted, txns, held, backlog, loaded, unloaded = fams[:8]
+        commits, aborts, waits, latency = fams[8:]
         for name, source in self._sources._live():
             snap = source.metrics()  # type: ignore[attr-defined]
             for topic, t_lag, t_ongoing, t_aborted, subs in snap["topics"]:
@@ -611,6 +622,8 @@ class BrokerCollector(Collector):
                     txns.add_metric([name, topic, sub], float(n_txns))
                     held.add_metric([name, topic, sub], float(n_held))
                     backlog.add_metric([name, topic, sub], float(n_backlog))
+            loaded.add_metric([name], float(snap["loaded_topics"]))
+            unloaded.add_metric([name], float(snap["topics_unloaded"]))
             commits.add_metric([name], float(snap["commits"]))
             aborts.add_metric([name], float(snap["aborts"]))
             waits.add_metric(

@@ -40,7 +40,19 @@ ledgers of their own.
   open; any other partition is reconciled before it serves anything.
 - **Maintenance**: every ``pending_ack_trim_interval_ms`` the broker
   deletes ended transactions' pending-ack records (after flushing the
-  cursors holding their acks).
+  cursors holding their acks), and unloads partitions idle for
+  ``topic_idle_unload_ms``.
+- **Idle partitions unload** (as Pulsar unloads a bundle): a partition with
+  no Producer or Consumer attached (counted by :meth:`Broker.attach` and
+  :meth:`Broker.detach`; a producer attaches with its name, a consumer for
+  its life), nothing in flight (open transactions, pending acks, writes,
+  subscriptions opening, uploads: those run with the partition attached)
+  and no lookup since the idle time began writes its snapshot, closes as on
+  ``close()`` and leaves :attr:`Broker._topics`; its next use reloads it
+  the way a restart does (snapshot, ledger after it, reconciliation), so
+  memory follows the partitions in use. A lookup racing an unload waits for
+  it and loads the partition again: internal users attach first (or hold
+  :meth:`Broker.using_topic`), so they never get a closed partition.
 
 ``close()`` stops clients, then coordinators (ends in flight finish), then
 topics and logs, then the timer.
@@ -280,6 +292,12 @@ class Broker:
         self._ready = threading.Event()
         self._topics: dict[str, Topic] = {}
         self._opening: dict[str, Future[Topic]] = {}
+        # Partitions being unloaded: a load waits for the unload to finish.
+        self._unloading: dict[str, Future[None]] = {}
+        # Partition -> live Producer/Consumer objects and using_topic holds on it.
+        self._attached: dict[str, int] = {}
+        #: Partitions unloaded while idle since open (metrics).
+        self.topics_unloaded = 0
         # (partition, producer name) of every open producer.
         self._producer_names: set[tuple[str, str]] = set()
         self._forks = _forks
@@ -540,18 +558,68 @@ class Broker:
             )
 
     def claim_producer_name(self, partitions: list[TopicName], name: str) -> bool:
-        """Reserve ``name`` on ``partitions`` for a new producer; False if an open one has it."""
+        """Reserve ``name`` on ``partitions`` for a new producer; False if an open one has it.
+
+        A claimed name attaches the producer to ``partitions`` (they stay
+        loaded) until :meth:`release_producer_name`.
+        """
         keys = [(tn.full, name) for tn in partitions]
         with self._lock:
             if any(k in self._producer_names for k in keys):
                 return False
             self._producer_names.update(keys)
+            self._attach_locked(partitions)
         return True
 
     def release_producer_name(self, partitions: list[TopicName], name: str) -> None:
-        """Free ``name`` on ``partitions`` (its producer closed)."""
+        """Free ``name`` on ``partitions`` (its producer closed); detaches the producer."""
+        keys = [(tn.full, name) for tn in partitions]
         with self._lock:
-            self._producer_names.difference_update((tn.full, name) for tn in partitions)
+            if not all(k in self._producer_names for k in keys):
+                return  # released before: detached then
+            self._producer_names.difference_update(keys)
+            self._detach_locked(partitions)
+
+    def attach(self, partitions: list[TopicName]) -> None:
+        """Count a client object on ``partitions``: they are not unloaded until :meth:`detach`.
+
+        Call before looking the partitions up: a lookup after it never gets a
+        partition an unload closes. Pair every call with one :meth:`detach`.
+        """
+        with self._lock:
+            self._attach_locked(partitions)
+
+    def detach(self, partitions: list[TopicName]) -> None:
+        """Uncount what :meth:`attach` counted; a partition's idle time starts at the last one."""
+        with self._lock:
+            self._detach_locked(partitions)
+
+    def _attach_locked(self, partitions: list[TopicName]) -> None:
+        attached = self._attached
+        for tn in partitions:
+            attached[tn.full] = attached.get(tn.full, 0) + 1
+
+    def _detach_locked(self, partitions: list[TopicName]) -> None:
+        attached = self._attached
+        for tn in partitions:
+            n = attached.get(tn.full, 0) - 1
+            if n > 0:
+                attached[tn.full] = n
+                continue
+            attached.pop(tn.full, None)  # the map holds partitions in use only
+            t = self._topics.get(tn.full)
+            if t is not None:
+                t.used = True  # idle from the next maintenance round
+
+    @contextlib.contextmanager
+    def using_topic(self, name: str | TopicName) -> Iterator[Topic]:
+        """Hold partition ``name`` loaded (never unloaded) for the ``with`` block; yield it."""
+        tn = name if isinstance(name, TopicName) else TopicName.parse(name)
+        self.attach([tn])
+        try:
+            yield self.topic(tn)
+        finally:
+            self.detach([tn])
 
     @property
     def _topics_registry(self) -> CompactedTopic:
@@ -678,11 +746,18 @@ class Broker:
         return [topic] if n == 0 else [topic.partition_name(i) for i in range(n)]
 
     def topic(self, name: str | TopicName) -> Topic:
-        """Return partition (or unpartitioned topic) ``name``, opened and recovered on first use."""
+        """Return partition (or unpartitioned topic) ``name``, opened and recovered on first use.
+
+        Once idle for ``topic_idle_unload_ms`` (nothing attached, nothing in
+        flight) the partition unloads and the object returned here is closed;
+        the next call loads it again. To keep using one object, hold it with
+        :meth:`using_topic` (or an open Producer/Consumer on it).
+        """
         self._check_open()
         tn = name if isinstance(name, TopicName) else TopicName.parse(name)
         t = self._topics.get(tn.full)  # loaded: the common case, one dict lookup
         if t is not None:
+            t.used = True
             return t
         if not tn.is_partition and self.partitions(tn) > 0:
             raise InvalidTopicNameError(
@@ -698,14 +773,21 @@ class Broker:
                 return t
         if tn.is_partition:
             self._check_partition(tn)  # before anything is opened for it
-        with self._lock:
-            t = self._topics.get(full)
-            if t is not None:
-                return t
-            opening = self._opening.get(full)
-            owner = opening is None
-            if opening is None:
-                opening = self._opening[full] = Future()
+        while True:
+            with self._lock:
+                t = self._topics.get(full)
+                if t is not None:
+                    t.used = True
+                    return t
+                unloading = self._unloading.get(full)
+                if unloading is None:
+                    opening = self._opening.get(full)
+                    owner = opening is None
+                    if opening is None:
+                        opening = self._opening[full] = Future()
+                    break
+            # Being unloaded: load it again once its logs are closed.
+            await_opening(unloading, self.config.end_timeout_ms, f"topic {full} (unloading)")
         if not owner:
             return await_opening(opening, self.config.end_timeout_ms, f"topic {full}")
         try:
@@ -1087,14 +1169,23 @@ class Broker:
     # ------------------------------------------------------------ ParticipantResolver
 
     def partition(self, name: str) -> Participant:
-        """Return the transaction buffer of partition ``name`` (for coordinators' ends)."""
+        """Return the transaction buffer of partition ``name`` (for coordinators' ends).
+
+        An unload may close it once idle: then no transaction is open there
+        and its ``end`` answers without writing (nothing to end).
+        """
         self._coordinators()
-        return cast(Participant, self.topic(name).tb)
+        with self.using_topic(name) as t:
+            return cast(Participant, t.tb)
 
     def subscription(self, topic: str, subscription: str) -> Participant:
-        """Return the pending-ack store of ``subscription`` on partition ``topic``."""
+        """Return the pending-ack store of ``subscription`` on partition ``topic``.
+
+        Opened with the partition held loaded (see :meth:`partition`).
+        """
         self._coordinators()
-        return cast(Participant, self.topic(topic).pending_ack(subscription))
+        with self.using_topic(topic) as t:
+            return cast(Participant, t.pending_ack(subscription))
 
     # ------------------------------------------------------------ maintenance
 
@@ -1121,9 +1212,10 @@ class Broker:
     def maintain_now(self) -> None:
         """Run maintenance now, here (the maintenance thread runs it every round).
 
-        Offload by policy, pending-ack trimming, due snapshots, and every
+        Offload by policy, pending-ack trimming, due snapshots, every
         :data:`ORPHAN_SWEEP_S` the sweep for orphaned transactions
-        (``Topic.sweep_orphans``).
+        (``Topic.sweep_orphans``), then the unload of idle partitions
+        (:meth:`unload_idle`).
         """
         self._offload_by_policy()  # before trimming: trimming follows offload
         for t in self.loaded_topics():
@@ -1138,6 +1230,96 @@ class Broker:
                 except Exception:  # one topic's failure must not stop the others' sweeps
                     if not self._closed:
                         log.exception("%s: sweeping orphaned transactions", t.full)
+        self.unload_idle()
+
+    def unload_idle(self) -> int:
+        """Unload the partitions idle for ``topic_idle_unload_ms``; return how many.
+
+        A partition is idle from the first round that finds nothing attached
+        (:meth:`attach`), nothing in flight (``Topic.begin_unload``) and no
+        lookup since the round before. One partition's failure is logged and
+        leaves it loaded.
+        """
+        idle_ms = self.config.topic_idle_unload_ms
+        if idle_ms <= 0 or self._closed:
+            return 0
+        now = self._clock.monotonic_ms()
+        due = []
+        with self._lock:
+            attached = self._attached
+            for t in self._topics.values():
+                if t.used or t.full in attached:
+                    t.used = False
+                    t.idle_since_ms = now
+                elif now - t.idle_since_ms >= idle_ms:
+                    due.append(t)
+        n = 0
+        for t in due:
+            if self._closed:
+                break
+            try:
+                n += self._unload(t)
+            except Exception:
+                if not self._closed:
+                    log.exception("unloading idle topic %s", t.full)
+        return n
+
+    def _unload(self, t: Topic) -> bool:
+        """Unload ``t`` if it is still idle: snapshot, close, forget; True if it went."""
+        full = t.full
+        with self._lock:
+            if self._closed or self._topics.get(full) is not t or full in self._attached:
+                return False
+            if t.used:  # looked up since the round began: in use again
+                return False
+            del self._topics[full]  # from here a lookup waits for the unload below
+            done: Future[None] = Future()
+            self._unloading[full] = done
+        unloaded = False
+        try:
+            busy = t.begin_unload()
+            if busy is not None:
+                log.debug("%s stays loaded: %s", full, busy)
+                return False
+            try:
+                self._write_last_snapshot(t)
+            except BaseException:
+                t.cancel_unload()
+                raise
+            unloaded = True
+            try:
+                t.close()
+            finally:
+                self.txn_indexes.forget(full)
+        finally:
+            with self._lock:
+                if not unloaded:
+                    self._topics[full] = t
+                    t.idle_since_ms = self._clock.monotonic_ms()  # tried again an idle time on
+                else:
+                    self.topics_unloaded += 1
+                del self._unloading[full]
+                closing = self._closed
+            done.set_result(None)
+            if closing and not unloaded:  # close() did not see it: closed here
+                t.close()
+        log.debug("unloaded idle topic %s", full)
+        return True
+
+    def _write_last_snapshot(self, t: Topic) -> None:
+        # The snapshot the next load recovers from (always: the namespace's
+        # shared reader answered this partition once and dropped its later
+        # records; reopened, it keeps the one written now).
+        with self._lock:
+            reader = self._ns_readers.get(t.name.namespace_name)
+        if reader is not None:
+            reader.reopen(t.full)
+        with self._snapshots_lock:
+            value, changes, covered = t.take_snapshot()
+            now = self.wall_ms()
+            self.snapshot_writer.write([(t.name.namespace_name, t.full, value)])
+            t.tb.snapshot_written(changes, now)
+            t.snapshot_durable(covered)
 
     # ------------------------------------------------------------ metrics
 
@@ -1158,7 +1340,12 @@ class Broker:
             for c in self._clients.values():
                 total.add_snapshot(c.commit_stats())
             total.merge(self._retired)
-        return {"topics": topics, **total.snapshot()}
+        return {
+            "topics": topics,
+            "loaded_topics": len(topics),
+            "topics_unloaded": self.topics_unloaded,
+            **total.snapshot(),
+        }
 
     # ------------------------------------------------------------ close
 
@@ -1212,7 +1399,7 @@ class Broker:
         deadline = time.monotonic() + self.config.end_timeout_ms / 1000.0
         while time.monotonic() < deadline:
             with self._lock:
-                opening = list(self._opening.values())
+                opening: list[Future[Any]] = [*self._opening.values(), *self._unloading.values()]
             if not opening:
                 break
             for f in opening:

@@ -148,6 +148,11 @@ class Topic:
         self._subs_lock = threading.Lock()
         self._closed = False
         self.recovery: dict[str, int] = {}
+        #: Set by every :meth:`Broker.topic` lookup; the maintenance round
+        #: clears it and counts the partition's idle time from then.
+        self.used = True
+        #: Broker-clock monotonic ms since which the maintenance round saw it idle.
+        self.idle_since_ms = 0
 
     # ------------------------------------------------------------ recovery
 
@@ -236,7 +241,11 @@ class Topic:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise AlreadyClosedError(f"topic {self.full} is closed (broker closing)", what="topic")
+            raise AlreadyClosedError(
+                f"topic {self.full} is closed (broker closing, or unloaded while idle: "
+                "broker.topic() loads it again)",
+                what="topic",
+            )
 
     def _txn_state(self, txn: tuple[int, int]) -> str:
         # Under the lock: what the transaction buffer knows of a transaction.
@@ -470,6 +479,46 @@ class Topic:
             "subscriptions": {n: s.stats() for n, s in self.subscriptions().items()},
             "recovery": dict(self.recovery),
         }
+
+    # ------------------------------------------------------------ unloading
+
+    def begin_unload(self) -> str | None:
+        """Refuse new work if nothing is attached or in flight here; else say what is.
+
+        Idle: no subscription opening, no open transaction (nor a marker being
+        written), every write durable and seen by the transaction buffer, no
+        consumer attached, no acks pending in a transaction. When idle the
+        partition refuses publishes and new subscriptions from here on
+        (returns None): follow with :meth:`close`, or :meth:`cancel_unload`.
+        """
+        tb = self.tb
+        with self._subs_lock:
+            if self._closed:
+                return "closed"
+            if self._sub_opening:
+                return "a subscription opening"
+            with self.lock:  # publishes check _closed under it
+                if tb.ongoing:
+                    return "open transactions"
+                if not tb.settled():
+                    return "writes in flight"
+                self._closed = True
+            subs = list(self._subs.values())
+        for sub in subs:  # none attaches or acks once closed: the checks hold
+            if sub.consumers():
+                why: str | None = f"consumers on subscription {sub.name!r}"
+            elif sub.pending.transactions():
+                why = f"pending acks on subscription {sub.name!r}"
+            else:
+                continue
+            self.cancel_unload()
+            return why
+        return None
+
+    def cancel_unload(self) -> None:
+        """Serve again after :meth:`begin_unload` (the unload did not go ahead)."""
+        with self._subs_lock, self.lock:
+            self._closed = False
 
     def close(self) -> None:
         """Close subscriptions (waiting receivers wake), pending-ack logs, then the ledger."""

@@ -140,6 +140,17 @@ class SharedSnapshotReader:
             ) from e
         return snap
 
+    def reopen(self, topic: str) -> None:
+        """Let ``topic`` answer again (it is being unloaded and will recover anew).
+
+        A topic that took its answer is done: its later snapshots are not
+        kept. Call this before writing its last snapshot, so the reader keeps
+        that one for the next load (a reader not open reads it from the start).
+        """
+        with self._lock:
+            if self._demux is not None:
+                self._demux.reopen(topic)
+
     def forget(self, topic: str) -> None:
         """Forget ``topic`` (deleted while recovery runs)."""
         with self._lock:

@@ -236,6 +236,14 @@ class TransactionBuffer:
                 total += max(0, n - limit.entry_id)
         return total
 
+    def settled(self) -> bool:
+        """Under :attr:`lock`: True when no marker is being written and every write is seen.
+
+        The ledger's last entry is the last one this buffer saw become
+        durable: no append of the partition is waiting for its callback.
+        """
+        return not self._ending and self._ml.last_position == self._last_durable
+
     def is_aborted(self, txn: TxnKey) -> bool:
         """Return True if transaction ``(most, least)`` aborted here."""
         return txn in self.aborted

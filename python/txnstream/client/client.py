@@ -771,8 +771,11 @@ class Consumer:
         broker = client.broker
         self._subs: dict[int, Subscription] = {}
         attached: list[Subscription] = []
+        names = broker.partition_names(topic)
+        # Attached before the lookups: the partitions stay loaded while it lives.
+        broker.attach(names)
+        self._partitions = names
         try:
-            names = broker.partition_names(topic)
             for tn in names:
                 t: Topic = broker.topic(tn)
                 sub = t.subscription(subscription, isolation, initial_position)
@@ -785,6 +788,7 @@ class Consumer:
             for sub in attached:
                 sub.remove_waker(self._wake)
                 sub.detach(self.id)
+            broker.detach(names)
             raise
         self._order = list(self._subs.items())
 
@@ -970,6 +974,7 @@ class Consumer:
         for sub in self._subs.values():
             sub.remove_waker(self._wake)
             sub.detach(self.id)
+        self.client.broker.detach(self._partitions)
         self._wake.set()
         self.client._forget(self)
 

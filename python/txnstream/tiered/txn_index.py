@@ -129,6 +129,13 @@ class TopicTxnIndexes:
             except OSError as e:
                 raise StorageError(f"reading {path} failed: {e}", errno=e.errno) from e
 
+    def forget(self, topic: str) -> None:
+        """Drop what is cached for ``topic`` (unloaded): its files stay, read again on use."""
+        with self._lock:
+            for k in [k for k in self._open if k[0] == topic]:
+                del self._open[k]
+            self._pruned.pop(topic, None)
+
     def prune(self, topic: str, below_ledger: int) -> int:
         """Delete the index files of ``topic``'s ledgers below ``below_ledger`` (trimmed)."""
         return self.prune_many({topic_arg(topic): int_arg(below_ledger, "below_ledger")})

@@ -65,8 +65,9 @@ def inject_fault(ml: ManagedLedger, kind: str, errno: int = 5, times: int = 1) -
 
     The hooks act on ``ml``'s whole data directory (its ledgers share one
     journal). ``kind``: ``"write"`` (half the group reaches the journal, then the
-    error), ``"sync"``, ``"preallocate"``, ``"read"`` or ``"meta"`` (a
-    catalog write at a checkpoint).
+    error), ``"sync"``, ``"preallocate"``, ``"read"``, ``"meta"`` (a
+    catalog write at a checkpoint) or ``"checkpoint"`` (a checkpoint, after
+    it listed the directory's ledgers).
     """
     _hooks().inject_fault(ml, kind, errno, times)
 

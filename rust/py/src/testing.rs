@@ -18,7 +18,7 @@ use txnstream_core::Error;
 fn fault_kind(kind: &str) -> BindResult<FaultKind> {
     Ok(FaultKind::parse(kind).ok_or_else(|| {
         Error::invalid(format!(
-            "fault kind must be 'write', 'sync', 'preallocate', 'read' or 'meta', got {kind:?}"
+            "fault kind must be 'write', 'sync', 'preallocate', 'read', 'meta' or 'checkpoint', got {kind:?}"
         ))
     })?)
 }

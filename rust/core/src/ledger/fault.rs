@@ -24,10 +24,14 @@ pub enum FaultKind {
     Read,
     /// A write of the data directory's CATALOG (at a checkpoint).
     Meta,
+    /// A checkpoint between its two reads of the directory's state (the
+    /// ledgers it lists and the next ledger id): a gate for races with
+    /// ledgers created meanwhile.
+    Checkpoint,
 }
 
 impl FaultKind {
-    /// Parses `"write"`, `"sync"`, `"preallocate"`, `"read"` or `"meta"`.
+    /// Parses `"write"`, `"sync"`, `"preallocate"`, `"read"`, `"meta"` or `"checkpoint"`.
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "write" => Some(Self::Write),
@@ -35,6 +39,7 @@ impl FaultKind {
             "preallocate" => Some(Self::Preallocate),
             "read" => Some(Self::Read),
             "meta" => Some(Self::Meta),
+            "checkpoint" => Some(Self::Checkpoint),
             _ => None,
         }
     }

@@ -412,26 +412,35 @@ impl Store {
             return Err(e);
         }
         let sequence = self.ckpt.lock().sequence + 1;
+        // The ledgers first, then the next id: a ledger created in between
+        // has an id below the one read (its id is taken before it is listed).
+        // The other order listed it with the catalog's next id, which the
+        // next open refuses.
+        let ledgers = {
+            let mls = self.mls.read();
+            let mut v: Vec<ManagedLedgerState> = mls
+                .values()
+                .filter(|ml| !ml.meta.lock().deleted)
+                // One whose creation record is not published yet is not
+                // listed: that record is past `at` (`synced` moves only
+                // after publishing), so the replay from `at` creates it if
+                // it became durable; listing it would bring back a
+                // creation that failed.
+                .filter(|ml| ml.created.load(Ordering::Acquire) == CREATED)
+                .map(|ml| ml.snapshot())
+                .collect();
+            v.sort_by_key(|s| s.id);
+            v
+        };
+        if let Err(e) = self.io.faults.check(FaultKind::Checkpoint) {
+            self.signals.flush.lock().deletes.extend(deletes);
+            return Err(io_err("taking a checkpoint", &e));
+        }
         let cat = Catalog {
             format_version: CATALOG_FORMAT_VERSION,
             checkpoint: at,
             next_ml_id: self.next_ml_id.load(Ordering::Acquire),
-            ledgers: {
-                let mls = self.mls.read();
-                let mut v: Vec<ManagedLedgerState> = mls
-                    .values()
-                    .filter(|ml| !ml.meta.lock().deleted)
-                    // One whose creation record is not published yet is not
-                    // listed: that record is past `at` (`synced` moves only
-                    // after publishing), so the replay from `at` creates it if
-                    // it became durable; listing it would bring back a
-                    // creation that failed.
-                    .filter(|ml| ml.created.load(Ordering::Acquire) == CREATED)
-                    .map(|ml| ml.snapshot())
-                    .collect();
-                v.sort_by_key(|s| s.id);
-                v
-            },
+            ledgers,
             sequence,
         };
         let written = self

@@ -114,6 +114,9 @@ fn journal_records_with_the_last_id_are_damage() {
         (Kind::MlCreate, true, 0, &b"evil"[..]),
         (Kind::LedgerOpen, false, u64::MAX, &b""[..]),
         (Kind::ReplaceBegin, false, u64::MAX, &b""[..]),
+        // Its `a` is the name's next ledger id: taken as the floor of its next
+        // creation, whose first append then overflowed on the journal writer.
+        (Kind::MlDelete, false, u64::MAX, &b""[..]),
     ] {
         let dir = tempfile::tempdir().unwrap();
         one_entry(dir.path());

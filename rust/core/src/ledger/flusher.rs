@@ -20,7 +20,7 @@ use crate::error::{Error, Result};
 use crate::position::Position;
 use crate::proto::{Catalog, ManagedLedgerState};
 use crate::sync::{Condvar, Mutex};
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -480,40 +480,21 @@ impl Store {
             }
         }
         // Ledger files no catalog lists any more (a failure leaves a
-        // leftover that the next open removes).
-        // Names of deleted managed ledgers: whether all their removals went.
-        let mut retired: HashMap<String, bool> = HashMap::new();
+        // leftover that the next open removes). The names' floors
+        // (`Store::retired`) stay for the store's session: these unlinks are
+        // not synced, so a power cut may bring the files back, and a name
+        // created again must never reuse their ids (one map entry per name
+        // deleted in the session).
         for (ml, id) in deletes {
             self.io.files.lock().evict((ml.id, id));
-            let gone = |r: std::io::Result<()>| match r {
-                Ok(()) => true,
-                Err(e) => e.kind() == std::io::ErrorKind::NotFound,
-            };
-            let log = gone(
-                self.io
-                    .fs
-                    .remove_file(&ledger_file::log_path(&ml.prefix, id)),
-            );
-            let idx = gone(
-                self.io
-                    .fs
-                    .remove_file(&ledger_file::idx_path(&ml.prefix, id)),
-            );
-            if ml.meta.lock().deleted {
-                *retired.entry(ml.name.clone()).or_insert(true) &= log && idx;
-            }
-        }
-        if !retired.is_empty() {
-            // A name none of whose files is left to remove needs no floor
-            // for its next creation any more (the flush lock orders this
-            // against a deletion queueing its files: see `Store::delete_ml`).
-            let f = self.signals.flush.lock();
-            let mut r = self.retired.lock();
-            for (name, all_gone) in retired {
-                if all_gone && !f.deletes.iter().any(|(ml, _)| ml.name == name) {
-                    r.remove(&name);
-                }
-            }
+            let _ = self
+                .io
+                .fs
+                .remove_file(&ledger_file::log_path(&ml.prefix, id));
+            let _ = self
+                .io
+                .fs
+                .remove_file(&ledger_file::idx_path(&ml.prefix, id));
         }
         Ok(())
     }

@@ -204,6 +204,14 @@ impl Store {
                 Ok(Vec::new())
             }
             Kind::MlDelete => {
+                // Its `a` is the next ledger id of the name (the floor of its
+                // next creation): the catalog refuses u64::MAX, so does this.
+                if h.a == u64::MAX {
+                    return Err(bad(format!(
+                        "managed ledger {} deleted with a bad next ledger id {}",
+                        h.ml, h.a
+                    )));
+                }
                 let ml = self.mls.write().remove(&h.ml);
                 let Some(ml) = ml else { return Ok(Vec::new()) };
                 self.names.lock().remove(&ml.name);

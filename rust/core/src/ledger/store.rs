@@ -175,11 +175,11 @@ pub(crate) struct Store {
     /// id, is index). Checked against each managed ledger's state when it
     /// is first opened.
     pub(super) listing: Mutex<HashMap<String, Vec<(u64, bool)>>>,
-    /// Names of deleted managed ledgers whose files may not all be removed
-    /// yet: the lowest ledger id none of them used. A managed ledger created
-    /// again under such a name starts there (its files must never take the
-    /// names of files a checkpoint is about to remove). Forgotten once a
-    /// checkpoint removed them all (see `flusher`).
+    /// Names of managed ledgers deleted in this session: the lowest ledger
+    /// id none of them used. A managed ledger created again under such a
+    /// name starts there (its files must never take the names of files a
+    /// checkpoint is about to remove, or whose unsynced removal a power cut
+    /// may undo). Kept for the session: one entry per deleted name.
     pub(super) retired: Mutex<HashMap<String, u64>>,
 }
 

@@ -14,6 +14,7 @@ import pytest
 from txnstream import Broker, BrokerConfig
 from txnstream.broker.topic import Topic
 from txnstream.client import Client, Consumer, Message
+from txnstream.errors import InvalidTxnStatusError
 from txnstream.testing import ManualClock
 
 #: Longer than the default ``topic_idle_unload_ms`` (ten minutes).
@@ -120,6 +121,7 @@ def test_idle_unload_can_be_switched_off(tmp_path: Path, clock: ManualClock) -> 
         p.close()
         idle_rounds(b, clock)
         assert loaded(b) == ["t"]
+        assert not b.tiered.metadata.offloaded_ledgers("persistent://public/default/t")
 
 
 # ------------------------------------------------------------------ what keeps a topic loaded
@@ -306,3 +308,70 @@ def test_clients_racing_the_unload_never_see_a_closed_topic(tmp_path: Path) -> N
             got = [m.value for m in drain(c)]
             c.close()
             assert sorted(got) == sorted(sent[topic]), topic
+
+
+def test_a_partition_refusing_an_ended_transactions_sends_stays_loaded(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """Found in review: the buffer refuses a late send of a transaction that
+    ended here (above its coordinator's low-water mark) from memory no
+    snapshot keeps. Unloaded and reloaded, the partition took the send of a
+    timed-out transaction as a new open one, and READ_COMMITTED readers
+    stalled behind it until the orphan sweep. It stays loaded until the
+    low-water mark passes the transaction."""
+    from txnstream import testing
+
+    cfg = BrokerConfig(pending_ack_trim_interval_ms=1 << 31)
+    with Broker.open(tmp_path / "d", cfg, clock=clock, registry=None) as b:
+        c = b.client("c")
+        older = [c.transaction(timeout_ms=10_800_000) for _ in range(8)]
+        late = c.transaction(timeout_ms=1_000)
+        keep = [t for t in older if t.txn_id.most_bits == late.txn_id.most_bits]
+        assert keep  # an older open transaction of its coordinator holds the low-water mark
+        p = c.producer("b")
+        p.send(b"in-txn", txn=late)
+        p.close()
+        clock.advance(5_000)  # it times out: its coordinator aborts it (the client is not told)
+        testing.fire_timeout(b._coordinators().get(late.txn_id.most_bits), late.txn_id)
+        testing.wait_until(lambda: not b.topic("b").tb.ongoing, 10_000)
+        idle_rounds(b, clock)
+        assert "b" in loaded(b)
+        p2 = c.producer("b")
+        with pytest.raises(InvalidTxnStatusError):
+            p2.send(b"late", txn=late)
+        p2.send(b"plain-after")
+        s = c.subscribe("b", "s")
+        assert [bytes(m.value) for m in drain(s)] == [b"plain-after"]
+        s.close()
+        p2.close()
+        for t in older:
+            t.abort()
+        tc = b._coordinators().get(late.txn_id.most_bits)
+        clock.advance(5_000)  # their completions (after the decision) may wait for a timer
+        testing.wait_until(lambda: tc._table.low_water_mark() >= late.txn_id.least_bits, 10_000)
+        idle_rounds(b, clock)
+        assert "b" not in loaded(b)  # the low-water mark passed it: the rule refuses it now
+
+
+def test_under_an_offload_policy_closed_ledgers_not_uploaded_keep_a_topic_loaded(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """Found in review: the policy offloads loaded partitions only (the
+    maintenance round), so an idle one unloaded before its ledgers were old
+    enough was never offloaded, and its ledgers stayed local for good."""
+    cfg = BrokerConfig(
+        offload_threshold_bytes=1 << 40,  # a policy that selects nothing yet
+        max_entries_per_ledger=2,
+        pending_ack_trim_interval_ms=1 << 31,
+    )
+    with Broker.open(tmp_path / "d", cfg, clock=clock, registry=None) as b:
+        p = b.client("c").producer("t")
+        for i in range(6):
+            p.send(b"m%d" % i)
+        p.close()
+        p2 = b.client("c").producer("single")
+        p2.send(b"x")  # one ledger, still open: nothing waits for the policy
+        p2.close()
+        idle_rounds(b, clock)
+        assert loaded(b) == ["t"]
+        assert not b.tiered.metadata.offloaded_ledgers("persistent://public/default/t")

@@ -428,7 +428,14 @@ class BrokerConfig:
     #: next use, as after a restart (0: never). Memory then follows the
     #: partitions in use, not every partition ever used. Ten minutes: a
     #: reload costs a snapshot read and the subscriptions' pending-ack
-    #: recovery, so a partition used every few minutes stays loaded.
+    #: recovery, so a partition used every few minutes stays loaded. What a
+    #: restart forgets, a reload forgets too (as Pulsar's bundle unload): the
+    #: redelivery counts and negative-ack delays of messages not acked, and
+    #: a producer's retries older than the snapshot's last 128 sequence ids
+    #: (refused as duplicates, never written twice). A partition stays
+    #: loaded while it must refuse late sends of a transaction that ended
+    #: above its coordinator's low-water mark, and, under an offload policy,
+    #: while closed ledgers wait for their upload.
     topic_idle_unload_ms: int = 600_000
 
     def __post_init__(self) -> None:

@@ -1277,7 +1277,7 @@ class Broker:
             self._unloading[full] = done
         unloaded = False
         try:
-            busy = t.begin_unload()
+            busy = self._keeps_loaded(t) or t.begin_unload()
             if busy is not None:
                 log.debug("%s stays loaded: %s", full, busy)
                 return False
@@ -1305,6 +1305,26 @@ class Broker:
                 t.close()
         log.debug("unloaded idle topic %s", full)
         return True
+
+    def _keeps_loaded(self, t: Topic) -> str | None:
+        """Say why ``t`` must stay loaded though idle (None: it may unload).
+
+        The offload policy runs on loaded partitions only (the maintenance
+        round): under a policy, one with closed ledgers not uploaded yet
+        stays loaded until they are, or they would stay local for good.
+        """
+        if not self.offload_policy_on():
+            return None
+        sealed = [lid for lid, n, _ in t.ml.ledgers()[:-1] if n > 0]
+        if not sealed:
+            return None
+        try:
+            done = self.tiered.metadata.offloaded_ledgers(t.full)
+        except Exception:  # tiered storage unavailable: the round offloads nothing now
+            return "tiered storage unavailable"
+        if any(lid not in done for lid in sealed):
+            return "closed ledgers waiting for the offload policy"
+        return None
 
     def _write_last_snapshot(self, t: Topic) -> None:
         # The snapshot the next load recovers from (always: the namespace's

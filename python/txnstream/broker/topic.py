@@ -487,7 +487,9 @@ class Topic:
 
         Idle: no subscription opening, no open transaction (nor a marker being
         written), every write durable and seen by the transaction buffer, no
-        consumer attached, no acks pending in a transaction. When idle the
+        ended transaction it must still refuse late sends of (the snapshot
+        does not keep them), no consumer attached, no acks pending in a
+        transaction. When idle the
         partition refuses publishes and new subscriptions from here on
         (returns None): follow with :meth:`close`, or :meth:`cancel_unload`.
         """
@@ -502,6 +504,8 @@ class Topic:
                     return "open transactions"
                 if not tb.settled():
                     return "writes in flight"
+                if tb.fences_ended():
+                    return "ended transactions above the low-water mark"
                 self._closed = True
             subs = list(self._subs.values())
         for sub in subs:  # none attaches or acks once closed: the checks hold

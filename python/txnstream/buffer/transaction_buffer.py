@@ -244,6 +244,16 @@ class TransactionBuffer:
         """
         return not self._ending and self._ml.last_position == self._last_durable
 
+    def fences_ended(self) -> bool:
+        """Under :attr:`lock`: True while an ended transaction's late sends are refused here only.
+
+        Those above their coordinator's low-water mark are refused by
+        :meth:`check_append`'s memory of them, which no snapshot keeps: a
+        reload would let a late send of one in (open again here, holding
+        READ_COMMITTED readers until the orphan sweep).
+        """
+        return any(t.least_bits > self._outcomes.low_water_mark(t.most_bits) for t in self._ended)
+
     def is_aborted(self, txn: TxnKey) -> bool:
         """Return True if transaction ``(most, least)`` aborted here."""
         return txn in self.aborted

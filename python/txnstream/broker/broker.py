@@ -911,13 +911,20 @@ class Broker:
             ):
                 continue
             taken.append((t, *t.take_snapshot()))
+        self._write_taken(taken, now)
+        return len(taken)
+
+    def _write_taken(
+        self, taken: list[tuple[Topic, bytes, int, Position | None]], now: int
+    ) -> None:
+        # Under _snapshots_lock: write snapshots taken at ``now`` (one write),
+        # then tell each partition what became durable.
         if not taken:
-            return 0
+            return
         self.snapshot_writer.write([(t.name.namespace_name, t.full, v) for t, v, _, _ in taken])
         for t, _, changes, covered in taken:
             t.tb.snapshot_written(changes, now)
             t.snapshot_durable(covered)
-        return len(taken)
 
     def open_ledger(self, name: str) -> ManagedLedger:
         """Open (creating) managed ledger ``name`` in the data directory."""
@@ -1335,11 +1342,7 @@ class Broker:
         if reader is not None:
             reader.reopen(t.full)
         with self._snapshots_lock:
-            value, changes, covered = t.take_snapshot()
-            now = self.wall_ms()
-            self.snapshot_writer.write([(t.name.namespace_name, t.full, value)])
-            t.tb.snapshot_written(changes, now)
-            t.snapshot_durable(covered)
+            self._write_taken([(t, *t.take_snapshot())], self.wall_ms())
 
     # ------------------------------------------------------------ metrics
 

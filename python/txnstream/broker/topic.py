@@ -489,9 +489,9 @@ class Topic:
         written), every write durable and seen by the transaction buffer, no
         ended transaction it must still refuse late sends of (the snapshot
         does not keep them), no consumer attached, no acks pending in a
-        transaction. When idle the
-        partition refuses publishes and new subscriptions from here on
-        (returns None): follow with :meth:`close`, or :meth:`cancel_unload`.
+        transaction. When idle the partition refuses publishes and new
+        subscriptions from here on (returns None): follow with :meth:`close`,
+        or :meth:`cancel_unload`.
         """
         tb = self.tb
         with self._subs_lock:

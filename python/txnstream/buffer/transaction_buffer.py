@@ -252,7 +252,20 @@ class TransactionBuffer:
         reload would let a late send of one in (open again here, holding
         READ_COMMITTED readers until the orphan sweep).
         """
-        return any(t.least_bits > self._outcomes.low_water_mark(t.most_bits) for t in self._ended)
+        return bool(self._above_lwm(self._ended))
+
+    def _above_lwm(self, txns: set[TxnID]) -> list[TxnID]:
+        # Under the lock: those of ``txns`` above their coordinator's
+        # low-water mark (one lookup per coordinator).
+        lwm: dict[int, int] = {}
+        out = []
+        for t in txns:
+            mark = lwm.get(t.most_bits)
+            if mark is None:
+                mark = lwm[t.most_bits] = self._outcomes.low_water_mark(t.most_bits)
+            if t.least_bits > mark:
+                out.append(t)
+        return out
 
     def is_aborted(self, txn: TxnKey) -> bool:
         """Return True if transaction ``(most, least)`` aborted here."""
@@ -382,13 +395,7 @@ class TransactionBuffer:
         # Under the lock: refuse its late appends; forget what the LWM covers.
         self._ended.add(txn_id)
         if len(self._ended) > self._ended_mark:
-            lwm: dict[int, int] = {}
-            for t in list(self._ended):
-                mark = lwm.get(t.most_bits)
-                if mark is None:
-                    mark = lwm[t.most_bits] = self._outcomes.low_water_mark(t.most_bits)
-                if t.least_bits <= mark:
-                    self._ended.discard(t)
+            self._ended = set(self._above_lwm(self._ended))
             self._ended_mark = max(64, 2 * len(self._ended))
 
     # ------------------------------------------------------------ recovery

@@ -314,12 +314,13 @@ class PendingAckStore:
         self._held: dict[Position, TxnID | dict[TxnID, AckSet]] = {}
         self._cumulative: tuple[TxnID, TxnPosition] | None = None
         self._ending: dict[TxnID, tuple[bool, Future[TxnPosition]]] = {}
-        # Committed here (the COMMIT record at this position is durable) but the
-        # acks are not on the cursor yet (applying them failed): the messages
-        # stay held and the records stay, and every later end or sweep applies
-        # them again -- never asking the coordinator, which may have forgotten
-        # the transaction (and would then call it aborted).
-        self._unapplied: dict[TxnID, TxnPosition] = {}
+        # Committed here (its COMMIT record, the last of its records, is
+        # durable) but the acks are not on the cursor yet (applying them
+        # failed): the messages stay held and the records stay, and every
+        # later end or sweep applies them again -- never asking the
+        # coordinator, which may have forgotten the transaction (and would
+        # then call it aborted).
+        self._unapplied: set[TxnID] = set()
         self._ended: set[TxnID] = set()
         self._ended_mark = 64
         # Log records to delete: after the next cursor flush / at once.
@@ -588,8 +589,8 @@ class PendingAckStore:
             if txn_id not in self._txns:
                 self._remember_ended(txn_id)
                 return None
-            committed_at = self._unapplied.get(txn_id)
-            if committed_at is not None:
+            unapplied = txn_id in self._unapplied
+            if unapplied:
                 if not commit:
                     raise InvalidTxnStatusError(
                         f"transaction {txn_id} committed on subscription {self.subscription} "
@@ -597,11 +598,11 @@ class PendingAckStore:
                         txn_id=txn_id,
                     )
                 fut: Future[TxnPosition] = Future()
-                fut.set_result(committed_at)
+                fut.set_result(self._txns[txn_id].records[-1])  # its COMMIT record
             else:
                 fut = self.writer.write(encode_end(txn_id, commit))
             self._ending[txn_id] = (commit, fut)
-        if committed_at is not None:
+        if unapplied:
             self._end_logged(txn_id, True, fut)  # applied before anyone sees the future
         else:
             fut.add_done_callback(functools.partial(self._end_logged, txn_id, commit))
@@ -628,8 +629,8 @@ class PendingAckStore:
             with self._lock:
                 self._ending.pop(txn, None)
                 if txn not in self._unapplied:
-                    acks.records.append(fut.result())
-                    self._unapplied[txn] = fut.result()
+                    acks.records.append(fut.result())  # last: see _unapplied
+                    self._unapplied.add(txn)
             return
         if commit and self.on_end is not None:
             # Still held: the subscription forgets them (its read-ahead buffer
@@ -644,10 +645,11 @@ class PendingAckStore:
                 self._ending.pop(txn, None)
                 self._release(txn)
                 self._remember_ended(txn)
-                if self._unapplied.pop(txn, None) is None:
-                    records = [*acks.records, fut.result()]
-                else:  # its COMMIT record is among them already
+                if txn in self._unapplied:  # its COMMIT record is among them already
+                    self._unapplied.discard(txn)
                     records = list(acks.records)
+                else:
+                    records = [*acks.records, fut.result()]
                 if commit:
                     self._trim_after_flush.extend(records)
                     self.counts["commits"] += 1
@@ -763,8 +765,7 @@ class PendingAckStore:
                         h[txn] = acked
                 if acks.cumulative is not None:
                     self._cumulative = (txn, acks.cumulative)
-            for txn, ended in unapplied.items():
-                self._unapplied[txn] = ended.records[-1]
+            self._unapplied.update(unapplied)
         return {
             "records": fold.records,
             "pending": len(fold.pending),

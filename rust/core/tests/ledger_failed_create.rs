@@ -33,22 +33,33 @@ fn checkpoint_after(ml: &ManagedLedger, n: u64) -> bool {
     true
 }
 
-#[test]
-fn a_failed_creation_is_not_brought_back_by_a_checkpoint_and_a_crash() {
+/// A directory on a simulated disk with fault injection, ledger "keep"
+/// holding one entry, and a checkpoint taken: its next checkpoint is due one
+/// second after the journal grows (while the test holds what it races).
+fn checkpointed_directory() -> (
+    Arc<SimFs>,
+    Arc<FaultInjector>,
+    LedgerOptions,
+    Arc<ManagedLedger>,
+) {
     let fs = Arc::new(SimFs::new());
     let inj = Arc::new(FaultInjector::new());
     let o = LedgerOptions {
         fs: Some(Arc::clone(&fs) as Arc<dyn Fs>),
         fault_injector: Some(Arc::clone(&inj)),
         preallocate_bytes: 0,
-        // Due one second after the journal grew: while the creation below
-        // is held at its sync.
         checkpoint_interval: Duration::from_secs(1),
         ..LedgerOptions::default()
     };
     let keep = ManagedLedger::open(Path::new(DATA), "keep", o.clone()).unwrap();
     keep.append(b"1").unwrap();
     assert!(checkpoint_after(&keep, checkpoints(&keep)));
+    (fs, inj, o, keep)
+}
+
+#[test]
+fn a_failed_creation_is_not_brought_back_by_a_checkpoint_and_a_crash() {
+    let (fs, inj, o, keep) = checkpointed_directory();
     keep.append(b"2").unwrap(); // the journal grew: a checkpoint is due in 1 s
     let n = checkpoints(&keep);
     inj.hold(FaultKind::Sync);
@@ -91,18 +102,7 @@ fn a_failed_creation_is_not_brought_back_by_a_checkpoint_and_a_crash() {
 /// next open refused the whole directory ("listed twice or with a bad id").
 #[test]
 fn a_ledger_created_during_a_checkpoint_keeps_the_directory_readable() {
-    let fs = Arc::new(SimFs::new());
-    let inj = Arc::new(FaultInjector::new());
-    let o = LedgerOptions {
-        fs: Some(Arc::clone(&fs) as Arc<dyn Fs>),
-        fault_injector: Some(Arc::clone(&inj)),
-        preallocate_bytes: 0,
-        checkpoint_interval: Duration::from_secs(1),
-        ..LedgerOptions::default()
-    };
-    let keep = ManagedLedger::open(Path::new(DATA), "keep", o.clone()).unwrap();
-    keep.append(b"1").unwrap();
-    assert!(checkpoint_after(&keep, checkpoints(&keep)));
+    let (fs, inj, o, keep) = checkpointed_directory();
     let n = checkpoints(&keep);
     inj.hold(FaultKind::Checkpoint);
     keep.append(b"2").unwrap(); // the journal grew: a checkpoint is due in 1 s

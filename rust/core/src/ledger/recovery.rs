@@ -222,7 +222,8 @@ impl Store {
                     m.next_ledger_id
                 };
                 if !self.io.read_only {
-                    // Its files go with the first checkpoint (see `Store::retired`).
+                    // Its files go with the first checkpoint; the name's next
+                    // creation starts past them (see `Store::retired`).
                     self.retire(&ml.name, next);
                 }
                 let ids: Vec<u64> = std::mem::take(&mut *ml.ledgers.write())

@@ -1035,10 +1035,8 @@ impl Store {
             .into_keys()
             .collect();
         self.io.files.lock().evict_ml(ml.id);
-        let mut f = self.signals.flush.lock();
-        // Under the flush lock, with its files' removal: a checkpoint
-        // forgets the name only once no removal of it is pending.
         self.retire(&ml.name, next);
+        let mut f = self.signals.flush.lock();
         f.dirty.remove(&ml.id);
         f.deletes
             .extend(ids.into_iter().map(|id| (Arc::clone(ml), id)));
